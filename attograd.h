@@ -1,0 +1,10 @@
+#pragma once
+// One include for users: tensors, ops, the tape, random numbers, gradcheck, threads.
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "autograd/tape.h"
+#include "core/allocator.h"
+#include "core/format.h"
+#include "core/parallel.h"
+#include "core/random.h"
+#include "core/tensor.h"

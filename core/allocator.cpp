@@ -1,0 +1,116 @@
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/memory.h"
+
+namespace ag {
+
+size_t alloc_size_class(size_t bytes) {
+  if (bytes <= 4096) return bytes <= 64 ? 64 : (bytes + 63) & ~size_t(63);
+  size_t p = size_t(1) << (63 - __builtin_clzll(bytes));  // largest power of two <= bytes
+  size_t step = p / 4;
+  return (bytes + step - 1) / step * step;
+}
+
+namespace {
+
+// One free list per size class, under one mutex (allocations are per tensor, not per element).
+struct CpuCache {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;
+  AllocStats stats;
+
+  void* alloc(size_t bytes) {
+    size_t cls = alloc_size_class(bytes);
+    {
+      std::lock_guard lock(mu);
+      auto it = free_blocks.find(cls);
+      if (it != free_blocks.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        stats.cache_hits++;
+        stats.bytes_cached -= cls;
+        note_in_use(cls);
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(64, cls);
+    if (!p) {
+      empty();  // give the cache back and try once more before failing
+      p = std::aligned_alloc(64, cls);
+    }
+    check(p != nullptr, "allocator: out of memory allocating {} bytes on cpu", cls);
+    std::lock_guard lock(mu);
+    stats.system_allocs++;
+    note_in_use(cls);
+    return p;
+  }
+  void note_in_use(size_t cls) {
+    stats.bytes_in_use += cls;
+    if (stats.bytes_in_use > stats.peak_bytes_in_use) stats.peak_bytes_in_use = stats.bytes_in_use;
+  }
+  void release(void* p, size_t bytes) {
+    size_t cls = alloc_size_class(bytes);
+    std::lock_guard lock(mu);
+    free_blocks[cls].push_back(p);
+    stats.bytes_in_use -= cls;
+    stats.bytes_cached += cls;
+  }
+  void empty() {
+    std::lock_guard lock(mu);
+    for (auto& [cls, blocks] : free_blocks) {
+      for (void* p : blocks) std::free(p);
+      stats.system_frees += blocks.size();
+      stats.bytes_cached -= cls * blocks.size();
+      blocks.clear();
+    }
+  }
+};
+
+CpuCache& cpu_cache() {
+  static CpuCache* cache = new CpuCache;  // never destroyed: storages may outlive static teardown
+  return *cache;
+}
+
+}  // namespace
+
+void* device_alloc(Device device, size_t bytes) {
+  if (device.is_cpu()) return cpu_cache().alloc(bytes);
+  return cuda::device_alloc(device.index, alloc_size_class(bytes));
+}
+
+void device_free(Device device, void* ptr, size_t bytes) {
+  if (!ptr) return;
+  if (device.is_cpu()) return cpu_cache().release(ptr, bytes);
+  cuda::device_free(device.index, ptr, alloc_size_class(bytes));
+}
+
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  cuda::copy(dst, dst_device.is_cuda() ? dst_device.index : -1, src,
+             src_device.is_cuda() ? src_device.index : -1, bytes);
+}
+
+AllocStats alloc_stats(Device device) {
+  if (device.is_cpu()) {
+    std::lock_guard lock(cpu_cache().mu);
+    return cpu_cache().stats;
+  }
+  return cuda::alloc_stats(device.index);
+}
+
+void empty_cache(Device device) {
+  if (device.is_cpu()) return cpu_cache().empty();
+  cuda::empty_cache(device.index);
+}
+
+}  // namespace ag

@@ -1,0 +1,29 @@
+#pragma once
+// Caching allocators. A training step allocates the same activation sizes every step; handing
+// those blocks back to libc would cost a page fault per fresh 4 KiB page the next step (glibc
+// unmaps blocks of 32 MB and more on free). So freed blocks are kept per size class and reused:
+// after the first step a steady-state step makes no system allocation and touches no fresh page.
+#include <cstddef>
+#include <cstdint>
+
+#include "core/alloc_stats.h"
+#include "core/dtype.h"
+
+namespace ag {
+
+// Size class a request of `bytes` is rounded to: 64-byte multiples up to 4 KiB, then four
+// classes per power of two (at most 25% slack).
+size_t alloc_size_class(size_t bytes);
+
+// Allocates `bytes` (rounded to its size class, 64-byte aligned) on `device`. Never returns null;
+// raises ag::Error when the memory cannot be had.
+void* device_alloc(Device device, size_t bytes);
+void device_free(Device device, void* ptr, size_t bytes);
+// Copies `bytes` between any two devices (host<->device through the CUDA runtime).
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
+AllocStats alloc_stats(Device device = Device::cpu());
+// Gives every cached (free) block back to the system.
+void empty_cache(Device device = Device::cpu());
+
+}  // namespace ag

@@ -1,0 +1,112 @@
+// CPU kernels of the tensor core (declared in core/kernels/core.h).
+#include <cmath>
+
+#include "core/cpu/loops.h"
+#include "core/kernels.h"
+
+namespace ag::cpu {
+
+template <class To, class From>
+void cast_copy(To* dst, const From* src, const Layout& src_layout) {
+  map1(dst, src, src_layout, [](From v) { return static_cast<To>(v); });
+}
+
+template <class T>
+void strided_copy(T* dst, const Layout& dst_layout, const T* src, const Layout& src_layout) {
+  if (dst_layout.is_contiguous()) return cast_copy<T, T>(dst, src, src_layout);
+  // Walk both layouts together: a two-input plan whose "inputs" are dst and src; the contiguous
+  // output index of the plan is unused.
+  const Layout* const in[2] = {&dst_layout, &src_layout};
+  for_each_row(make_plan<2>(in), [&](int64_t, const int64_t* off, int64_t n, const int64_t* st) {
+    T* d = dst + off[0];
+    const T* s = src + off[1];
+    for (int64_t i = 0; i < n; ++i) d[i * st[0]] = s[i * st[1]];
+  });
+}
+
+template <class T>
+void fill(T* dst, const Layout& l, T value) {
+  if (l.is_contiguous()) {
+    parallel_for(l.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = value;
+    });
+    return;
+  }
+  const Layout* const in[1] = {&l};
+  for_each_row(make_plan<1>(in), [&](int64_t, const int64_t* off, int64_t n, const int64_t* st) {
+    for (int64_t i = 0; i < n; ++i) dst[off[0] + i * st[0]] = value;
+  });
+}
+
+template <class T>
+void arange(T* dst, int64_t n, double start, double step) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(start + double(i) * step);
+}
+
+// Element i takes lane i%4 of Philox(seed, offset + i/4): independent of the thread split.
+template <class T>
+void uniform(T* dst, int64_t n, uint64_t seed, uint64_t offset, double low, double high) {
+  const double span = high - low;
+  parallel_for((n + 3) / 4, kGrain / 4, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      Philox4 r = philox4x32_10(seed, offset + uint64_t(c));
+      for (int j = 0; j < 4 && c * 4 + j < n; ++j) dst[c * 4 + j] = T(low + span * uniform01(r.v[j]));
+    }
+  });
+}
+
+// Box-Muller on lanes (0,1) and (2,3): four normals per Philox block.
+template <class T>
+void normal(T* dst, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) {
+  parallel_for((n + 3) / 4, kGrain / 4, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      Philox4 r = philox4x32_10(seed, offset + uint64_t(c));
+      double z[4];
+      for (int p = 0; p < 2; ++p) {
+        double u1 = 1.0 - double(uniform01(r.v[2 * p]));  // (0, 1]: log is finite
+        double u2 = double(uniform01(r.v[2 * p + 1]));
+        double rad = std::sqrt(-2.0 * std::log(u1)), th = 2.0 * M_PI * u2;
+        z[2 * p] = rad * std::cos(th);
+        z[2 * p + 1] = rad * std::sin(th);
+      }
+      for (int j = 0; j < 4 && c * 4 + j < n; ++j) dst[c * 4 + j] = T(mean + std * z[j]);
+    }
+  });
+}
+
+// Two lanes make a 64-bit draw; its modulo bias is below 2^-32 for any range we can hold.
+void randint(int64_t* dst, int64_t n, uint64_t seed, uint64_t offset, int64_t low, int64_t high) {
+  const uint64_t range = uint64_t(high - low);
+  parallel_for((n + 1) / 2, kGrain / 2, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      Philox4 r = philox4x32_10(seed, offset + uint64_t(c / 2));
+      int lane = int(c % 2) * 2;
+      uint64_t x = (uint64_t(r.v[lane]) << 32) | r.v[lane + 1];
+      dst[c] = low + int64_t(x % range);
+    }
+  });
+}
+
+#define AG_CAST(To, From) template void cast_copy<To, From>(To*, const From*, const Layout&);
+AG_CAST(float, float) AG_CAST(float, double) AG_CAST(float, int64_t) AG_CAST(float, bool)
+AG_CAST(double, float) AG_CAST(double, double) AG_CAST(double, int64_t) AG_CAST(double, bool)
+AG_CAST(int64_t, float) AG_CAST(int64_t, double) AG_CAST(int64_t, int64_t) AG_CAST(int64_t, bool)
+AG_CAST(bool, float) AG_CAST(bool, double) AG_CAST(bool, int64_t) AG_CAST(bool, bool)
+#undef AG_CAST
+template void strided_copy<float>(float*, const Layout&, const float*, const Layout&);
+template void strided_copy<double>(double*, const Layout&, const double*, const Layout&);
+template void strided_copy<int64_t>(int64_t*, const Layout&, const int64_t*, const Layout&);
+template void strided_copy<bool>(bool*, const Layout&, const bool*, const Layout&);
+template void fill<float>(float*, const Layout&, float);
+template void fill<double>(double*, const Layout&, double);
+template void fill<int64_t>(int64_t*, const Layout&, int64_t);
+template void fill<bool>(bool*, const Layout&, bool);
+template void arange<float>(float*, int64_t, double, double);
+template void arange<double>(double*, int64_t, double, double);
+template void arange<int64_t>(int64_t*, int64_t, double, double);
+template void uniform<float>(float*, int64_t, uint64_t, uint64_t, double, double);
+template void uniform<double>(double*, int64_t, uint64_t, uint64_t, double, double);
+template void normal<float>(float*, int64_t, uint64_t, uint64_t, double, double);
+template void normal<double>(double*, int64_t, uint64_t, uint64_t, double, double);
+
+}  // namespace ag::cpu

@@ -1,0 +1,138 @@
+#pragma once
+// Pointwise functors: the per-element math of every elementwise op and of its backward, shared by
+// the CPU engine (core/cpu/loops.h: map1/map2/map3) and, later, the CUDA kernels. The formulas are
+// those of autograd/ops.h; a backward functor takes (saved values..., g) and returns dx.
+#include <cmath>
+#include <cstdint>
+
+#include "core/kernels.h"
+
+namespace ag::pw {
+
+// ---- binary arithmetic --------------------------------------------------------------------
+struct Add { template <class T> AG_HD T operator()(T a, T b) const { return a + b; } };
+struct Sub { template <class T> AG_HD T operator()(T a, T b) const { return a - b; } };
+struct Mul { template <class T> AG_HD T operator()(T a, T b) const { return a * b; } };
+struct Div { template <class T> AG_HD T operator()(T a, T b) const { return a / b; } };
+// d/db (a / b) = -a / b^2, times g
+struct DivBackwardB { template <class T> AG_HD T operator()(T a, T b, T g) const { return -g * a / (b * b); } };
+// in-place updates: x + alpha * o, x * v
+struct AddScaled {
+  double alpha;
+  template <class T> AG_HD T operator()(T x, T o) const { return x + T(alpha) * o; }
+};
+struct Scale {
+  double v;
+  template <class T> AG_HD T operator()(T x) const { return x * T(v); }
+};
+struct Neg { template <class T> AG_HD T operator()(T x) const { return -x; } };
+
+// ---- pow ----------------------------------------------------------------------------------
+struct PowScalar {
+  double p;
+  template <class T> AG_HD T operator()(T x) const { return std::pow(x, T(p)); }
+};
+// g * p * x^(p-1)
+struct PowScalarBackward {
+  double p;
+  template <class T> AG_HD T operator()(T x, T g) const { return p == 0 ? T(0) : g * T(p) * std::pow(x, T(p - 1)); }
+};
+struct Pow { template <class T> AG_HD T operator()(T x, T t) const { return std::pow(x, t); } };
+// dx = g * t * x^(t-1)
+struct PowBackwardX {
+  template <class T> AG_HD T operator()(T x, T t, T g) const { return t == 0 ? T(0) : g * t * std::pow(x, t - 1); }
+};
+// dt = g * x^t * ln x, 0 where x == 0 (and t >= 0), as PyTorch
+struct PowBackwardT {
+  template <class T> AG_HD T operator()(T x, T t, T g) const {
+    return (x == 0 && t >= 0) ? T(0) : g * std::pow(x, t) * std::log(x);
+  }
+};
+
+// ---- unary --------------------------------------------------------------------------------
+struct Exp { template <class T> AG_HD T operator()(T x) const { return std::exp(x); } };
+struct Log { template <class T> AG_HD T operator()(T x) const { return std::log(x); } };
+struct Sqrt { template <class T> AG_HD T operator()(T x) const { return std::sqrt(x); } };
+struct Rsqrt { template <class T> AG_HD T operator()(T x) const { return T(1) / std::sqrt(x); } };
+struct Tanh { template <class T> AG_HD T operator()(T x) const { return std::tanh(x); } };
+struct Sigmoid { template <class T> AG_HD T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); } };
+struct Relu { template <class T> AG_HD T operator()(T x) const { return x > T(0) ? x : T(0); } };
+struct Abs { template <class T> AG_HD T operator()(T x) const { return x < T(0) ? -x : x; } };
+
+// backward functors, (saved, g) -> dx
+struct ExpBackward { template <class T> AG_HD T operator()(T y, T g) const { return g * y; } };       // y = e^x
+struct LogBackward { template <class T> AG_HD T operator()(T x, T g) const { return g / x; } };
+struct SqrtBackward { template <class T> AG_HD T operator()(T y, T g) const { return g / (T(2) * y); } };
+struct RsqrtBackward { template <class T> AG_HD T operator()(T y, T g) const { return T(-0.5) * g * y * y * y; } };
+struct TanhBackward { template <class T> AG_HD T operator()(T y, T g) const { return g * (T(1) - y * y); } };
+struct SigmoidBackward { template <class T> AG_HD T operator()(T y, T g) const { return g * y * (T(1) - y); } };
+struct ReluBackward { template <class T> AG_HD T operator()(T x, T g) const { return x > T(0) ? g : T(0); } };
+struct AbsBackward {
+  template <class T> AG_HD T operator()(T x, T g) const { return x > T(0) ? g : (x < T(0) ? -g : T(0)); }
+};
+
+// gelu, exact: x * Phi(x)
+struct Gelu {
+  template <class T> AG_HD T operator()(T x) const { return T(0.5) * x * (T(1) + std::erf(x * T(M_SQRT1_2))); }
+};
+// Phi(x) + x phi(x)
+struct GeluBackward {
+  template <class T> AG_HD T operator()(T x, T g) const {
+    T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
+    T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);  // 1/sqrt(2 pi)
+    return g * (cdf + x * pdf);
+  }
+};
+// gelu, tanh approximation
+struct GeluTanh {
+  template <class T> AG_HD T operator()(T x) const {
+    T u = T(0.7978845608028654) * (x + T(0.044715) * x * x * x);  // sqrt(2/pi) (x + 0.044715 x^3)
+    return T(0.5) * x * (T(1) + std::tanh(u));
+  }
+};
+struct GeluTanhBackward {
+  template <class T> AG_HD T operator()(T x, T g) const {
+    T u = T(0.7978845608028654) * (x + T(0.044715) * x * x * x);
+    T t = std::tanh(u);
+    T du = T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
+    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+  }
+};
+struct Silu { template <class T> AG_HD T operator()(T x) const { return x / (T(1) + std::exp(-x)); } };
+// s (1 + x (1 - s))
+struct SiluBackward {
+  template <class T> AG_HD T operator()(T x, T g) const {
+    T s = T(1) / (T(1) + std::exp(-x));
+    return g * s * (T(1) + x * (T(1) - s));
+  }
+};
+
+struct Clamp {
+  double lo, hi;
+  template <class T> AG_HD T operator()(T x) const { return x < T(lo) ? T(lo) : (x > T(hi) ? T(hi) : x); }
+};
+struct ClampBackward {
+  double lo, hi;
+  template <class T> AG_HD T operator()(T x, T g) const { return (x >= T(lo) && x <= T(hi)) ? g : T(0); }
+};
+
+struct Maximum { template <class T> AG_HD T operator()(T a, T b) const { return (a > b || a != a) ? a : b; } };
+struct Minimum { template <class T> AG_HD T operator()(T a, T b) const { return (a < b || a != a) ? a : b; } };
+// share of g that goes to a in max(a, b): 1 if a wins, 1/2 on a tie, else 0 (mirror for min)
+struct MaximumBackwardA {
+  template <class T> AG_HD T operator()(T a, T b, T g) const { return a > b ? g : (a == b ? g / T(2) : T(0)); }
+};
+struct MinimumBackwardA {
+  template <class T> AG_HD T operator()(T a, T b, T g) const { return a < b ? g : (a == b ? g / T(2) : T(0)); }
+};
+
+// ---- comparisons and selection --------------------------------------------------------------
+struct Eq { template <class T> AG_HD bool operator()(T a, T b) const { return a == b; } };
+struct Ne { template <class T> AG_HD bool operator()(T a, T b) const { return a != b; } };
+struct Lt { template <class T> AG_HD bool operator()(T a, T b) const { return a < b; } };
+struct Le { template <class T> AG_HD bool operator()(T a, T b) const { return a <= b; } };
+struct Gt { template <class T> AG_HD bool operator()(T a, T b) const { return a > b; } };
+struct Ge { template <class T> AG_HD bool operator()(T a, T b) const { return a >= b; } };
+struct Where { template <class T> AG_HD T operator()(bool c, T a, T b) const { return c ? a : b; } };
+
+}  // namespace ag::pw

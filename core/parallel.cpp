@@ -1,0 +1,31 @@
+#include "core/parallel.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace ag {
+
+namespace {
+int initial_threads() {
+  // OpenBLAS runs single-threaded inside our own pool (see parallel.h).
+  openblas_set_num_threads(1);
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  int n = env ? std::atoi(env) : 0;
+  return n > 0 ? n : omp_get_num_procs();
+}
+int g_threads = initial_threads();
+}  // namespace
+
+int num_threads() { return g_threads; }
+
+void set_num_threads(int n) {
+  check(n >= 1, "set_num_threads: expected n >= 1, got {}", n);
+  g_threads = n;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(1);
+}
+
+}  // namespace ag

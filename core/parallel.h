@@ -1,0 +1,43 @@
+#pragma once
+// Threads. attograd owns one pool, OpenMP's: elementwise ops, reductions and the other kernels
+// split their outer loops over it, and matmul splits its GEMMs over it too, calling OpenBLAS
+// single-threaded inside. OpenBLAS's own (busy-waiting) threads are therefore never used, so
+// OpenBLAS threads and OpenMP threads never multiply or fight over the cores.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace ag {
+
+// Number of threads kernels use: OMP_NUM_THREADS when set, else the number of cores.
+int num_threads();
+void set_num_threads(int n);
+
+// Runs body(begin, end) over [0, n) in one contiguous chunk per thread; inline when the range
+// is smaller than `grain` or we are already inside a parallel region. The chunking depends only
+// on n and the thread count, never on timing.
+template <class F>
+void parallel_for(int64_t n, int64_t grain, F&& body) {
+  if (n <= 0) return;
+  int nt = omp_in_parallel() ? 1 : num_threads();
+  if (grain < 1) grain = 1;
+  int64_t max_chunks = (n + grain - 1) / grain;
+  if (nt > max_chunks) nt = int(max_chunks);
+  if (nt <= 1) {
+    body(int64_t(0), n);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    int t = omp_get_thread_num(), T = omp_get_num_threads();
+    int64_t chunk = (n + T - 1) / T;
+    int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
+    if (b < e) body(b, e);
+  }
+}
+
+// Elements below which an elementwise loop stays on one thread (forking costs ~ a few us).
+inline constexpr int64_t kGrain = 32768;
+
+}  // namespace ag

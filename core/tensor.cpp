@@ -1,0 +1,194 @@
+// Tensor metadata, storage, creation and host read-back. Differentiable methods live in autograd/.
+#include "core/tensor.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/allocator.h"
+#include "core/dispatch.h"
+
+namespace ag {
+
+// ---- storage ------------------------------------------------------------------------------------
+Storage::Storage(size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
+  ptr = device_alloc(dev, nbytes);
+}
+Storage::~Storage() { device_free(device, ptr, bytes); }
+
+// ---- shapes ---------------------------------------------------------------------------------
+Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
+  int n = std::max(a.size(), b.size());
+  Shape out;
+  for (int i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    check(da == db || da == 1 || db == 1,
+          "{}: shapes {} and {} cannot be broadcast (dim {}: {} vs {})", op, a, b, i, da, db);
+    out.push_back(da == 1 ? db : da);
+  }
+  return out;
+}
+
+Device Device::parse(const std::string& s) {
+  if (s == "cpu") return cpu();
+  if (s == "cuda") return cuda(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    try {
+      size_t used = 0;
+      int i = std::stoi(s.substr(5), &used);
+      if (used == s.size() - 5 && i >= 0) return cuda(i);
+    } catch (const std::exception&) {
+    }
+  }
+  fail("device: cannot parse '{}' (expected cpu, cuda or cuda:N)", s);
+}
+
+// ---- metadata -------------------------------------------------------------------------------
+int64_t Tensor::size(int dim) const { return shape()[wrap_dim("size", dim, ndim())]; }
+int64_t Tensor::stride(int dim) const { return strides()[wrap_dim("stride", dim, ndim())]; }
+
+bool Tensor::is_contiguous() const { return layout(*this).is_contiguous(); }
+
+void* Tensor::raw_data() const {
+  const TensorImpl& t = impl();
+  return static_cast<char*>(t.storage->ptr) + t.offset * int64_t(itemsize(t.dtype));
+}
+
+Layout layout(const Tensor& t) {
+  Layout l;
+  l.ndim = t.ndim();
+  for (int i = 0; i < l.ndim; ++i) {
+    l.shape[i] = t.shape()[i];
+    l.strides[i] = t.strides()[i];
+  }
+  return l;
+}
+
+Layout layout_as(const Tensor& t, const Shape& shape) {
+  const int n = shape.size(), k = t.ndim();
+  check(k <= n, "broadcast: cannot broadcast shape {} to {}", t.shape(), shape);
+  Layout l;
+  l.ndim = n;
+  for (int i = 0; i < n; ++i) {
+    int j = i - (n - k);
+    int64_t d = j < 0 ? 1 : t.shape()[j];
+    check(d == shape[i] || d == 1, "broadcast: cannot broadcast shape {} to {}", t.shape(), shape);
+    l.shape[i] = shape[i];
+    l.strides[i] = (j < 0 || d != shape[i]) ? 0 : t.strides()[j];
+  }
+  return l;
+}
+
+// ---- creation -------------------------------------------------------------------------------
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) check(d >= 0, "empty: negative dimension in shape {}", shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->storage = std::make_shared<Storage>(size_t(shape.numel()) * itemsize(dtype), device);
+  return Tensor(std::move(impl));
+}
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  visit_dtype(dtype, [&]<class T>() { KERNEL(device, fill<T>, t.data<T>(), layout(t), T(value)); });
+  return t;
+}
+Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1, dtype, device); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
+Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
+
+Tensor arange(double start, double end, double step, DType dtype, Device device) {
+  check(step != 0, "arange: step must be nonzero");
+  check((end - start) / step >= 0, "arange: start {} cannot reach end {} with step {}", start, end, step);
+  int64_t n = int64_t(std::ceil((end - start) / step));
+  Tensor t = empty({n}, dtype, device);
+  visit_numeric("arange", dtype, [&]<class T>() { KERNEL(device, arange<T>, t.data<T>(), n, start, step); });
+  return t;
+}
+
+template <class T>
+Tensor from_vector(std::span<const T> values, const Shape& shape, Device device) {
+  check(int64_t(values.size()) == shape.numel(), "from_vector: {} values do not fill shape {} ({} elements)",
+        values.size(), shape, shape.numel());
+  Tensor host = empty(shape, dtype_v<T>);
+  if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(T));
+  return device.is_cpu() ? host : host.to(device);
+}
+template Tensor from_vector<float>(std::span<const float>, const Shape&, Device);
+template Tensor from_vector<double>(std::span<const double>, const Shape&, Device);
+template Tensor from_vector<int64_t>(std::span<const int64_t>, const Shape&, Device);
+template Tensor from_vector<bool>(std::span<const bool>, const Shape&, Device);
+
+Tensor as_strided(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
+  check(shape.size() == strides.size(), "as_strided: shape {} and strides {} differ in rank", shape, strides);
+  // Bounds: the furthest element must lie inside the storage.
+  int64_t lo = offset, hi = offset;
+  bool empty_view = false;
+  for (int i = 0; i < shape.size(); ++i) {
+    check(shape[i] >= 0, "as_strided: negative dimension in shape {}", shape);
+    if (shape[i] == 0) empty_view = true;
+    int64_t reach = (shape[i] - 1) * strides[i];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const int64_t capacity = int64_t(base.impl().storage->bytes / itemsize(base.dtype()));
+  check(empty_view || (lo >= 0 && hi < capacity),
+        "as_strided: view shape {} strides {} offset {} reaches outside storage of {} elements", shape,
+        strides, offset, capacity);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  impl->storage = base.impl().storage;
+  return Tensor(std::move(impl));
+}
+
+// ---- host read-back -------------------------------------------------------------------------
+Tensor host_contiguous(const Tensor& t) {
+  Tensor src = t;
+  if (!t.device().is_cpu()) {
+    check(t.is_contiguous(), "to_vector: non-contiguous tensor on {}; call contiguous() first", t.device());
+    Tensor h = empty(t.shape(), t.dtype());
+    device_copy(h.raw_data(), Device::cpu(), t.raw_data(), t.device(), t.nbytes());
+    return h;
+  }
+  if (src.is_contiguous()) return src;
+  Tensor out = empty(t.shape(), t.dtype());
+  visit_dtype(t.dtype(), [&]<class T>() { cpu::cast_copy<T, T>(out.data<T>(), src.data<T>(), layout(src)); });
+  return out;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor h = host_contiguous(*this);
+  std::vector<T> out(size_t(h.numel()));
+  visit_dtype(h.dtype(), [&]<class S>() {
+    const S* p = h.data<S>();
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(p[i]);
+  });
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<int> Tensor::to_vector<int>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+
+template <class T>
+T Tensor::item() const {
+  check(numel() == 1, "item: expected a tensor with one element, got shape {}", shape());
+  Tensor h = host_contiguous(*this);
+  return visit_dtype(h.dtype(), [&]<class S>() { return static_cast<T>(*h.data<S>()); });
+}
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int64_t Tensor::item<int64_t>() const;
+template int Tensor::item<int>() const;
+template bool Tensor::item<bool>() const;
+
+}  // namespace ag

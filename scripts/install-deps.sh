@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian packages attograd needs to build, test and run its demo.
+# Idempotent: prints nothing and exits 0 when everything is already installed.
+# Without root (and without passwordless sudo) it prints the exact apt-get line and exits 1.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  libopenblas-dev      # BLAS (sgemm/dgemm) for matmul
+  libfmt-dev           # formatting of tensors and errors
+  doctest-dev          # unit tests
+  zlib1g-dev           # gzip-compressed datasets
+  libcli11-dev         # command-line parsing in apps and benchmarks
+  nlohmann-json3-dev   # JSON headers of checkpoints
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null || true)
+  [[ "$status" == ii* ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+line="apt-get install -y --no-install-recommends ${missing[*]}"
+if [[ $(id -u) -eq 0 ]]; then
+  SUDO=()
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  SUDO=(sudo -n)
+else
+  echo "attograd: missing Debian packages: ${missing[*]}" >&2
+  echo "run as root:  apt-get update && $line" >&2
+  exit 1
+fi
+echo "attograd: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -qq >&2
+"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

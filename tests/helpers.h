@@ -1,0 +1,63 @@
+#pragma once
+// Shared test helpers: closeness checks with the tolerance in the message, error assertions,
+// and gradcheck wrapped for doctest.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attograd.h"
+
+namespace ag::test {
+
+// Every |a_i - b_i| <= atol + rtol |b_i| (NaN equals NaN), with the first offender in the message.
+inline void check_close(const std::vector<double>& a, const std::vector<double>& b, double atol = 1e-6,
+                        double rtol = 1e-5) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    bool both_nan = std::isnan(a[i]) && std::isnan(b[i]);
+    bool ok = both_nan || (a[i] == b[i]) || std::abs(a[i] - b[i]) <= atol + rtol * std::abs(b[i]);
+    if (!ok) {
+      FAIL_CHECK(fmt::format("element {}: got {:.9g}, expected {:.9g} (atol {}, rtol {})", i, a[i], b[i], atol, rtol));
+      return;
+    }
+  }
+}
+inline void check_close(const Tensor& a, const std::vector<double>& b, double atol = 1e-6, double rtol = 1e-5) {
+  check_close(a.to_vector<double>(), b, atol, rtol);
+}
+inline void check_close(const Tensor& a, const Tensor& b, double atol = 1e-6, double rtol = 1e-5) {
+  CHECK(a.shape() == b.shape());
+  check_close(a.to_vector<double>(), b.to_vector<double>(), atol, rtol);
+}
+
+// f64 leaf with values from a seeded normal, requiring grad.
+inline Tensor leaf64(const Shape& shape, uint64_t seed = 1, double scale = 1.0) {
+  Generator g(seed);
+  return mul(randn(shape, DType::f64, &g), scale).detach().set_requires_grad(true);
+}
+
+// Runs gradcheck and reports its worst element on failure.
+inline void expect_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                             const std::vector<Tensor>& inputs, GradcheckOptions opt = {}) {
+  GradcheckResult r = gradcheck(f, inputs, opt);
+  INFO(r.message);
+  CHECK(r.ok);
+}
+
+// Asserts that `expr` throws ag::Error whose message contains every fragment.
+#define AG_CHECK_ERROR(expr, ...)                                                 \
+  do {                                                                            \
+    std::string ag_msg_;                                                          \
+    try {                                                                         \
+      (void)(expr);                                                               \
+    } catch (const ::ag::Error& e) {                                              \
+      ag_msg_ = e.what();                                                         \
+    }                                                                             \
+    INFO("message: " << ag_msg_);                                                 \
+    CHECK_MESSAGE(!ag_msg_.empty(), "expected ag::Error from " #expr);            \
+    for (const char* frag : {__VA_ARGS__}) CHECK(ag_msg_.find(frag) != std::string::npos); \
+  } while (0)
+
+}  // namespace ag::test
