@@ -116,11 +116,11 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 // ======================== reductions (autograd/ops/reduce.cpp) ================================
 // Over `dims` (empty = all dims); keepdim keeps them as size 1.
-// sum(x)        y = sum_i x_i                  dx = expand(g, x.shape)
+// sum(x)        y = sum_i x_i                  dx = expand(g, x.shape)      (b8 sums to an i64 count)
 // mean(x)       y = sum_i x_i / N              dx = expand(g, x.shape) / N
 // max(x)        y = max_i x_i                  dx = g / k at the k positions equal to the max  saves x, y
 //               (like torch.amax: ties share the gradient)
-// var(x, c)     y = sum_i (x_i - mean)^2 / (N - c)    dx = g * 2 (x - mean) / (N - c)   saves x
+// var(x, c)     y = sum_i (x_i - mean)^2 / (N - c)    dx = g * 2 (x - mean) / (N - c)   saves x - mean
 //               c = 1 (default) is the unbiased estimate, as in PyTorch
 // argmax(x, d)  index of the first maximum along d (i64, not differentiable)
 Tensor sum(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = false);
@@ -139,6 +139,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // ====================== normalisation & losses (autograd/ops/nn.cpp) ==========================
 // softmax(x, d)      y_i = e^(x_i - m) / sum_j e^(x_j - m),  m = max_j x_j (for stability)
 //                    dx_i = y_i (g_i - sum_j g_j y_j)                              saves y
+//                    a row that is all -inf gives NaN, as in PyTorch
 // log_softmax(x, d)  y_i = x_i - m - log sum_j e^(x_j - m)
 //                    dx_i = g_i - e^(y_i) sum_j g_j                                saves y
 Tensor softmax(const Tensor& x, int dim = -1);

@@ -35,11 +35,51 @@ void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
   if (!leaf.grad) {
     bool exclusive = g.impl_ptr().use_count() == 1 && g.impl().storage.use_count() == 1 && g.is_contiguous();
     leaf.grad = exclusive ? g.impl_ptr() : g.clone().impl_ptr();
+  } else if (Tensor old(leaf.grad); old.is_contiguous()) {
+    old.add_(g);  // in place, as PyTorch: a handle the user took with .grad() sees the sum
   } else {
-    Tensor(leaf.grad).add_(g);
+    leaf.grad = add(old, g).impl_ptr();  // a non-contiguous gradient given through set_grad()
   }
 }
+// Refuses to run n's backward when one of its tensors was written in place since the op ran.
+// Storage-level and so stricter than needed for ops that save nothing (add, views), which PyTorch
+// would let pass; but a write to a tensor a later backward reads never goes unnoticed.
+void check_versions(const Node& n) {
+  auto changed = [](const Node::Version& v) {
+    std::shared_ptr<Storage> s = v.storage.lock();
+    return s && s->version != v.version;
+  };
+  for (size_t i = 0; i < n.in_versions.size(); ++i)
+    check(!changed(n.in_versions[i]),
+          "backward: input {} of '{}' (shape {}) was modified by an in-place op after the forward pass "
+          "used it; a tensor of a recorded graph must not change until backward has run (what an op "
+          "saved would be stale): clone() it before writing to it",
+          i, n.op, n.in_shapes[i]);
+  check(!changed(n.out_version),
+        "backward: the output of '{}' (shape {}) was modified by an in-place op after the forward pass "
+        "computed it; a tensor of a recorded graph must not change until backward has run (what an op "
+        "saved would be stale): clone() it before writing to it",
+        n.op, n.out_shape);
+}
 }  // namespace
+
+Node::~Node() {
+  // Destroying a node drops its edges, which may destroy the input nodes, and so on down the
+  // chain: one nested destructor call per op, a stack overflow for a graph of a long loop (say a
+  // loss summed over 10^5 steps and then dropped). Instead, input nodes that only this chain
+  // holds are taken out of their edges and freed here one at a time.
+  std::vector<std::shared_ptr<Node>> dying;
+  auto take_inputs = [&dying](Node& n) {
+    for (Edge& e : n.next)
+      if (e.node && e.node.use_count() == 1) dying.push_back(std::move(e.node));
+  };
+  take_inputs(*this);
+  while (!dying.empty()) {
+    std::shared_ptr<Node> n = std::move(dying.back());
+    dying.pop_back();
+    take_inputs(*n);
+  }  // n is freed here, with no node edges left to recurse into
+}
 
 bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool on) { g_grad_enabled = on; }
@@ -57,8 +97,7 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-void record(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn) {
-  if (!needs_grad(inputs)) return;
+void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn) {
   auto node = std::make_shared<Node>();
   node->op = op;
   node->seq = g_next_seq++;
@@ -72,7 +111,10 @@ void record(const char* op, const std::vector<Tensor>& inputs, Tensor& out, Back
     }
     node->next.push_back(std::move(e));
     node->in_shapes.push_back(t.defined() ? t.shape() : Shape{});
+    node->in_versions.push_back(t.defined() ? Node::Version{t.impl().storage, t.impl().storage->version}
+                                            : Node::Version{});
   }
+  node->out_version = {out.impl().storage, out.impl().storage->version};
   node->out_shape = out.shape();
   node->out_dtype = out.dtype();
   node->backward = std::move(fn);
@@ -104,27 +146,37 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
           "the first backward to run backward twice",
           n->op);
   root.grad_fn()->pending = g;
-  for (Node* n : tape) {
-    Tensor dout = std::move(n->pending);
-    n->pending = Tensor();
-    if (dout.defined()) {
-      std::vector<Tensor> dinputs = n->backward(dout);
-      check(dinputs.size() == n->next.size(), "backward: '{}' returned {} gradients for {} inputs", n->op,
-            dinputs.size(), n->next.size());
-      for (size_t i = 0; i < dinputs.size(); ++i) {
-        const Edge& e = n->next[i];
-        const Tensor& d = dinputs[i];
-        if (!e.active() || !d.defined()) continue;
-        check(d.shape() == n->in_shapes[i], "backward: '{}' returned a gradient of shape {} for input {} of shape {}",
-              n->op, d.shape(), i, n->in_shapes[i]);
-        if (e.node) e.node->pending = e.node->pending.defined() ? add(e.node->pending, d) : d;
-        else accumulate_leaf(*e.leaf, d);
+  try {
+    for (Node* n : tape) {
+      Tensor dout = std::move(n->pending);
+      n->pending = Tensor();
+      if (dout.defined()) {
+        check_versions(*n);
+        std::vector<Tensor> dinputs = n->backward(dout);
+        check(dinputs.size() == n->next.size(), "backward: '{}' returned {} gradients for {} inputs", n->op,
+              dinputs.size(), n->next.size());
+        for (size_t i = 0; i < dinputs.size(); ++i) {
+          const Edge& e = n->next[i];
+          const Tensor& d = dinputs[i];
+          if (!e.active() || !d.defined()) continue;
+          check(d.shape() == n->in_shapes[i],
+                "backward: '{}' returned a gradient of shape {} for input {} of shape {}", n->op, d.shape(), i,
+                n->in_shapes[i]);
+          const DType want = e.node ? e.node->out_dtype : e.leaf->dtype;
+          check(d.dtype() == want, "backward: '{}' returned a gradient of dtype {} for input {} of dtype {}",
+                n->op, d.dtype(), i, want);
+          if (e.node) e.node->pending = e.node->pending.defined() ? add(e.node->pending, d) : d;
+          else accumulate_leaf(*e.leaf, d);
+        }
+      }
+      if (!retain_graph) {  // free what the op saved; the node stays as an edge, marked used
+        n->backward = nullptr;
+        n->released = true;
       }
     }
-    if (!retain_graph) {  // free what the op saved; the node stays as an edge, marked used
-      n->backward = nullptr;
-      n->released = true;
-    }
+  } catch (...) {
+    for (Node* n : tape) n->pending = Tensor();  // no half-summed gradient may leak into a later backward
+    throw;
   }
 }
 
@@ -144,6 +196,8 @@ Tensor Tensor::grad() const { return Tensor(impl().grad); }
 void Tensor::set_grad(const Tensor& g) {
   check(!g.defined() || g.shape() == shape(), "set_grad: gradient shape {} differs from tensor shape {}",
         g.defined() ? g.shape() : Shape{}, shape());
+  check(!g.defined() || g.dtype() == dtype(), "set_grad: gradient dtype {} differs from tensor dtype {}",
+        g.defined() ? g.dtype() : dtype(), dtype());
   impl().grad = g.impl_ptr();
 }
 

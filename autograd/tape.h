@@ -39,6 +39,21 @@ struct Node {
   BackwardFn backward;            // null once released by a backward without retain_graph
   bool released = false;
   Tensor pending;                 // gradient of the output, summed while backward runs
+  // Storage versions of each input and of the output when the op ran. An in-place write bumps
+  // its storage's version, and backward refuses a node whose tensors changed since: what the op
+  // saved would be stale. Weak pointers: the check keeps no memory alive (a storage that died was
+  // not saved, so nothing can be stale).
+  struct Version {
+    std::weak_ptr<Storage> storage;
+    uint64_t version = 0;
+  };
+  std::vector<Version> in_versions;
+  Version out_version;
+
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  ~Node();  // frees the chain of input nodes iteratively (a long chain would overflow the stack)
 };
 
 // ---- recording ------------------------------------------------------------------------------
@@ -64,7 +79,11 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // Records `out` as produced by `op` from `inputs`, with its backward. A no-op when nothing
 // needs a gradient, so ops call it unconditionally; `fn` should capture saved tensors by value,
 // and a saved output through out.detach() (a node must not own its own output).
-void record(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn);
+void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn);
+template <class F>
+void record(const char* op, const std::vector<Tensor>& inputs, Tensor& out, F&& fn) {
+  if (needs_grad(inputs)) record_node(op, inputs, out, BackwardFn(std::forward<F>(fn)));
+}
 
 // Runs the tape backward from `root`; see Tensor::backward.
 void backward(const Tensor& root, const Tensor& gradient = Tensor(), bool retain_graph = false);

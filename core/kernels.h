@@ -30,6 +30,7 @@ struct Layout {
     return n;
   }
   AG_HD bool is_contiguous() const {
+    if (numel() == 0) return true;
     int64_t expect = 1;
     for (int i = ndim - 1; i >= 0; --i) {
       if (shape[i] != 1 && strides[i] != expect) return false;

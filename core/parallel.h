@@ -16,7 +16,8 @@ void set_num_threads(int n);
 
 // Runs body(begin, end) over [0, n) in one contiguous chunk per thread; inline when the range
 // is smaller than `grain` or we are already inside a parallel region. The chunking depends only
-// on n and the thread count, never on timing.
+// on n and the thread count, never on timing. body must not throw: an exception cannot leave an
+// OpenMP region (check arguments in the op front, before the kernel).
 template <class F>
 void parallel_for(int64_t n, int64_t grain, F&& body) {
   if (n <= 0) return;
@@ -28,12 +29,15 @@ void parallel_for(int64_t n, int64_t grain, F&& body) {
     body(int64_t(0), n);
     return;
   }
+  // The chunks are fixed by n and nt alone; OpenMP may grant fewer threads than asked (e.g.
+  // OMP_DYNAMIC, thread limits), and then a thread takes several chunks, never other bounds.
+  const int64_t chunk = (n + nt - 1) / nt;
 #pragma omp parallel num_threads(nt)
   {
-    int t = omp_get_thread_num(), T = omp_get_num_threads();
-    int64_t chunk = (n + T - 1) / T;
-    int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
-    if (b < e) body(b, e);
+    for (int c = omp_get_thread_num(); c < nt; c += omp_get_num_threads()) {
+      int64_t b = std::min<int64_t>(n, c * chunk), e = std::min<int64_t>(n, b + chunk);
+      if (b < e) body(b, e);
+    }
   }
 }
 

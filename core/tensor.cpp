@@ -32,22 +32,20 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
 Device Device::parse(const std::string& s) {
   if (s == "cpu") return cpu();
   if (s == "cuda") return cuda(0);
-  if (s.rfind("cuda:", 0) == 0) {
-    try {
-      size_t used = 0;
-      int i = std::stoi(s.substr(5), &used);
-      if (used == s.size() - 5 && i >= 0) return cuda(i);
-    } catch (const std::exception&) {
-    }
-  }
-  fail("device: cannot parse '{}' (expected cpu, cuda or cuda:N)", s);
+  // "cuda:N" with N plain decimal digits (no sign, no spaces), at most 9 of them
+  const std::string n = s.rfind("cuda:", 0) == 0 ? s.substr(5) : std::string();
+  bool digits = !n.empty() && n.size() <= 9;
+  for (char c : n) digits = digits && c >= '0' && c <= '9';
+  check(digits, "device: cannot parse '{}' (expected cpu, cuda or cuda:N)", s);
+  return cuda(std::stoi(n));
 }
 
 // ---- metadata -------------------------------------------------------------------------------
 int64_t Tensor::size(int dim) const { return shape()[wrap_dim("size", dim, ndim())]; }
 int64_t Tensor::stride(int dim) const { return strides()[wrap_dim("stride", dim, ndim())]; }
 
-bool Tensor::is_contiguous() const { return layout(*this).is_contiguous(); }
+// An empty tensor is contiguous whatever its strides (there is nothing to be out of order).
+bool Tensor::is_contiguous() const { return numel() == 0 || layout(*this).is_contiguous(); }
 
 void* Tensor::raw_data() const {
   const TensorImpl& t = impl();
@@ -81,7 +79,12 @@ Layout layout_as(const Tensor& t, const Shape& shape) {
 
 // ---- creation -------------------------------------------------------------------------------
 Tensor empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t d : shape) check(d >= 0, "empty: negative dimension in shape {}", shape);
+  int64_t bytes = int64_t(itemsize(dtype));
+  for (int64_t d : shape) {
+    check(d >= 0, "empty: negative dimension in shape {}", shape);
+    check(!__builtin_mul_overflow(bytes, d, &bytes) && bytes <= (int64_t(1) << 62),
+          "empty: shape {} of {} is too large to allocate", shape, dtype);
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
@@ -103,6 +106,8 @@ Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()
 Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
 
 Tensor arange(double start, double end, double step, DType dtype, Device device) {
+  check(std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
+        "arange: start {}, end {} and step {} must be finite", start, end, step);
   check(step != 0, "arange: step must be nonzero");
   check((end - start) / step >= 0, "arange: start {} cannot reach end {} with step {}", start, end, step);
   int64_t n = int64_t(std::ceil((end - start) / step));

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -146,11 +147,17 @@ template <class T>
 Tensor from_vector(const std::vector<T>& values) {
   return from_vector<T>(std::span<const T>(values), Shape{int64_t(values.size())});
 }
-// tensor({1, 2, 3}) is f32; tensor<double>({...}, {2, 2}) is f64 of shape [2,2].
+// tensor({1, 2, 3}) and tensor({1.f, 2.f}) are f32; tensor<double>({...}, {2, 2}) is f64 of shape
+// [2,2]; tensor<int64_t>({...}) is i64 and tensor<bool>({...}) b8. No shape means 1-D.
 template <class T = float>
 Tensor tensor(std::initializer_list<T> values, const Shape& shape = {}) {
-  std::span<const T> s(values.begin(), values.size());
-  return from_vector<T>(s, shape.empty() ? Shape{int64_t(values.size())} : shape);
+  const Shape s = shape.empty() ? Shape{int64_t(values.size())} : shape;
+  if constexpr (std::is_same_v<T, int>) {  // plain integer literals: f32, like float literals
+    std::vector<float> f(values.begin(), values.end());
+    return from_vector<float>(std::span<const float>(f), s);
+  } else {
+    return from_vector<T>(std::span<const T>(values.begin(), values.size()), s);
+  }
 }
 // A 0-dim tensor holding `value`.
 Tensor scalar_tensor(double value, DType dtype = DType::f32, Device device = Device::cpu());

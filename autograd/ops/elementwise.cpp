@@ -160,7 +160,7 @@ Tensor abs(const Tensor& x) { return unary_saving_input("abs", x, pw::Abs{}, pw:
 Tensor silu(const Tensor& x) { return unary_saving_input("silu", x, pw::Silu{}, pw::SiluBackward{}); }
 
 Tensor gelu(const Tensor& x, const char* approximate) {
-  std::string_view a = approximate;
+  std::string_view a = approximate ? approximate : "(null)";
   check(a == "none" || a == "tanh", "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", a);
   if (a == "tanh") return unary_saving_input("gelu", x, pw::GeluTanh{}, pw::GeluTanhBackward{});
   return unary_saving_input("gelu", x, pw::Gelu{}, pw::GeluBackward{});
@@ -246,6 +246,8 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
         "add_: in-place write to a tensor that requires grad (shape {}); do it under NoGradGuard", shape());
   check_same("add_", *this, other);
   check(is_contiguous(), "add_: destination must be contiguous, got strides {} for shape {}", strides(), shape());
+  check(broadcast_shapes("add_", other.shape(), shape()) == shape(),
+        "add_: other of shape {} does not broadcast to destination shape {}", other.shape(), shape());
   Layout lo = layout_as(other, shape());
   visit_numeric("add_", dtype(), [&]<class T>() {
     T* d = data<T>();

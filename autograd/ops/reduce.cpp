@@ -75,6 +75,7 @@ Canonical canonicalize(const Tensor& x, const ReducePlan& p) {
 }  // namespace
 
 Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
+  if (x.dtype() == DType::b8) return sum(x.to(DType::i64), dims, keepdim);  // counts, as PyTorch
   ReducePlan p = plan_reduce("sum", x, dims, keepdim);
   Canonical c = canonicalize(x, p);
   Tensor y = empty(p.out_shape, x.dtype(), x.device());

@@ -14,7 +14,7 @@ namespace {
 // (the same algorithm as NumPy/PyTorch: split/merge runs of dims that are contiguous in memory).
 bool view_strides(const Shape& shape, const Shape& strides, const Shape& target, Shape& out) {
   out = target;
-  if (shape.numel() == 0) {
+  if (shape.numel() == 0 || shape.size() == 0) {  // nothing to keep in order, or one element
     out = contiguous_strides(target);
     return true;
   }
@@ -239,8 +239,15 @@ Tensor Tensor::expand(const Shape& req) const {
       target[i] = shape()[i - lead];
     }
   }
+  for (int i = 0; i < target.size(); ++i) {
+    const int j = i - lead;  // the matching dim of this tensor, when j >= 0
+    check(target[i] >= 0, "expand: invalid size {} in {}", target[i], req);
+    const int64_t have = j < 0 ? 1 : shape()[j];
+    check(have == 1 || have == target[i], "expand: cannot expand shape {} to {} (dim {}: size {} is not 1)",
+          shape(), req, i, have);
+  }
   if (target == shape()) return *this;
-  Layout l = layout_as(*this, target);  // checks broadcastability
+  Layout l = layout_as(*this, target);
   Shape strides;
   for (int i = 0; i < target.size(); ++i) strides.push_back(l.strides[i]);
   Shape in = shape();
@@ -314,6 +321,8 @@ Tensor& Tensor::zero_() { return fill_(0); }
 Tensor& Tensor::copy_(const Tensor& src) {
   check_writable("copy_", *this);
   check(src.device() == device(), "copy_: source on {} but destination on {}", src.device(), device());
+  check(broadcast_shapes("copy_", src.shape(), shape()) == shape(),
+        "copy_: source of shape {} does not broadcast to destination shape {}", src.shape(), shape());
   Tensor s = src.dtype() == dtype() ? src : src.detach().to(dtype());
   Layout ls = layout_as(s, shape());
   visit_dtype(dtype(), [&]<class T>() { KERNEL(device(), strided_copy<T>, data<T>(), layout(*this), s.data<T>(), ls); });

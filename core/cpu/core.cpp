@@ -28,6 +28,7 @@ template <class T>
 void fill(T* dst, const Layout& l, T value) {
   if (l.is_contiguous()) {
     parallel_for(l.numel(), kGrain, [&](int64_t b, int64_t e) {
+#pragma omp simd
       for (int64_t i = b; i < e; ++i) dst[i] = value;
     });
     return;
@@ -50,7 +51,12 @@ void uniform(T* dst, int64_t n, uint64_t seed, uint64_t offset, double low, doub
   parallel_for((n + 3) / 4, kGrain / 4, [&](int64_t b, int64_t e) {
     for (int64_t c = b; c < e; ++c) {
       Philox4 r = philox4x32_10(seed, offset + uint64_t(c));
-      for (int j = 0; j < 4 && c * 4 + j < n; ++j) dst[c * 4 + j] = T(low + span * uniform01(r.v[j]));
+      for (int j = 0; j < 4 && c * 4 + j < n; ++j) {
+        // low + span * u < high in exact arithmetic, but the rounding to T can reach high
+        // (f32 in [1, 2): 2 - 2^-24 rounds to 2); keep the interval half-open.
+        T v = T(low + span * uniform01(r.v[j]));
+        dst[c * 4 + j] = v < T(high) ? v : std::nextafter(T(high), T(low));
+      }
     }
   });
 }
@@ -74,15 +80,17 @@ void normal(T* dst, int64_t n, uint64_t seed, uint64_t offset, double mean, doub
   });
 }
 
-// Two lanes make a 64-bit draw; its modulo bias is below 2^-32 for any range we can hold.
+// Element i takes lanes (0,1) or (2,3) of Philox(seed, offset + i/2) as one 64-bit draw: two
+// elements per block. The modulo bias is below range / 2^64, under 2^-32 for ranges below 2^32.
 void randint(int64_t* dst, int64_t n, uint64_t seed, uint64_t offset, int64_t low, int64_t high) {
-  const uint64_t range = uint64_t(high - low);
+  const uint64_t range = uint64_t(high) - uint64_t(low);
   parallel_for((n + 1) / 2, kGrain / 2, [&](int64_t b, int64_t e) {
     for (int64_t c = b; c < e; ++c) {
-      Philox4 r = philox4x32_10(seed, offset + uint64_t(c / 2));
-      int lane = int(c % 2) * 2;
-      uint64_t x = (uint64_t(r.v[lane]) << 32) | r.v[lane + 1];
-      dst[c] = low + int64_t(x % range);
+      Philox4 r = philox4x32_10(seed, offset + uint64_t(c));
+      for (int j = 0; j < 2 && c * 2 + j < n; ++j) {
+        uint64_t x = (uint64_t(r.v[2 * j]) << 32) | r.v[2 * j + 1];
+        dst[c * 2 + j] = int64_t(uint64_t(low) + x % range);
+      }
     }
   });
 }

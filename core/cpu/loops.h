@@ -52,6 +52,8 @@ LoopPlan<N> make_plan(const Layout* const (&in)[N]) {
 // dim; rows are split across threads, or the single row is when there is only one.
 template <int N, class Row>
 void for_each_row(const LoopPlan<N>& p, Row&& row) {
+  for (int d = 0; d < p.nd; ++d)
+    if (p.size[d] == 0) return;  // no elements (and no division by a zero row length below)
   const int last = p.nd - 1;
   const int64_t inner = p.size[last];
   int64_t rows = 1;

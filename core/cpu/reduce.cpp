@@ -51,17 +51,26 @@ void sum_forward(T* out, const T* in, int64_t outer, int64_t R, int64_t inner) {
     });
     return;
   }
-  // column sums: out[o, :] = sum_r in[o, r, :], vectorised along inner, split over (o, inner block)
-  const int64_t ib = 256, nblk = (inner + ib - 1) / ib;
+  // column sums: out[o, :] = sum_r in[o, r, :], vectorised along inner, split over (o, inner block).
+  // Rows are summed in groups of kRowGroup into `part`, then the groups into y: the rounding error
+  // grows with R / kRowGroup + kRowGroup instead of R (a bias gradient sums B*T rows).
+  constexpr int64_t ib = 256, kRowGroup = 64;
+  const int64_t nblk = (inner + ib - 1) / ib;
   parallel_for(outer * nblk, std::max<int64_t>(1, kGrain / std::max<int64_t>(R * ib, 1)), [&](int64_t b, int64_t e) {
+    T part[ib];
     for (int64_t w = b; w < e; ++w) {
       int64_t o = w / nblk, i0 = (w % nblk) * ib, n = std::min(ib, inner - i0);
       T* y = out + o * inner + i0;
       for (int64_t i = 0; i < n; ++i) y[i] = 0;
-      for (int64_t r = 0; r < R; ++r) {
-        const T* x = in + (o * R + r) * inner + i0;
+      for (int64_t r0 = 0; r0 < R; r0 += kRowGroup) {
+        for (int64_t i = 0; i < n; ++i) part[i] = 0;
+        for (int64_t r = r0; r < std::min(R, r0 + kRowGroup); ++r) {
+          const T* x = in + (o * R + r) * inner + i0;
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+          for (int64_t i = 0; i < n; ++i) part[i] += x[i];
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) y[i] += part[i];
       }
     }
   });

@@ -1,1 +1,57 @@
 #pragma once
+// Kernels of the normalisation & loss ops: softmax, log_softmax, layer_norm, embedding,
+// cross_entropy, dropout (core/cpu/nn.cpp). Math in autograd/ops.h. Every buffer is contiguous.
+// Backward kernels add into their gradient buffers (+=); the front hands them zeroed ones.
+//
+// Shapes (R = rows, i.e. the product of the leading dims):
+//   softmax, log_softmax   x, y, dy, dx (outer, C, inner): normalised over C, the middle dim
+//   layer_norm             x, y, dy, dx (R, N); mean, rstd (R); w, b, dw, db (N) or null
+//   embedding              w, dw (V, D); idx (R); y, dy (R, D)
+//   cross_entropy          logits, logp, dlogits (N, C); target (N); loss (N);
+//                          dloss (N) read with stride dloss_stride (0: one scalar for every row)
+//   dropout                x, y, dy, dx (n)
+#include <cstdint>
+
+namespace ag::cpu {
+
+// ---- softmax / log_softmax over the middle dim of [outer, C, inner] --------------------------
+template <class T> void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
+template <class T> void softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
+template <class T> void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
+template <class T> void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
+// the reference loops the fast kernels are tested against (single-threaded, one element at a time)
+template <class T> void softmax_forward_naive(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
+template <class T> void softmax_backward_naive(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
+
+// ---- layer_norm over rows of N; w, b may be null (as 1 and 0), and so may dx, dw, db ----------
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N, double eps);
+template <class T>
+void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                         int64_t R, int64_t N);
+template <class T>
+void layer_norm_forward_naive(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N,
+                              double eps);
+template <class T>
+void layer_norm_backward_naive(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                               int64_t R, int64_t N);
+
+// ---- embedding: a gather of rows, and its scatter-add (indices already checked in [0, V)) ------
+template <class T> void embedding_forward(T* y, const T* w, const int64_t* idx, int64_t R, int64_t D);
+template <class T> void embedding_backward(T* dw, const T* dy, const int64_t* idx, int64_t R, int64_t V, int64_t D);
+
+// ---- cross_entropy: fused log-softmax + NLL with label smoothing s, one loss per row ----------
+// loss[n] = 0 and logp's row is still written for rows whose target == ignore_index.
+template <class T>
+void cross_entropy_forward(T* loss, T* logp, const T* logits, const int64_t* target, int64_t N, int64_t C,
+                           int64_t ignore_index, double smoothing);
+// dlogits[n, :] += (exp(logp[n, :]) - q_n) * dloss[n * dloss_stride] * scale  (0 for ignored rows)
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, const T* logp, const int64_t* target,
+                            int64_t N, int64_t C, int64_t ignore_index, double smoothing, double scale);
+
+// ---- dropout: element i is kept when uniform01(Philox(seed, offset + i/4)[i%4]) >= p ---------
+template <class T> void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint64_t offset);
+template <class T> void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset);
+
+}  // namespace ag::cpu

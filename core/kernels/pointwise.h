@@ -56,7 +56,7 @@ struct Sqrt { template <class T> AG_HD T operator()(T x) const { return std::sqr
 struct Rsqrt { template <class T> AG_HD T operator()(T x) const { return T(1) / std::sqrt(x); } };
 struct Tanh { template <class T> AG_HD T operator()(T x) const { return std::tanh(x); } };
 struct Sigmoid { template <class T> AG_HD T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); } };
-struct Relu { template <class T> AG_HD T operator()(T x) const { return x > T(0) ? x : T(0); } };
+struct Relu { template <class T> AG_HD T operator()(T x) const { return x < T(0) ? T(0) : x; } };  // NaN stays NaN
 struct Abs { template <class T> AG_HD T operator()(T x) const { return x < T(0) ? -x : x; } };
 
 // backward functors, (saved, g) -> dx

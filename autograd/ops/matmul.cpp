@@ -1,0 +1,176 @@
+// matmul: checks, the BLAS description of each operand, dispatch and the tape record.
+// Math in autograd/ops.h; kernels in core/cpu/matmul.cpp.
+#include <algorithm>
+#include <climits>
+
+#include "autograd/ops.h"
+#include "core/dispatch.h"
+
+namespace ag {
+
+namespace {
+
+// How BLAS can read the last two dims of x, an (R, C) matrix, without a copy: rows strided by ld
+// and columns dense (trans = false), or the reverse (trans = true: x holds a row-major (C, R)
+// matrix). The stride of a size-1 dim is never used, so it may be anything.
+bool blas_layout(const Tensor& x, bool& trans, int64_t& ld) {
+  const int n = x.ndim();
+  const int64_t R = x.shape()[n - 2], C = x.shape()[n - 1];
+  const int64_t sr = x.strides()[n - 2], sc = x.strides()[n - 1];
+  if ((C == 1 || sc == 1) && (R == 1 || sr >= std::max<int64_t>(C, 1))) {
+    trans = false;
+    ld = R == 1 ? std::max<int64_t>(C, 1) : sr;
+    return true;
+  }
+  if ((R == 1 || sr == 1) && (C == 1 || sc >= std::max<int64_t>(R, 1))) {
+    trans = true;
+    ld = C == 1 ? std::max<int64_t>(R, 1) : sc;
+    return true;
+  }
+  return false;
+}
+
+// x itself when BLAS can read its matrices, else a dense copy (no history: the saved operand).
+Tensor blas_operand(const Tensor& x, bool& trans, int64_t& ld) {
+  if (blas_layout(x, trans, ld)) return x.detach();
+  Tensor c = x.detach().contiguous();
+  blas_layout(c, trans, ld);
+  return c;
+}
+
+// The leading dim when x (..., M, K) can be seen as one (prod(...) * M, K) row-major matrix with
+// dense columns, i.e. all dims but the last merge into one strided dim; -1 otherwise.
+int64_t folded_ld(const Tensor& x) {
+  const int n = x.ndim();
+  const int64_t K = x.shape()[n - 1];
+  if (K != 1 && x.strides()[n - 1] != 1) return -1;
+  int64_t ld = -1, expect = -1;  // the merged dim's stride, and the stride the next outer dim needs
+  for (int d = n - 2; d >= 0; --d) {
+    if (x.shape()[d] == 1) continue;
+    if (ld < 0) ld = x.strides()[d];
+    else if (x.strides()[d] != expect) return -1;
+    expect = x.strides()[d] * x.shape()[d];
+  }
+  if (ld < 0) return std::max<int64_t>(K, 1);  // a single row
+  return ld >= std::max<int64_t>(K, 1) ? ld : -1;
+}
+
+// The Layout of x's batch dims (all but the last two) broadcast to `batch`: stride 0 where x has
+// size 1 or no dim at all.
+Layout batch_layout(const Tensor& x, const Shape& batch) {
+  Layout l;
+  l.ndim = batch.size();
+  const int lead = batch.size() - (x.ndim() - 2);
+  for (int i = 0; i < l.ndim; ++i) {
+    int j = i - lead;
+    l.shape[i] = batch[i];
+    l.strides[i] = (j < 0 || x.shape()[j] == 1) ? 0 : x.strides()[j];
+  }
+  return l;
+}
+
+Shape concat(const Shape& a, std::initializer_list<int64_t> tail) {
+  Shape s = a;
+  for (int64_t d : tail) s.push_back(d);
+  return s;
+}
+
+void check_blas_size(const Tensor& a, const Tensor& b, std::initializer_list<int64_t> sizes) {
+  for (int64_t s : sizes)
+    check(s <= INT_MAX, "matmul: {} @ {}: size {} exceeds the 32-bit int range of BLAS", a.shape(), b.shape(), s);
+}
+
+// matmul of a (..., M, K) and b (..., K, N), both with >= 2 dims.
+Tensor matmul_nd(const Tensor& a, const Tensor& b) {
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  Shape batch_a, batch_b;
+  for (int i = 0; i < a.ndim() - 2; ++i) batch_a.push_back(a.shape()[i]);
+  for (int i = 0; i < b.ndim() - 2; ++i) batch_b.push_back(b.shape()[i]);
+  Shape batch;
+  const int nb = std::max(batch_a.size(), batch_b.size());
+  for (int i = 0; i < nb; ++i) {
+    int ia = i - (nb - batch_a.size()), ib = i - (nb - batch_b.size());
+    int64_t da = ia < 0 ? 1 : batch_a[ia], db = ib < 0 ? 1 : batch_b[ib];
+    check(da == db || da == 1 || db == 1, "matmul: {} @ {}: batch dims {} and {} cannot be broadcast", a.shape(),
+          b.shape(), batch_a, batch_b);
+    batch.push_back(da == 1 ? db : da);
+  }
+  const Shape out_shape = concat(batch, {M, N});
+  Tensor y = empty(out_shape, a.dtype(), a.device());
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
+
+  // b shared by every matrix of a, and a's rows in one strided run: one GEMM with M' = B*M.
+  const int64_t lda_folded = a.ndim() >= 3 && batch_b.numel() == 1 ? folded_ld(a) : -1;
+  if (lda_folded > 0) {
+    const int64_t rows = batch_a.numel() * M;
+    bool tb;
+    int64_t ldb;
+    Tensor bs = blas_operand(b, tb, ldb), as = a.detach();
+    check_blas_size(a, b, {rows, N, K, lda_folded, ldb});
+    cpu::Gemm gemm{rows, N, K, false, tb, lda_folded, ldb, nullptr, nullptr};
+    visit_floating("matmul", a.dtype(), [&]<class T>() {
+      KERNEL(a.device(), matmul_forward, y.data<T>(), as.data<T>(), bs.data<T>(), gemm);
+    });
+    record("matmul", {a, b}, y, [as, bs, gemm, ga, gb](const Tensor& g) {
+      Tensor dout = g.contiguous();
+      Tensor da = ga ? empty(as.shape(), as.dtype(), as.device()) : Tensor();
+      Tensor db = gb ? empty(bs.shape(), bs.dtype(), bs.device()) : Tensor();
+      visit_floating("matmul", g.dtype(), [&]<class T>() {
+        KERNEL(g.device(), matmul_backward, ga ? da.data<T>() : nullptr, gb ? db.data<T>() : nullptr,
+               dout.data<T>(), as.data<T>(), bs.data<T>(), gemm);
+      });
+      return std::vector{da, db};
+    });
+    return y;
+  }
+
+  // General case: one GEMM per matrix of the broadcast batch.
+  bool ta, tb;
+  int64_t lda, ldb;
+  Tensor as = blas_operand(a, ta, lda), bs = blas_operand(b, tb, ldb);
+  check_blas_size(a, b, {M, N, K, lda, ldb});
+  const Layout la = batch_layout(as, batch), lb = batch_layout(bs, batch);
+  cpu::Gemm gemm{M, N, K, ta, tb, lda, ldb, &la, &lb};
+  visit_floating("matmul", a.dtype(), [&]<class T>() {
+    KERNEL(a.device(), matmul_forward, y.data<T>(), as.data<T>(), bs.data<T>(), gemm);
+  });
+  record("matmul", {a, b}, y, [as, bs, la, lb, gemm, batch, ga, gb](const Tensor& g) {
+    cpu::Gemm geo = gemm;
+    geo.batch_a = &la;
+    geo.batch_b = &lb;
+    Tensor dout = g.contiguous();
+    // gradients over the full batch, then summed over the dims where an input was broadcast
+    Tensor da = ga ? empty(concat(batch, {geo.M, geo.K}), g.dtype(), g.device()) : Tensor();
+    Tensor db = gb ? empty(concat(batch, {geo.K, geo.N}), g.dtype(), g.device()) : Tensor();
+    visit_floating("matmul", g.dtype(), [&]<class T>() {
+      KERNEL(g.device(), matmul_backward, ga ? da.data<T>() : nullptr, gb ? db.data<T>() : nullptr,
+             dout.data<T>(), as.data<T>(), bs.data<T>(), geo);
+    });
+    return std::vector{ga ? sum_to(da, as.shape()) : Tensor(), gb ? sum_to(db, bs.shape()) : Tensor()};
+  });
+  return y;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check(a.ndim() >= 1 && b.ndim() >= 1, "matmul: {} @ {}: both inputs need at least 1 dim (got a 0-dim tensor)",
+        a.shape(), b.shape());
+  check(a.device() == b.device(), "matmul: {} @ {}: inputs on different devices ({} and {})", a.shape(), b.shape(),
+        a.device(), b.device());
+  check(a.dtype() == b.dtype(), "matmul: {} @ {}: dtypes {} and {} differ; convert one with .to(dtype)", a.shape(),
+        b.shape(), a.dtype(), b.dtype());
+  check(is_floating(a.dtype()), "matmul: {} @ {}: expected f32 or f64 inputs, got {}", a.shape(), b.shape(),
+        a.dtype());
+  const int64_t ka = a.size(-1), kb = b.ndim() == 1 ? b.size(0) : b.size(-2);
+  check(ka == kb, "matmul: {} @ {}: inner dimensions {} and {} differ", a.shape(), b.shape(), ka, kb);
+  if (a.ndim() >= 2 && b.ndim() >= 2) return matmul_nd(a, b);
+  // 1-D operands as in torch.matmul: a is a row (1, K), b a column (K, 1); the added dim is
+  // removed from the result (both 1-D: a dot product, 0-dim).
+  Tensor y = matmul_nd(a.ndim() == 1 ? a.unsqueeze(0) : a, b.ndim() == 1 ? b.unsqueeze(-1) : b);
+  if (b.ndim() == 1) y = y.squeeze(-1);
+  if (a.ndim() == 1) y = y.squeeze(b.ndim() == 1 ? -1 : -2);
+  return y;
+}
+
+}  // namespace ag

@@ -1,0 +1,58 @@
+// index_select (core/kernels/index.h). Math: autograd/ops.h (index_select).
+//   x, dx (B, N, D)   idx (L)   out, dout (B, L, D)
+#include <algorithm>
+#include <cassert>
+
+#include "core/kernels.h"
+#include "core/parallel.h"
+
+namespace ag::cpu {
+
+template <class T>
+void index_select_forward(T* out, const T* x, const int64_t* idx, int64_t B, int64_t N, int64_t L, int64_t D) {
+  // one output row (b, l) per work item: a contiguous copy of D values
+  parallel_for(B * L, std::max<int64_t>(1, kGrain / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / L, l = r % L, i = idx[l];
+      assert(i >= 0 && i < N);
+      const T* src = x + (b * N + i) * D;
+      T* dst = out + r * D;
+#pragma omp simd
+      for (int64_t k = 0; k < D; ++k) dst[k] = src[k];
+    }
+  });
+}
+
+template <class T>
+void index_select_backward(T* dx, const T* dout, const int64_t* idx, int64_t B, int64_t N, int64_t L, int64_t D) {
+  // in the forward pass this was
+  //   out[b, l, k] = x[b, idx[l], k]
+  // so now we have
+  //   dx[b, n, k] = sum over the l with idx[l] == n of dout[b, l, k]
+  // Two l with the same index write the same dx row, so threads split over (b, block of k), never
+  // over l: each dx element is summed by one thread, in increasing l, whatever the thread count.
+  const int64_t kb = 256, nblk = (D + kb - 1) / kb;
+  parallel_for(B * nblk, std::max<int64_t>(1, kGrain / std::max<int64_t>(L * kb, 1)), [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / nblk, k0 = (w % nblk) * kb, n = std::min(kb, D - k0);
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t i = idx[l];
+        assert(i >= 0 && i < N);
+        T* d = dx + (b * N + i) * D + k0;
+        const T* g = dout + (b * L + l) * D + k0;
+#pragma omp simd
+        for (int64_t k = 0; k < n; ++k) d[k] += g[k];
+      }
+    }
+  });
+}
+
+template void index_select_forward<float>(float*, const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t);
+template void index_select_forward<double>(double*, const double*, const int64_t*, int64_t, int64_t, int64_t, int64_t);
+template void index_select_forward<int64_t>(int64_t*, const int64_t*, const int64_t*, int64_t, int64_t, int64_t,
+                                            int64_t);
+template void index_select_backward<float>(float*, const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t);
+template void index_select_backward<double>(double*, const double*, const int64_t*, int64_t, int64_t, int64_t,
+                                            int64_t);
+
+}  // namespace ag::cpu

@@ -1,0 +1,170 @@
+// Matmul on OpenBLAS (core/kernels/matmul.h). Math: autograd/ops.h (matmul).
+//
+//   a (B, M, K), b (B, K, N), c and dout (B, M, N), da (B, M, K), db (B, K, N)
+//   B = the product of the batch dims (1 without any); a and b are read through their Gemm
+//   description (trans flag, leading dim, batch strides), so they may be transposed or broadcast.
+//
+// Threads: OpenBLAS runs single-threaded (core/parallel.cpp) and this file splits the work over
+// attograd's own pool. C is seen as one tall matrix of B*M rows; thread t of nt computes the rows
+// [t*B*M/nt, (t+1)*B*M/nt), each boundary moved to the nearest multiple of kRowTile inside its matrix.
+// So a batch of >= nt matrices is split by whole matrices (exactly, when nt divides B), one big GEMM
+// by contiguous row blocks, and every piece is one single-threaded cblas call. When there are too
+// few rows (a vector-matrix product, say) the columns of C are split instead.
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "core/kernels.h"
+#include "core/parallel.h"
+
+namespace ag::cpu {
+
+namespace {
+
+// Rows of C per tile: a multiple of the micro-kernel heights of OpenBLAS's x86 GEMMs (4 to 16
+// rows), so a row block cut on it leaves no ragged micro-tile in the middle of the matrix.
+constexpr int64_t kRowTile = 16;
+// Multiply-adds below which a GEMM stays on one thread: waking the pool costs a few us, about
+// what a single thread needs for 2^18 multiply-adds.
+constexpr int64_t kMinWorkPerThread = int64_t(1) << 18;
+
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+               int64_t ldb, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
+              blasint(N), blasint(K), 1.0f, a, blasint(lda), b, blasint(ldb), 0.0f, c, blasint(ldc));
+}
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* a, int64_t lda, const double* b,
+               int64_t ldb, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
+              blasint(N), blasint(K), 1.0, a, blasint(lda), b, blasint(ldb), 0.0, c, blasint(ldc));
+}
+
+// Element offset of matrix p of a batch (row-major over the batch dims of l).
+int64_t batch_offset(const Layout* l, int64_t p) {
+  if (!l) return 0;
+  int64_t off = 0;
+  for (int d = l->ndim - 1; d >= 0; --d) {
+    off += (p % l->shape[d]) * l->strides[d];
+    p /= l->shape[d];
+  }
+  return off;
+}
+
+// Rows [i0, i1) and columns [j0, j1) of one C = op(A) op(B), C with leading dim N. Row i of op(A)
+// starts at a + i*lda (stored as is) or at a + i (stored transposed); column j of op(B) at b + j
+// or b + j*ldb. A block with K == 0 is all zeros (BLAS may leave C untouched then).
+template <class T>
+void gemm_block(T* c, const T* a, const T* b, const Gemm& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  if (i1 <= i0 || j1 <= j0) return;
+  T* cb = c + i0 * g.N + j0;
+  if (g.K == 0) {
+    for (int64_t i = i0; i < i1; ++i) std::fill(cb + (i - i0) * g.N, cb + (i - i0) * g.N + (j1 - j0), T(0));
+    return;
+  }
+  const T* ab = a + (g.trans_a ? i0 : i0 * g.lda);
+  const T* bb = b + (g.trans_b ? j0 * g.ldb : j0);
+  blas_gemm(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N);
+}
+
+// Boundary t of `parts` in [0, n) moved to the nearest multiple of `tile` within its period: rows of a
+// batch of matrices (period M) or the columns of one matrix (period = n).
+int64_t tile_boundary(int64_t n, int64_t period, int t, int parts, int64_t tile) {
+  int64_t r = n * t / parts, base = r / period * period, i = r - base;
+  return base + std::min(period, (i + tile / 2) / tile * tile);
+}
+
+}  // namespace
+
+template <class T>
+void matmul_forward(T* c, const T* a, const T* b, const Gemm& g) {
+  const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
+  if (P == 0 || M == 0 || N == 0) return;
+  const int64_t work = P * M * N * std::max<int64_t>(g.K, 1);
+  const int nt = int(std::clamp<int64_t>(work / kMinWorkPerThread, 1, num_threads()));
+  // rows [i0, i1) and columns [j0, j1) of matrix p of the batch
+  auto block = [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    gemm_block(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1);
+  };
+
+  if (P * M >= nt * kRowTile) {  // split the B*M rows of C
+    parallel_for(nt, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        int64_t r = tile_boundary(P * M, M, int(t), nt, kRowTile);
+        const int64_t r1 = tile_boundary(P * M, M, int(t) + 1, nt, kRowTile);
+        while (r < r1) {  // the range may span several matrices: one cblas call per matrix piece
+          const int64_t p = r / M, i0 = r % M, i1 = std::min(M, i0 + (r1 - r));
+          block(p, i0, i1, 0, N);
+          r += i1 - i0;
+        }
+      }
+    });
+    return;
+  }
+  for (int64_t p = 0; p < P; ++p) {  // few rows: split the columns of each matrix
+    parallel_for(nt, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        block(p, 0, M, tile_boundary(N, N, int(t), nt, kRowTile), tile_boundary(N, N, int(t) + 1, nt, kRowTile));
+    });
+  }
+}
+
+template <class T>
+void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g) {
+  const int64_t P = g.batch_a ? g.batch_a->numel() : 1;
+  for (int64_t p = 0; p < P; ++p) {
+    const T* ap = a + batch_offset(g.batch_a, p);
+    const T* bp = b + batch_offset(g.batch_b, p);
+    T* cp = c + p * g.M * g.N;
+    for (int64_t i = 0; i < g.M; ++i) {
+      for (int64_t j = 0; j < g.N; ++j) {
+        T acc = 0;
+        for (int64_t k = 0; k < g.K; ++k) {
+          T x = g.trans_a ? ap[k * g.lda + i] : ap[i * g.lda + k];
+          T w = g.trans_b ? bp[j * g.ldb + k] : bp[k * g.ldb + j];
+          acc += x * w;
+        }
+        cp[i * g.N + j] = acc;
+      }
+    }
+  }
+}
+
+template <class T>
+void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g) {
+  // in the forward pass this was, for each matrix of the batch,
+  //   c[i,j] = sum_k a[i,k] b[k,j]
+  // so now we have
+  //   da[i,k] = sum_j dout[i,j] b[k,j]    da = dout @ b^T    (M,N) @ (N,K)
+  //   db[k,j] = sum_i a[i,k] dout[i,j]    db = a^T @ dout    (K,M) @ (M,N)
+  // Both are GEMMs of the forward kernel: transposing a stored operand only flips its BLAS flag.
+  // When the front folded a's batch into M (b shared by every matrix), db is ONE GEMM whose inner
+  // dim runs over all B*M rows: dW = X^T dY, never per-matrix products summed afterwards.
+  Layout dense;  // dout's batch strides: contiguous (B, M, N)
+  if (g.batch_a) {
+    dense.ndim = g.batch_a->ndim;
+    int64_t st = g.M * g.N;
+    for (int d = dense.ndim - 1; d >= 0; --d) {
+      dense.shape[d] = g.batch_a->shape[d];
+      dense.strides[d] = st;
+      st *= dense.shape[d];
+    }
+  }
+  const Layout* batch_dout = g.batch_a ? &dense : nullptr;
+  if (da) {
+    Gemm gd{g.M, g.K, g.N, false, !g.trans_b, g.N, g.ldb, batch_dout, g.batch_b};
+    matmul_forward(da, dout, b, gd);
+  }
+  if (db) {
+    Gemm gd{g.K, g.N, g.M, !g.trans_a, false, g.lda, g.N, g.batch_a, batch_dout};
+    matmul_forward(db, a, dout, gd);
+  }
+}
+
+template void matmul_forward<float>(float*, const float*, const float*, const Gemm&);
+template void matmul_forward<double>(double*, const double*, const double*, const Gemm&);
+template void matmul_forward_naive<float>(float*, const float*, const float*, const Gemm&);
+template void matmul_forward_naive<double>(double*, const double*, const double*, const Gemm&);
+template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, const Gemm&);
+template void matmul_backward<double>(double*, double*, const double*, const double*, const double*, const Gemm&);
+
+}  // namespace ag::cpu

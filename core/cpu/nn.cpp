@@ -1,0 +1,588 @@
+// CPU kernels of the normalisation & loss ops (core/kernels/nn.h). Math: autograd/ops.h.
+//
+//   softmax, log_softmax   x, y, dy, dx (outer, C, inner), normalised over C
+//   layer_norm             x, y, dy, dx (R, N); mean, rstd (R); w, b, dw, db (N)
+//   embedding              w, dw (V, D); idx (R); y, dy (R, D)
+//   cross_entropy          logits, logp, dlogits (N, C); target, loss (N); dloss (N) or a scalar
+//   dropout                x, y, dy, dx (n)
+//
+// Every kernel splits its rows over parallel_for; each output element is computed by one thread in
+// a fixed order, and the one cross-row sum (layer_norm's dw, db) adds fixed blocks of rows in a
+// fixed order, so no result depends on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/cpu/vecmath.h"  // vectorised exp/log in the `omp simd` loops below
+#include "core/kernels.h"
+#include "core/parallel.h"
+
+namespace ag::cpu {
+
+namespace {
+
+// Rows per parallel_for chunk so that a chunk holds about kGrain elements.
+int64_t row_grain(int64_t row_len) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(row_len, 1)); }
+
+// max over a row. NaN is skipped here, but it still turns the whole row to NaN through exp below,
+// as in PyTorch. A row of -inf gives m = -inf and then x - m = NaN: softmax of an all -inf row
+// is NaN, exactly as PyTorch's.
+template <class T>
+T row_max(const T* x, int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// Columns handled together by the [outer, C, inner] kernels (inner > 1): the loops over C run
+// along these contiguous columns, so they vectorise like the row case. 128 measured fastest
+// (fewer columns: more strided jumps per element; more: the block's passes fall out of L2).
+constexpr int64_t kCols = 128;
+
+// Calls body(off, n) for every block of n <= kCols columns of every outer slice o, where off is
+// the offset of element (o, 0, i0) and consecutive c are `inner` apart.
+template <class Body>
+void for_each_column_block(int64_t outer, int64_t C, int64_t inner, Body&& body) {
+  const int64_t nblk = (inner + kCols - 1) / kCols;
+  parallel_for(outer * nblk, row_grain(C * kCols), [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      int64_t o = w / nblk, i0 = (w % nblk) * kCols;
+      body(o * C * inner + i0, std::min(kCols, inner - i0));
+    }
+  });
+}
+
+}  // namespace
+
+// ============================== softmax / log_softmax ==========================================
+// Forward, per row of C (three passes over a row that sits in L1, so memory sees one read of x
+// and one write of y):  m = max x;  e_c = exp(x_c - m), s = sum e_c;  y_c = e_c / s.
+template <class T>
+void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner) {
+  if (inner == 1) {
+    parallel_for(outer, row_grain(C), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* xr = x + r * C;
+        T* yr = y + r * C;
+        const T m = row_max(xr, C);
+        T s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < C; ++c) {
+          T ex = std::exp(xr[c] - m);
+          yr[c] = ex;
+          s += ex;
+        }
+        const T inv = T(1) / s;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) yr[c] *= inv;
+      }
+    });
+    return;
+  }
+  // softmax over a middle dim: the same three passes, each vectorised along the inner columns
+  for_each_column_block(outer, C, inner, [&](int64_t off, int64_t n) {
+    T m[kCols], s[kCols];
+    for (int64_t i = 0; i < n; ++i) m[i] = -std::numeric_limits<T>::infinity(), s[i] = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const T* xc = x + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) m[i] = xc[i] > m[i] ? xc[i] : m[i];
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const T* xc = x + off + c * inner;
+      T* yc = y + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        yc[i] = std::exp(xc[i] - m[i]);
+        s[i] += yc[i];
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) s[i] = T(1) / s[i];
+    for (int64_t c = 0; c < C; ++c) {
+      T* yc = y + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) yc[i] *= s[i];
+    }
+  });
+}
+
+// Backward. In the forward pass this was  y_i = e^(x_i) / sum_j e^(x_j),  so
+//   dy_i/dx_k = y_i ([i == k] - y_k),  and so now we have
+//   dx_k = sum_i g_i y_i ([i == k] - y_k) = y_k (g_k - sum_i g_i y_i).
+template <class T>
+void softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner) {
+  if (inner == 1) {
+    parallel_for(outer, row_grain(C), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T *gr = dy + r * C, *yr = y + r * C;
+        T* dr = dx + r * C;
+        T dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < C; ++c) dot += gr[c] * yr[c];
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) dr[c] += yr[c] * (gr[c] - dot);
+      }
+    });
+    return;
+  }
+  for_each_column_block(outer, C, inner, [&](int64_t off, int64_t n) {
+    T dot[kCols] = {};
+    for (int64_t c = 0; c < C; ++c) {
+      const T *gc = dy + off + c * inner, *yc = y + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dot[i] += gc[i] * yc[i];
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const T *gc = dy + off + c * inner, *yc = y + off + c * inner;
+      T* dc = dx + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dc[i] += yc[i] * (gc[i] - dot[i]);
+    }
+  });
+}
+
+// log_softmax forward: y_c = (x_c - m) - log sum_j e^(x_j - m). Two passes over x (in L1).
+template <class T>
+void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner) {
+  if (inner == 1) {
+    parallel_for(outer, row_grain(C), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* xr = x + r * C;
+        T* yr = y + r * C;
+        const T m = row_max(xr, C);
+        T s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c] - m);
+        const T log_s = std::log(s);
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) - log_s;
+      }
+    });
+    return;
+  }
+  for_each_column_block(outer, C, inner, [&](int64_t off, int64_t n) {
+    T m[kCols], s[kCols];
+    for (int64_t i = 0; i < n; ++i) m[i] = -std::numeric_limits<T>::infinity(), s[i] = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const T* xc = x + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) m[i] = xc[i] > m[i] ? xc[i] : m[i];
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const T* xc = x + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) s[i] += std::exp(xc[i] - m[i]);
+    }
+    for (int64_t i = 0; i < n; ++i) s[i] = std::log(s[i]);
+    for (int64_t c = 0; c < C; ++c) {
+      const T* xc = x + off + c * inner;
+      T* yc = y + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) yc[i] = (xc[i] - m[i]) - s[i];
+    }
+  });
+}
+
+// Backward. In the forward pass this was  y_i = x_i - log sum_j e^(x_j),  so
+//   dy_i/dx_k = [i == k] - e^(x_k) / sum_j e^(x_j) = [i == k] - e^(y_k),  and so now we have
+//   dx_k = g_k - e^(y_k) sum_i g_i.
+template <class T>
+void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner) {
+  if (inner == 1) {
+    parallel_for(outer, row_grain(C), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T *gr = dy + r * C, *yr = y + r * C;
+        T* dr = dx + r * C;
+        T gs = 0;
+#pragma omp simd reduction(+ : gs)
+        for (int64_t c = 0; c < C; ++c) gs += gr[c];
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) dr[c] += gr[c] - std::exp(yr[c]) * gs;
+      }
+    });
+    return;
+  }
+  for_each_column_block(outer, C, inner, [&](int64_t off, int64_t n) {
+    T gs[kCols] = {};
+    for (int64_t c = 0; c < C; ++c) {
+      const T* gc = dy + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) gs[i] += gc[i];
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const T *gc = dy + off + c * inner, *yc = y + off + c * inner;
+      T* dc = dx + off + c * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dc[i] += gc[i] - std::exp(yc[i]) * gs[i];
+    }
+  });
+}
+
+// The reference: one element at a time, straight from the formulas of autograd/ops.h.
+template <class T>
+void softmax_forward_naive(T* y, const T* x, int64_t outer, int64_t C, int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      const T* xr = x + o * C * inner + i;
+      T* yr = y + o * C * inner + i;
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t c = 0; c < C; ++c) m = std::max(m, xr[c * inner]);
+      T s = 0;
+      for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c * inner] - m);
+      for (int64_t c = 0; c < C; ++c) yr[c * inner] = std::exp(xr[c * inner] - m) / s;
+    }
+}
+
+template <class T>
+void softmax_backward_naive(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      const int64_t base = o * C * inner + i;
+      T dot = 0;
+      for (int64_t c = 0; c < C; ++c) dot += dy[base + c * inner] * y[base + c * inner];
+      for (int64_t c = 0; c < C; ++c) dx[base + c * inner] += y[base + c * inner] * (dy[base + c * inner] - dot);
+    }
+}
+
+// =================================== layer_norm ===============================================
+// Forward, per row (two passes for the moments over a row in L1, then one to write y):
+//   mu = sum x / N,  var = sum (x - mu)^2 / N  (biased),  rstd = 1 / sqrt(var + eps),
+//   y = (x - mu) rstd w + b.  The two-pass variance avoids the cancellation of E[x^2] - mu^2.
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N, double eps) {
+  parallel_for(R, row_grain(N), [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      const T* xr = x + r * N;
+      T* yr = y + r * N;
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < N; ++i) s += xr[i];
+      const T mu = s / T(N);
+      T v = 0;
+#pragma omp simd reduction(+ : v)
+      for (int64_t i = 0; i < N; ++i) v += (xr[i] - mu) * (xr[i] - mu);
+      const T rs = T(1) / std::sqrt(v / T(N) + T(eps));
+      mean[r] = mu;
+      rstd[r] = rs;
+      // one loop per case so each vectorises without a per-element test
+      if (w && b) {
+#pragma omp simd
+        for (int64_t i = 0; i < N; ++i) yr[i] = (xr[i] - mu) * rs * w[i] + b[i];
+      } else if (w) {
+#pragma omp simd
+        for (int64_t i = 0; i < N; ++i) yr[i] = (xr[i] - mu) * rs * w[i];
+      } else if (b) {
+#pragma omp simd
+        for (int64_t i = 0; i < N; ++i) yr[i] = (xr[i] - mu) * rs + b[i];
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < N; ++i) yr[i] = (xr[i] - mu) * rs;
+      }
+    }
+  });
+}
+
+namespace {
+
+// Rows per block of layer_norm's backward: at least 64K elements a block, and at most 64 blocks, so
+// the partial dw, db (2 N values a block) stay small next to x. It depends only on R and N, so the
+// blocks, their partial sums and the final result are the same for any thread count.
+constexpr int64_t kMaxBlocks = 64;
+int64_t ln_block_rows(int64_t R, int64_t N) {
+  const int64_t by_size = (int64_t(1) << 16) / std::max<int64_t>(N, 1), by_count = (R + kMaxBlocks - 1) / kMaxBlocks;
+  return std::max<int64_t>({int64_t(1), by_size, by_count});
+}
+
+// One row of layer_norm's backward: dx (if non-null) and this block's partial dw, db (pw, pb, if
+// non-null). HasW: w given (else w = 1).
+//
+// In the forward pass this was  xhat = (x - mu) rstd,  y = xhat w + b,  so with dxhat = g w
+//   dxhat_i/dx_k = rstd ([i == k] - 1/N - xhat_i xhat_k / N)   (mu and rstd depend on every x_k)
+// and so now we have
+//   dx_k = rstd (dxhat_k - mean_i(dxhat_i) - xhat_k mean_i(dxhat_i xhat_i)),
+//   dw_k += g_k xhat_k,  db_k += g_k.
+// Three short loops over a row that stays in L1: the first brings g and x in from memory. (One
+// loop doing the partial sums and dx together measured slower: more streams of loads and stores.)
+template <class T, bool HasW>
+void layer_norm_backward_row(T* dx, T* pw, T* pb, const T* g, const T* x, const T* w, T mu, T rs, int64_t N) {
+  if (pw) {
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) {
+      pw[i] += g[i] * ((x[i] - mu) * rs);
+      pb[i] += g[i];
+    }
+  }
+  if (!dx) return;
+  T a = 0, c = 0;  // sum dxhat, sum dxhat * xhat
+#pragma omp simd reduction(+ : a, c)
+  for (int64_t i = 0; i < N; ++i) {
+    const T dxhat = HasW ? g[i] * w[i] : g[i];
+    a += dxhat;
+    c += dxhat * ((x[i] - mu) * rs);
+  }
+  a /= T(N);
+  c /= T(N);
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) {
+    const T xhat = (x[i] - mu) * rs, dxhat = HasW ? g[i] * w[i] : g[i];
+    dx[i] += rs * (dxhat - a - xhat * c);
+  }
+}
+
+}  // namespace
+
+// Backward: one pass over the rows computes dx and, per fixed block of rows, partial sums of dw
+// and db; the partials are then added in block order (parallel over the N columns).
+template <class T>
+void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                         int64_t R, int64_t N) {
+  const bool want_wb = dw || db;
+  const int64_t rows_per_block = ln_block_rows(R, N), nblk = (R + rows_per_block - 1) / rows_per_block;
+  std::vector<T> partial(want_wb ? size_t(2 * nblk * N) : 0, T(0));  // [nblk][pw (N), pb (N)]
+  parallel_for(nblk, 1, [&](int64_t kb, int64_t ke) {
+    for (int64_t k = kb; k < ke; ++k) {
+      T* pw = want_wb ? partial.data() + 2 * k * N : nullptr;
+      T* pb = want_wb ? pw + N : nullptr;
+      for (int64_t r = k * rows_per_block; r < std::min(R, (k + 1) * rows_per_block); ++r) {
+        T* dxr = dx ? dx + r * N : nullptr;
+        if (w)
+          layer_norm_backward_row<T, true>(dxr, pw, pb, dy + r * N, x + r * N, w, mean[r], rstd[r], N);
+        else
+          layer_norm_backward_row<T, false>(dxr, pw, pb, dy + r * N, x + r * N, w, mean[r], rstd[r], N);
+      }
+    }
+  });
+  if (!want_wb) return;
+  parallel_for(N, 1024, [&](int64_t jb, int64_t je) {
+    for (int64_t k = 0; k < nblk; ++k) {
+      const T *pw = partial.data() + 2 * k * N, *pb = pw + N;
+      if (dw)
+#pragma omp simd
+        for (int64_t j = jb; j < je; ++j) dw[j] += pw[j];
+      if (db)
+#pragma omp simd
+        for (int64_t j = jb; j < je; ++j) db[j] += pb[j];
+    }
+  });
+}
+
+template <class T>
+void layer_norm_forward_naive(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N,
+                              double eps) {
+  for (int64_t r = 0; r < R; ++r) {
+    const T* xr = x + r * N;
+    T mu = 0;
+    for (int64_t i = 0; i < N; ++i) mu += xr[i];
+    mu /= T(N);
+    T var = 0;
+    for (int64_t i = 0; i < N; ++i) var += (xr[i] - mu) * (xr[i] - mu);
+    var /= T(N);
+    const T rs = T(1) / std::sqrt(var + T(eps));
+    for (int64_t i = 0; i < N; ++i) {
+      T xhat = (xr[i] - mu) * rs;
+      y[r * N + i] = xhat * (w ? w[i] : T(1)) + (b ? b[i] : T(0));
+    }
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+template <class T>
+void layer_norm_backward_naive(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                               int64_t R, int64_t N) {
+  for (int64_t r = 0; r < R; ++r) {
+    const T *g = dy + r * N, *xr = x + r * N;
+    const T mu = mean[r], rs = rstd[r];
+    T dxhat_mean = 0, dxhat_xhat_mean = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      T xhat = (xr[i] - mu) * rs, dxhat = g[i] * (w ? w[i] : T(1));
+      dxhat_mean += dxhat;
+      dxhat_xhat_mean += dxhat * xhat;
+    }
+    dxhat_mean /= T(N);
+    dxhat_xhat_mean /= T(N);
+    for (int64_t i = 0; i < N; ++i) {
+      T xhat = (xr[i] - mu) * rs, dxhat = g[i] * (w ? w[i] : T(1));
+      if (dx) dx[r * N + i] += rs * (dxhat - dxhat_mean - xhat * dxhat_xhat_mean);
+      if (dw) dw[i] += g[i] * xhat;
+      if (db) db[i] += g[i];
+    }
+  }
+}
+
+// =================================== embedding ================================================
+// y[r, :] = w[idx[r], :]
+template <class T>
+void embedding_forward(T* y, const T* w, const int64_t* idx, int64_t R, int64_t D) {
+  parallel_for(R, row_grain(D), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) std::copy(w + idx[r] * D, w + (idx[r] + 1) * D, y + r * D);
+  });
+}
+
+// In the forward pass this was  y[r, :] = w[idx[r], :],  so now we have
+//   dw[v, :] += sum over r with idx[r] == v of g[r, :].
+// A counting sort groups the positions by row v (in increasing r), then each thread owns whole
+// rows of dw: no two threads write one row, and each row adds its positions in the same order
+// whatever the thread count.
+template <class T>
+void embedding_backward(T* dw, const T* dy, const int64_t* idx, int64_t R, int64_t V, int64_t D) {
+  std::vector<int64_t> start(size_t(V) + 1, 0);
+  std::vector<int64_t> order(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) start[idx[r] + 1]++;
+  std::vector<int64_t> rows;  // the rows of dw that receive something, in increasing order
+  for (int64_t v = 0; v < V; ++v) {
+    if (start[v + 1] > 0) rows.push_back(v);
+    start[v + 1] += start[v];
+  }
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t r = 0; r < R; ++r) order[next[idx[r]]++] = r;
+  const int64_t per_row = R / std::max<int64_t>(1, int64_t(rows.size()));
+  parallel_for(int64_t(rows.size()), row_grain(D * std::max<int64_t>(1, per_row)), [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t v = rows[k];
+      T* d = dw + v * D;
+      for (int64_t p = start[v]; p < start[v + 1]; ++p) {
+        const T* g = dy + order[p] * D;
+#pragma omp simd
+        for (int64_t j = 0; j < D; ++j) d[j] += g[j];
+      }
+    }
+  });
+}
+
+// ================================= cross_entropy ==============================================
+// Forward, per row:  logp = (x - m) - log sum e^(x - m);  with q = (1 - s) onehot(t) + s / C,
+//   loss = -sum_c q_c logp_c = -(1 - s) logp_t - (s / C) sum_c logp_c.
+template <class T>
+void cross_entropy_forward(T* loss, T* logp, const T* logits, const int64_t* target, int64_t N, int64_t C,
+                           int64_t ignore_index, double smoothing) {
+  const T s_on = T(1 - smoothing), s_all = T(smoothing / double(C));
+  parallel_for(N, row_grain(C), [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const T* xr = logits + n * C;
+      T* lp = logp + n * C;
+      const T m = row_max(xr, C);
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c] - m);
+      const T log_s = std::log(s);
+      T sum_lp = 0;
+#pragma omp simd reduction(+ : sum_lp)
+      for (int64_t c = 0; c < C; ++c) {
+        lp[c] = (xr[c] - m) - log_s;
+        sum_lp += lp[c];
+      }
+      const int64_t t = target[n];
+      if (t == ignore_index)
+        loss[n] = 0;
+      else
+        loss[n] = smoothing > 0 ? -(s_on * lp[t] + s_all * sum_lp) : -lp[t];
+    }
+  });
+}
+
+// In the forward pass this was  loss = -sum_c q_c logp_c,  logp = log softmax(x),  so
+//   dloss/dx_k = -sum_c q_c ([c == k] - p_k) = p_k sum_c q_c - q_k = p_k - q_k   (sum_c q_c = 1),
+// and so now we have  dx_k += (p_k - q_k) g_n scale,  with p_k = e^(logp_k).
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, const T* logp, const int64_t* target,
+                            int64_t N, int64_t C, int64_t ignore_index, double smoothing, double scale) {
+  const T q_off = T(smoothing / double(C)), q_on = T(1 - smoothing + smoothing / double(C));
+  parallel_for(N, row_grain(C), [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const int64_t t = target[n];
+      if (t == ignore_index) continue;
+      const T g = dloss[n * dloss_stride] * T(scale);
+      const T* lp = logp + n * C;
+      T* d = dlogits + n * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) d[c] += (std::exp(lp[c]) - (c == t ? q_on : q_off)) * g;
+    }
+  });
+}
+
+// ==================================== dropout =================================================
+// Element i is kept when u_i = uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p, which has
+// probability 1 - p; y = x * m / (1 - p). Written as x * (m ? 1/(1-p) : 0), so an inf or NaN that
+// is dropped gives NaN, as PyTorch's x * mask * scale does.
+namespace {
+template <class T, bool Accumulate>
+void dropout_apply(T* out, const T* in, int64_t n, double p, uint64_t seed, uint64_t offset) {
+  const T scale = T(1.0 / (1.0 - p));
+  parallel_for((n + 3) / 4, kGrain / 4, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      const Philox4 r = philox4x32_10(seed, offset + uint64_t(blk));
+      for (int64_t j = 0; j < 4 && blk * 4 + j < n; ++j) {
+        const int64_t i = blk * 4 + j;
+        const T v = in[i] * (double(uniform01(r.v[j])) >= p ? scale : T(0));
+        if (Accumulate)
+          out[i] += v;
+        else
+          out[i] = v;
+      }
+    }
+  });
+}
+}  // namespace
+
+template <class T>
+void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint64_t offset) {
+  dropout_apply<T, false>(y, x, n, p, seed, offset);
+}
+
+// In the forward pass this was  y_i = x_i m_i / (1 - p),  so now we have  dx_i += g_i m_i / (1 - p),
+// with m recomputed from (seed, offset) rather than stored.
+template <class T>
+void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset) {
+  dropout_apply<T, true>(dx, dy, n, p, seed, offset);
+}
+
+// ================================ instantiations ==============================================
+template void softmax_forward<float>(float*, const float*, int64_t, int64_t, int64_t);
+template void softmax_backward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
+template void log_softmax_forward<float>(float*, const float*, int64_t, int64_t, int64_t);
+template void log_softmax_backward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
+template void softmax_forward_naive<float>(float*, const float*, int64_t, int64_t, int64_t);
+template void softmax_backward_naive<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
+template void layer_norm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
+                                        int64_t, double);
+template void layer_norm_backward<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
+                                         const float*, int64_t, int64_t);
+template void layer_norm_forward_naive<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
+                                              int64_t, double);
+template void layer_norm_backward_naive<float>(float*, float*, float*, const float*, const float*, const float*,
+                                               const float*, const float*, int64_t, int64_t);
+template void embedding_forward<float>(float*, const float*, const int64_t*, int64_t, int64_t);
+template void embedding_backward<float>(float*, const float*, const int64_t*, int64_t, int64_t, int64_t);
+template void cross_entropy_forward<float>(float*, float*, const float*, const int64_t*, int64_t, int64_t, int64_t,
+                                           double);
+template void cross_entropy_backward<float>(float*, const float*, int64_t, const float*, const int64_t*, int64_t,
+                                            int64_t, int64_t, double, double);
+template void dropout_forward<float>(float*, const float*, int64_t, double, uint64_t, uint64_t);
+template void dropout_backward<float>(float*, const float*, int64_t, double, uint64_t, uint64_t);
+template void softmax_forward<double>(double*, const double*, int64_t, int64_t, int64_t);
+template void softmax_backward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t);
+template void log_softmax_forward<double>(double*, const double*, int64_t, int64_t, int64_t);
+template void log_softmax_backward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t);
+template void softmax_forward_naive<double>(double*, const double*, int64_t, int64_t, int64_t);
+template void softmax_backward_naive<double>(double*, const double*, const double*, int64_t, int64_t, int64_t);
+template void layer_norm_forward<double>(double*, double*, double*, const double*, const double*, const double*,
+                                         int64_t, int64_t, double);
+template void layer_norm_backward<double>(double*, double*, double*, const double*, const double*, const double*,
+                                          const double*, const double*, int64_t, int64_t);
+template void layer_norm_forward_naive<double>(double*, double*, double*, const double*, const double*, const double*,
+                                               int64_t, int64_t, double);
+template void layer_norm_backward_naive<double>(double*, double*, double*, const double*, const double*, const double*,
+                                                const double*, const double*, int64_t, int64_t);
+template void embedding_forward<double>(double*, const double*, const int64_t*, int64_t, int64_t);
+template void embedding_backward<double>(double*, const double*, const int64_t*, int64_t, int64_t, int64_t);
+template void cross_entropy_forward<double>(double*, double*, const double*, const int64_t*, int64_t, int64_t, int64_t,
+                                            double);
+template void cross_entropy_backward<double>(double*, const double*, int64_t, const double*, const int64_t*, int64_t,
+                                             int64_t, int64_t, double, double);
+template void dropout_forward<double>(double*, const double*, int64_t, double, uint64_t, uint64_t);
+template void dropout_backward<double>(double*, const double*, int64_t, double, uint64_t, uint64_t);
+
+}  // namespace ag::cpu

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs every benchmark of bench/ from a build directory (default: build) and prints their tables.
+set -euo pipefail
+build=${1:-build}
+for b in bench_matmul bench_ops bench_alloc; do
+  echo "== $b"
+  "$build/$b"
+  echo
+done

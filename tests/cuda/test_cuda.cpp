@@ -1,0 +1,40 @@
+// The CUDA slot of the backend. On a machine without a GPU the GPU cases are reported by CTest as
+// skipped (they print the marker matched by SKIP_REGULAR_EXPRESSION in CMakeLists.txt).
+#include "cuda/memory.h"
+#include "tests/helpers.h"
+
+using namespace ag;
+using namespace ag::test;
+
+namespace {
+// Prints the skip marker and returns true when no GPU is usable.
+bool skip_without_gpu() {
+  if (cuda::available()) return false;
+  MESSAGE("[skipped: no CUDA device]");
+  return true;
+}
+}  // namespace
+
+TEST_CASE("cuda: without a GPU, moving a tensor there is a clear error") {
+  if (cuda::available()) return;  // covered by the round-trip case below
+  Tensor x = ones({2, 2});
+  AG_CHECK_ERROR(x.to(Device::cuda(0)), "cuda:0");
+  CHECK(cuda::device_count() == 0);
+}
+
+TEST_CASE("cuda: host -> device -> host round trip keeps values and gradients") {
+  if (skip_without_gpu()) return;
+  Tensor x = arange(0, 12, 1, DType::f32).reshape({3, 4}).detach().set_requires_grad(true);
+  Tensor d = x.to(Device::cuda(0));
+  CHECK(d.device() == Device::cuda(0));
+  Tensor back = d.cpu();
+  check_close(back, x);
+  back.backward(ones({3, 4}));  // the gradient flows back across both copies
+  check_close(x.grad(), ones({3, 4}));
+}
+
+TEST_CASE("cuda: an op without a CUDA kernel names the kernel and the device") {
+  if (skip_without_gpu()) return;
+  Tensor d = ones({4}).to(Device::cuda(0));
+  AG_CHECK_ERROR(exp(d), "map1", "cuda:0");
+}
