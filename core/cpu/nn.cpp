@@ -14,7 +14,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/cpu/vecmath.h"  // vectorised exp/log in the `omp simd` loops below
+#include "core/cpu/vecmath.h"  // vexp: inline fast_exp for float (1 ulp), std::exp for double
 #include "core/kernels.h"
 #include "core/parallel.h"
 
@@ -70,7 +70,7 @@ void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner) 
         T s = 0;
 #pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; ++c) {
-          T ex = std::exp(xr[c] - m);
+          T ex = vexp(xr[c] - m);
           yr[c] = ex;
           s += ex;
         }
@@ -95,7 +95,7 @@ void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner) 
       T* yc = y + off + c * inner;
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) {
-        yc[i] = std::exp(xc[i] - m[i]);
+        yc[i] = vexp(xc[i] - m[i]);
         s[i] += yc[i];
       }
     }
@@ -154,7 +154,7 @@ void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inn
         const T m = row_max(xr, C);
         T s = 0;
 #pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c] - m);
+        for (int64_t c = 0; c < C; ++c) s += vexp(xr[c] - m);
         const T log_s = std::log(s);
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) - log_s;
@@ -173,7 +173,7 @@ void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inn
     for (int64_t c = 0; c < C; ++c) {
       const T* xc = x + off + c * inner;
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) s[i] += std::exp(xc[i] - m[i]);
+      for (int64_t i = 0; i < n; ++i) s[i] += vexp(xc[i] - m[i]);
     }
     for (int64_t i = 0; i < n; ++i) s[i] = std::log(s[i]);
     for (int64_t c = 0; c < C; ++c) {
@@ -199,7 +199,7 @@ void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t
 #pragma omp simd reduction(+ : gs)
         for (int64_t c = 0; c < C; ++c) gs += gr[c];
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) dr[c] += gr[c] - std::exp(yr[c]) * gs;
+        for (int64_t c = 0; c < C; ++c) dr[c] += gr[c] - vexp(yr[c]) * gs;
       }
     });
     return;
@@ -215,7 +215,7 @@ void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t
       const T *gc = dy + off + c * inner, *yc = y + off + c * inner;
       T* dc = dx + off + c * inner;
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) dc[i] += gc[i] - std::exp(yc[i]) * gs[i];
+      for (int64_t i = 0; i < n; ++i) dc[i] += gc[i] - vexp(yc[i]) * gs[i];
     }
   });
 }
@@ -466,7 +466,7 @@ void cross_entropy_forward(T* loss, T* logp, const T* logits, const int64_t* tar
       const T m = row_max(xr, C);
       T s = 0;
 #pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c] - m);
+      for (int64_t c = 0; c < C; ++c) s += vexp(xr[c] - m);
       const T log_s = std::log(s);
       T sum_lp = 0;
 #pragma omp simd reduction(+ : sum_lp)
@@ -498,7 +498,7 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
       const T* lp = logp + n * C;
       T* d = dlogits + n * C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) d[c] += (std::exp(lp[c]) - (c == t ? q_on : q_off)) * g;
+      for (int64_t c = 0; c < C; ++c) d[c] += (vexp(lp[c]) - (c == t ? q_on : q_off)) * g;
     }
   });
 }

@@ -4,10 +4,41 @@
 // those of autograd/ops.h; a backward functor takes (saved values..., g) and returns dx.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/kernels.h"
+#if !defined(__CUDACC__)
+#include "core/cpu/vecmath.h"  // fast_exp, fast_normal_cdf, fast_normal_pdf
+#endif
 
 namespace ag::pw {
+
+// The float functors below take the inline, vectorisable forms of core/cpu/vecmath.h on the CPU
+// (exp within 1 ulp, Phi within 1.2e-7; 1.5x faster than libmvec's expf, gelu 1.6x); double (the
+// gradient checks) and device code use std::.
+template <class T>
+AG_HD T exp(T x) {
+#if !defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, float>) return fast_exp(x);
+#endif
+  return std::exp(x);
+}
+// Phi(x) = (1 + erf(x / sqrt 2)) / 2, the standard normal CDF
+template <class T>
+AG_HD T normal_cdf(T x) {
+#if !defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, float>) return fast_normal_cdf(x);
+#endif
+  return T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
+}
+// phi(x) = e^(-x^2/2) / sqrt(2 pi), the standard normal density
+template <class T>
+AG_HD T normal_pdf(T x) {
+#if !defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, float>) return fast_normal_pdf(x);
+#endif
+  return std::exp(T(-0.5) * x * x) * T(0.3989422804014327);  // 1/sqrt(2 pi)
+}
 
 // ---- binary arithmetic --------------------------------------------------------------------
 struct Add { template <class T> AG_HD T operator()(T a, T b) const { return a + b; } };
@@ -50,12 +81,12 @@ struct PowBackwardT {
 };
 
 // ---- unary --------------------------------------------------------------------------------
-struct Exp { template <class T> AG_HD T operator()(T x) const { return std::exp(x); } };
+struct Exp { template <class T> AG_HD T operator()(T x) const { return pw::exp(x); } };
 struct Log { template <class T> AG_HD T operator()(T x) const { return std::log(x); } };
 struct Sqrt { template <class T> AG_HD T operator()(T x) const { return std::sqrt(x); } };
 struct Rsqrt { template <class T> AG_HD T operator()(T x) const { return T(1) / std::sqrt(x); } };
 struct Tanh { template <class T> AG_HD T operator()(T x) const { return std::tanh(x); } };
-struct Sigmoid { template <class T> AG_HD T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); } };
+struct Sigmoid { template <class T> AG_HD T operator()(T x) const { return T(1) / (T(1) + pw::exp(-x)); } };
 struct Relu { template <class T> AG_HD T operator()(T x) const { return x < T(0) ? T(0) : x; } };  // NaN stays NaN
 struct Abs { template <class T> AG_HD T operator()(T x) const { return x < T(0) ? -x : x; } };
 
@@ -72,16 +103,10 @@ struct AbsBackward {
 };
 
 // gelu, exact: x * Phi(x)
-struct Gelu {
-  template <class T> AG_HD T operator()(T x) const { return T(0.5) * x * (T(1) + std::erf(x * T(M_SQRT1_2))); }
-};
+struct Gelu { template <class T> AG_HD T operator()(T x) const { return x * normal_cdf(x); } };
 // Phi(x) + x phi(x)
 struct GeluBackward {
-  template <class T> AG_HD T operator()(T x, T g) const {
-    T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
-    T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);  // 1/sqrt(2 pi)
-    return g * (cdf + x * pdf);
-  }
+  template <class T> AG_HD T operator()(T x, T g) const { return g * (normal_cdf(x) + x * normal_pdf(x)); }
 };
 // gelu, tanh approximation
 struct GeluTanh {
@@ -98,11 +123,11 @@ struct GeluTanhBackward {
     return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
   }
 };
-struct Silu { template <class T> AG_HD T operator()(T x) const { return x / (T(1) + std::exp(-x)); } };
+struct Silu { template <class T> AG_HD T operator()(T x) const { return x / (T(1) + pw::exp(-x)); } };
 // s (1 + x (1 - s))
 struct SiluBackward {
   template <class T> AG_HD T operator()(T x, T g) const {
-    T s = T(1) / (T(1) + std::exp(-x));
+    T s = T(1) / (T(1) + pw::exp(-x));
     return g * s * (T(1) + x * (T(1) - s));
   }
 };

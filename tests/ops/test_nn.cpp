@@ -160,7 +160,7 @@ TEST_CASE("softmax: fast kernels match the naive reference") {
     cpu::softmax_backward<double>(dx.data<double>(), g.data<double>(), y.data<double>(), outer, C, inner);
     cpu::softmax_backward_naive<double>(dx_ref.data<double>(), g.data<double>(), y.data<double>(), outer, C, inner);
     check_close(dx, dx_ref, 1e-14, 1e-10);
-    // f32: the vectorised exp (libmvec, 4 ulp) against std::exp
+    // f32: the vectorised fast_exp (core/cpu/vecmath.h, 1 ulp) against std::exp
     Tensor xf = x.to(DType::f32), gf = g.to(DType::f32), yf = empty_like(xf), yf_ref = empty_like(xf);
     Tensor dxf = zeros_like(xf), dxf_ref = zeros_like(xf);
     cpu::softmax_forward<float>(yf.data<float>(), xf.data<float>(), outer, C, inner);
