@@ -110,7 +110,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
          [xc = xc.detach(), wc, mean, rstd, R, N, gx, gw, gb,
           ns = normalized_shape](const Tensor& g) {  // saves x, mean, rstd
            Tensor gc = dense(g);
-           Tensor dx = gx ? zeros_like(xc) : Tensor();
+           Tensor dx = gx ? empty(xc.shape(), xc.dtype(), xc.device()) : Tensor();  // written (=) by the kernel
            Tensor dw = gw ? zeros(ns, xc.dtype(), xc.device()) : Tensor();
            Tensor db = gb ? zeros(ns, xc.dtype(), xc.device()) : Tensor();
            visit_floating("layer_norm", xc.dtype(), [&]<class T>() {

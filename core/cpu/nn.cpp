@@ -247,23 +247,102 @@ void softmax_backward_naive(T* dx, const T* dy, const T* y, int64_t outer, int64
 }
 
 // =================================== layer_norm ===============================================
-// Forward, per row (two passes for the moments over a row in L1, then one to write y):
-//   mu = sum x / N,  var = sum (x - mu)^2 / N  (biased),  rstd = 1 / sqrt(var + eps),
-//   y = (x - mu) rstd w + b.  The two-pass variance avoids the cancellation of E[x^2] - mu^2.
+// Both kernels are written so that memory, not arithmetic, sets their speed: a row of N = 1024
+// floats (4 KB) is read from memory ONCE, by the first loop over it, and the later loops run over
+// it while it sits in L1. What keeps those loops cheap:
+//   - sums use kLanes independent lanes (lane_sum, fold_lanes), not `omp simd reduction`, whose
+//     single vector accumulator makes each add wait for the one before (and whose 16 lanes GCC
+//     then adds one by one);
+//   - the moments take one pass of shifted sums (row_moments), with the exact two-pass variance
+//     as the fallback when the shift is poor;
+//   - backward: the two row sums and the dw, db partials share the loop that reads g and x, and
+//     dx is written (=) rather than added into a zero-filled buffer (a full write + read saved).
+namespace {
+
+// Lanes of independent partial sums: four AVX-512 registers' worth (64 floats, 32 doubles). With
+// one accumulator every add waits for the one before it; with four registers four adds are in
+// flight at once and the loads, not the add latency, set the pace. Lane j sums elements j,
+// j + kLanes, j + 2 kLanes, ..., so the order of the additions depends on N alone (never on the
+// thread count); it differs from a left-to-right sum only by rounding.
+template <class T>
+constexpr int64_t kLanes = 4 * 64 / int64_t(sizeof(T));
+
+// acc[0] + ... + acc[kLanes - 1], by halves (32 + 32, then 16 + 16, ...): log2(kLanes) vector
+// adds instead of kLanes dependent scalar ones. The unroll makes every trip count a constant, so
+// each step is one full-width vector add with no loop or remainder code around it.
+template <class T>
+T fold_lanes(T* acc) {
+#pragma GCC unroll 8
+  for (int64_t h = kLanes<T> / 2; h >= 1; h /= 2)
+#pragma omp simd
+    for (int64_t j = 0; j < h; ++j) acc[j] += acc[j + h];
+  return acc[0];
+}
+
+// sum over i < n of term(i), in kLanes lanes (see above)
+template <class T, class F>
+T lane_sum(int64_t n, F term) {
+  T acc[kLanes<T>] = {};
+  int64_t i = 0;
+  for (; i + kLanes<T> <= n; i += kLanes<T>)
+#pragma omp simd
+    for (int64_t j = 0; j < kLanes<T>; ++j) acc[j] += term(i + j);
+  for (int64_t j = 0; i + j < n; ++j) acc[j] += term(i + j);  // the last n % kLanes
+  return fold_lanes(acc);
+}
+
+// Mean and 1 / sqrt(var + eps) of one row, reading x once.
+//
+// For any shift k,  mean = k + d  and  var = mean((x - k)^2) - d^2,  where d = mean(x - k), so
+// one pass accumulating (x - k) and (x - k)^2 gives both. In floating point the subtraction
+// mean((x - k)^2) - d^2 = (var + d^2) - d^2 cancels: its relative error is about
+// eps_machine (1 + d^2 / var), so k must be close to the mean. We take k = the mean of the first
+// kLanes elements (the whole row when N <= kLanes, and then d is ~0), which is typically within
+// std / 8 of the mean. When it is not (d^2 > var: a row whose start differs from the rest, or
+// Inf/NaN), the variance is recomputed by the exact two-pass formula, mean((x - mean)^2), over
+// the row still in L1; so the variance is never worse than about 2 eps_machine relative.
+template <class T>
+void row_moments(const T* x, int64_t N, double eps, T& mean, T& rstd) {
+  constexpr int64_t L = kLanes<T>;
+  const int64_t n0 = std::min(N, L);
+  T first[L] = {};
+  for (int64_t j = 0; j < n0; ++j) first[j] = x[j];
+  const T k = fold_lanes(first) / T(n0);
+  T s[L] = {}, q[L] = {};  // lanes of sum (x - k) and sum (x - k)^2
+  int64_t i = 0;
+  for (; i + L <= N; i += L)
+#pragma omp simd
+    for (int64_t j = 0; j < L; ++j) {
+      const T v = x[i + j] - k;
+      s[j] += v;
+      q[j] += v * v;
+    }
+  for (int64_t j = 0; i + j < N; ++j) {
+    const T v = x[i + j] - k;
+    s[j] += v;
+    q[j] += v * v;
+  }
+  const T d = fold_lanes(s) / T(N), mu = k + d;
+  T var = fold_lanes(q) / T(N) - d * d;
+  if (!(d * d <= var))  // a poor shift (or NaN): the exact two-pass variance, from L1
+    var = lane_sum<T>(N, [&](int64_t i) { return (x[i] - mu) * (x[i] - mu); }) / T(N);
+  mean = mu;
+  rstd = T(1) / std::sqrt(var + T(eps));
+}
+
+}  // namespace
+
+// Forward, per row: mu and rstd in one pass over x (row_moments), then one loop writing
+//   y = (x - mu) rstd w + b
+// from the row in L1.
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N, double eps) {
   parallel_for(R, row_grain(N), [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       const T* xr = x + r * N;
       T* yr = y + r * N;
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < N; ++i) s += xr[i];
-      const T mu = s / T(N);
-      T v = 0;
-#pragma omp simd reduction(+ : v)
-      for (int64_t i = 0; i < N; ++i) v += (xr[i] - mu) * (xr[i] - mu);
-      const T rs = T(1) / std::sqrt(v / T(N) + T(eps));
+      T mu, rs;
+      row_moments(xr, N, eps, mu, rs);
       mean[r] = mu;
       rstd[r] = rs;
       // one loop per case so each vectorises without a per-element test
@@ -296,49 +375,62 @@ int64_t ln_block_rows(int64_t R, int64_t N) {
 }
 
 // One row of layer_norm's backward: dx (if non-null) and this block's partial dw, db (pw, pb, if
-// non-null). HasW: w given (else w = 1).
+// non-null). HasW: w given (else w = 1). HasP: pw, pb given.
 //
 // In the forward pass this was  xhat = (x - mu) rstd,  y = xhat w + b,  so with dxhat = g w
 //   dxhat_i/dx_k = rstd ([i == k] - 1/N - xhat_i xhat_k / N)   (mu and rstd depend on every x_k)
 // and so now we have
 //   dx_k = rstd (dxhat_k - mean_i(dxhat_i) - xhat_k mean_i(dxhat_i xhat_i)),
 //   dw_k += g_k xhat_k,  db_k += g_k.
-// Three short loops over a row that stays in L1: the first brings g and x in from memory. (One
-// loop doing the partial sums and dx together measured slower: more streams of loads and stores.)
-template <class T, bool HasW>
+// Two loops: the first reads g and x from memory and does everything that needs no row mean (the
+// two sums, in kLanes lanes, and the dw, db partials); the second writes dx from the row in L1.
+template <class T, bool HasW, bool HasP>
 void layer_norm_backward_row(T* dx, T* pw, T* pb, const T* g, const T* x, const T* w, T mu, T rs, int64_t N) {
-  if (pw) {
-#pragma omp simd
-    for (int64_t i = 0; i < N; ++i) {
-      pw[i] += g[i] * ((x[i] - mu) * rs);
+  constexpr int64_t L = kLanes<T>;
+  T sa[L] = {}, sc[L] = {};  // lanes of sum dxhat and sum dxhat * xhat
+  // one element of the first loop; the lambda is inlined into both loops below
+  auto step = [&](int64_t i, int64_t j) {
+    const T xhat = (x[i] - mu) * rs, dxhat = HasW ? g[i] * w[i] : g[i];
+    sa[j] += dxhat;
+    sc[j] += dxhat * xhat;
+    if constexpr (HasP) {
+      pw[i] += g[i] * xhat;
       pb[i] += g[i];
     }
-  }
-  if (!dx) return;
-  T a = 0, c = 0;  // sum dxhat, sum dxhat * xhat
-#pragma omp simd reduction(+ : a, c)
-  for (int64_t i = 0; i < N; ++i) {
-    const T dxhat = HasW ? g[i] * w[i] : g[i];
-    a += dxhat;
-    c += dxhat * ((x[i] - mu) * rs);
-  }
-  a /= T(N);
-  c /= T(N);
+  };
+  int64_t i = 0;
+  for (; i + L <= N; i += L)
+#pragma omp simd
+    for (int64_t j = 0; j < L; ++j) step(i + j, j);
+  for (int64_t j = 0; i + j < N; ++j) step(i + j, j);
+  const T a = fold_lanes(sa) / T(N), c = fold_lanes(sc) / T(N);
 #pragma omp simd
   for (int64_t i = 0; i < N; ++i) {
     const T xhat = (x[i] - mu) * rs, dxhat = HasW ? g[i] * w[i] : g[i];
-    dx[i] += rs * (dxhat - a - xhat * c);
+    dx[i] = rs * (dxhat - a - xhat * c);
+  }
+}
+
+// dw, db only (dx not wanted): the partials alone.
+template <class T>
+void layer_norm_backward_row_wb(T* pw, T* pb, const T* g, const T* x, T mu, T rs, int64_t N) {
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) {
+    pw[i] += g[i] * ((x[i] - mu) * rs);
+    pb[i] += g[i];
   }
 }
 
 }  // namespace
 
 // Backward: one pass over the rows computes dx and, per fixed block of rows, partial sums of dw
-// and db; the partials are then added in block order (parallel over the N columns).
+// and db; the partials are then added in block order (parallel over the N columns). dx is
+// written, not accumulated (see core/kernels/nn.h).
 template <class T>
 void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
                          int64_t R, int64_t N) {
   const bool want_wb = dw || db;
+  if (!dx && !want_wb) return;
   const int64_t rows_per_block = ln_block_rows(R, N), nblk = (R + rows_per_block - 1) / rows_per_block;
   std::vector<T> partial(want_wb ? size_t(2 * nblk * N) : 0, T(0));  // [nblk][pw (N), pb (N)]
   parallel_for(nblk, 1, [&](int64_t kb, int64_t ke) {
@@ -346,11 +438,18 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
       T* pw = want_wb ? partial.data() + 2 * k * N : nullptr;
       T* pb = want_wb ? pw + N : nullptr;
       for (int64_t r = k * rows_per_block; r < std::min(R, (k + 1) * rows_per_block); ++r) {
+        const T *g = dy + r * N, *xr = x + r * N;
         T* dxr = dx ? dx + r * N : nullptr;
-        if (w)
-          layer_norm_backward_row<T, true>(dxr, pw, pb, dy + r * N, x + r * N, w, mean[r], rstd[r], N);
+        if (!dx)
+          layer_norm_backward_row_wb(pw, pb, g, xr, mean[r], rstd[r], N);
+        else if (w && want_wb)
+          layer_norm_backward_row<T, true, true>(dxr, pw, pb, g, xr, w, mean[r], rstd[r], N);
+        else if (w)
+          layer_norm_backward_row<T, true, false>(dxr, pw, pb, g, xr, w, mean[r], rstd[r], N);
+        else if (want_wb)
+          layer_norm_backward_row<T, false, true>(dxr, pw, pb, g, xr, w, mean[r], rstd[r], N);
         else
-          layer_norm_backward_row<T, false>(dxr, pw, pb, dy + r * N, x + r * N, w, mean[r], rstd[r], N);
+          layer_norm_backward_row<T, false, false>(dxr, pw, pb, g, xr, w, mean[r], rstd[r], N);
       }
     }
   });

@@ -1,7 +1,8 @@
 #pragma once
 // Kernels of the normalisation & loss ops: softmax, log_softmax, layer_norm, embedding,
 // cross_entropy, dropout (core/cpu/nn.cpp). Math in autograd/ops.h. Every buffer is contiguous.
-// Backward kernels add into their gradient buffers (+=); the front hands them zeroed ones.
+// Backward kernels add into their gradient buffers (+=); the front hands them zeroed ones (except
+// layer_norm's dx, written with =, see below).
 //
 // Shapes (R = rows, i.e. the product of the leading dims):
 //   softmax, log_softmax   x, y, dy, dx (outer, C, inner): normalised over C, the middle dim
@@ -26,9 +27,13 @@ template <class T> void softmax_backward_naive(T* dx, const T* dy, const T* y, i
 // ---- layer_norm over rows of N; w, b may be null (as 1 and 0), and so may dx, dw, db ----------
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N, double eps);
+// dw, db are added into (+=), but unlike the other backward kernels dx is WRITTEN (=): the op
+// front allocates it fresh, and zero-filling it only to add into it would cost a full write and
+// read of dx, about a fifth of the memory traffic of the whole backward.
 template <class T>
 void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
                          int64_t R, int64_t N);
+// the reference loops (single-threaded, one element at a time; this backward adds into dx too)
 template <class T>
 void layer_norm_forward_naive(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N,
                               double eps);
