@@ -3,6 +3,7 @@
 // and the accuracy on held-out points drawn from the same spirals.
 //
 //   x (B, 2) -> Linear(2, H) -> tanh -> Linear(H, H) -> tanh -> Linear(H, K) -> logits (B, K)
+//   (Linear as PyTorch's nn.Linear: y = x W^T + b, W of shape (out, in))
 //   loss = cross_entropy(logits, label)
 #include <CLI/CLI.hpp>
 
@@ -13,6 +14,7 @@
 #include <numeric>
 
 #include "attograd.h"
+#include "nn/init.h"
 #include "optim/sgd.h"
 
 using namespace ag;
@@ -42,15 +44,17 @@ Dataset make_spirals(int64_t n, int64_t classes, double noise, uint64_t seed) {
   return {from_vector(xs, {classes * n, 2}), from_vector(ys, {classes * n})};
 }
 
-// y = x W + b with PyTorch's default init: W, b ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+// y = x W^T + b with nn.Linear's default init: W (out, in) kaiming-uniform, which is
+// U(-1/sqrt(in), 1/sqrt(in)), and b ~ U(-1/sqrt(in), 1/sqrt(in)). W^T is a view that matmul hands
+// to BLAS as a transpose flag.
 struct Dense {
-  Tensor w, b;  // (in, out), (out)
+  Tensor w, b;  // (out, in), (out)
   Dense(int64_t in, int64_t out, Generator& gen) {
+    w = nn::init::kaiming_uniform({out, in}, std::sqrt(5.0), DType::f32, &gen).set_requires_grad(true);
     double bound = 1.0 / std::sqrt(double(in));
-    w = rand({in, out}, DType::f32, &gen, -bound, bound).set_requires_grad(true);
-    b = rand({out}, DType::f32, &gen, -bound, bound).set_requires_grad(true);
+    b = nn::init::uniform({out}, -bound, bound, DType::f32, &gen).set_requires_grad(true);
   }
-  Tensor forward(const Tensor& x) const { return add(matmul(x, w), b); }
+  Tensor forward(const Tensor& x) const { return add(matmul(x, w.mT()), b); }
 };
 
 struct MLP {
