@@ -54,6 +54,17 @@ void for_each_column_block(int64_t outer, int64_t C, int64_t inner, Body&& body)
   });
 }
 
+// m[i] = max over c of x[c * inner + i] for the n columns of one block (see above).
+template <class T>
+void column_block_max(T* m, const T* x, int64_t C, int64_t inner, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) m[i] = -std::numeric_limits<T>::infinity();
+  for (int64_t c = 0; c < C; ++c) {
+    const T* xc = x + c * inner;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) m[i] = xc[i] > m[i] ? xc[i] : m[i];
+  }
+}
+
 }  // namespace
 
 // ============================== softmax / log_softmax ==========================================
@@ -83,13 +94,8 @@ void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner) 
   }
   // softmax over a middle dim: the same three passes, each vectorised along the inner columns
   for_each_column_block(outer, C, inner, [&](int64_t off, int64_t n) {
-    T m[kCols], s[kCols];
-    for (int64_t i = 0; i < n; ++i) m[i] = -std::numeric_limits<T>::infinity(), s[i] = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      const T* xc = x + off + c * inner;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) m[i] = xc[i] > m[i] ? xc[i] : m[i];
-    }
+    T m[kCols], s[kCols] = {};
+    column_block_max(m, x + off, C, inner, n);
     for (int64_t c = 0; c < C; ++c) {
       const T* xc = x + off + c * inner;
       T* yc = y + off + c * inner;
@@ -163,13 +169,8 @@ void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inn
     return;
   }
   for_each_column_block(outer, C, inner, [&](int64_t off, int64_t n) {
-    T m[kCols], s[kCols];
-    for (int64_t i = 0; i < n; ++i) m[i] = -std::numeric_limits<T>::infinity(), s[i] = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      const T* xc = x + off + c * inner;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) m[i] = xc[i] > m[i] ? xc[i] : m[i];
-    }
+    T m[kCols], s[kCols] = {};
+    column_block_max(m, x + off, C, inner, n);
     for (int64_t c = 0; c < C; ++c) {
       const T* xc = x + off + c * inner;
 #pragma omp simd
