@@ -166,6 +166,36 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const char* red
 //   Identity when !train or p == 0.
 Tensor dropout(const Tensor& x, double p, bool train, Generator* gen = nullptr);
 
+// ====================== attention (autograd/ops/attention.cpp) ================================
+// scaled_dot_product_attention(q, k, v, o)   q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv]
+//   S = scale Q K^T (scale = 1/sqrt(d) unless given),  S_ij = -inf where key j is hidden from query i,
+//   P = softmax(S) over j,  out = dropout(P) V                                  -> [B, H, Tq, dv]
+//   hidden: causal (j > i + Tk - Tq: bottom-right aligned, so a query block at the end of a KV
+//   cache works; equal to PyTorch's is_causal when Tq == Tk), window (|i + Tk - Tq - j| > w),
+//   key_padding_lengths (j >= len[b]) or key_padding_mask (mask[b, j] true). A query that sees no
+//   key gets zeros (and zero gradients), not NaN.
+//   dV = P^T dO,  dP = dO V^T,  dS = P (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q
+//   Fused (default): online softmax over key tiles; saves q, k, v, out and lse = log sum_j e^S_ij
+//   (one number per row) and rebuilds P tile by tile in backward: memory O(T), not O(T^2).
+//   return_weights: the composed matmul-softmax-matmul path, returning P [B, H, Tq, Tk] too.
+//   Dropout uses the same Philox elements in both paths, so they agree for a seed.
+struct SdpaOptions {
+  bool causal = false;
+  Tensor key_padding_lengths;  // i64 [B]: valid keys per sequence
+  Tensor key_padding_mask;     // b8 [B, Tk]: true = ignore that key (PyTorch's convention)
+  int64_t window = -1;         // >= 0: local attention within +-window (causal: the last window+1)
+  double dropout = 0;          // on the attention weights; pass 0 in eval
+  Generator* generator = nullptr;
+  double scale = 0;            // 0: 1/sqrt(d)
+  bool return_weights = false;
+};
+struct SdpaResult {
+  Tensor out;      // [B, H, Tq, dv]
+  Tensor weights;  // [B, H, Tq, Tk], only with return_weights
+};
+SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const SdpaOptions& options = {});
+
 // ===================== joining & splitting (autograd/ops/join.cpp) ============================
 // cat(xs, d)     y = [x_0 | x_1 | ...] along dim d        dx_k = narrow(g, d, offset_k, size_k)
 // stack(xs, d)   cat of unsqueeze(x_k, d)                 dx_k = select(g, d, k)

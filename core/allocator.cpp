@@ -108,6 +108,15 @@ AllocStats alloc_stats(Device device) {
   return cuda::alloc_stats(device.index);
 }
 
+void reset_peak_bytes(Device device) {
+  if (device.is_cpu()) {
+    std::lock_guard lock(cpu_cache().mu);
+    cpu_cache().stats.peak_bytes_in_use = cpu_cache().stats.bytes_in_use;
+    return;
+  }
+  cuda::reset_peak_bytes(device.index);
+}
+
 void empty_cache(Device device) {
   if (device.is_cpu()) return cpu_cache().empty();
   cuda::empty_cache(device.index);

@@ -23,6 +23,8 @@ void device_free(Device device, void* ptr, size_t bytes);
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
 AllocStats alloc_stats(Device device = Device::cpu());
+// Starts a new peak: peak_bytes_in_use becomes the current bytes_in_use (for measuring one step).
+void reset_peak_bytes(Device device = Device::cpu());
 // Gives every cached (free) block back to the system.
 void empty_cache(Device device = Device::cpu());
 

@@ -97,6 +97,12 @@ AllocStats alloc_stats(int device) {
   return c.stats;
 }
 
+void reset_peak_bytes(int device) {
+  DeviceCache& c = cache(device);
+  std::lock_guard lock(c.mu);
+  c.stats.peak_bytes_in_use = c.stats.bytes_in_use;
+}
+
 void empty_cache(int device) {
   DeviceCache& c = cache(device);
   std::lock_guard lock(c.mu);

@@ -17,6 +17,7 @@ void device_free(int device, void* ptr, size_t bytes);
 void copy(void* dst, int dst_device, const void* src, int src_device, size_t bytes);
 AllocStats alloc_stats(int device);
 void empty_cache(int device);
+void reset_peak_bytes(int device);
 
 // Raises ag::Error (defined in C++, so .cu files need not see fmt or ag::Error).
 [[noreturn]] void raise(const std::string& message);

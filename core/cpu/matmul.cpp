@@ -19,6 +19,19 @@
 
 namespace ag::cpu {
 
+template <>
+void gemm_blas<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+                      const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
+              blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+}
+template <>
+void gemm_blas<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* a,
+                       int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
+              blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+}
+
 namespace {
 
 // Rows of C per tile: a multiple of the micro-kernel heights of OpenBLAS's x86 GEMMs (4 to 16
@@ -27,17 +40,6 @@ constexpr int64_t kRowTile = 16;
 // Multiply-adds below which a GEMM stays on one thread: waking the pool costs a few us, about
 // what a single thread needs for 2^18 multiply-adds.
 constexpr int64_t kMinWorkPerThread = int64_t(1) << 18;
-
-void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-               int64_t ldb, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
-              blasint(N), blasint(K), 1.0f, a, blasint(lda), b, blasint(ldb), 0.0f, c, blasint(ldc));
-}
-void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const double* a, int64_t lda, const double* b,
-               int64_t ldb, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
-              blasint(N), blasint(K), 1.0, a, blasint(lda), b, blasint(ldb), 0.0, c, blasint(ldc));
-}
 
 // Element offset of matrix p of a batch (row-major over the batch dims of l).
 int64_t batch_offset(const Layout* l, int64_t p) {
@@ -63,7 +65,7 @@ void gemm_block(T* c, const T* a, const T* b, const Gemm& g, int64_t i0, int64_t
   }
   const T* ab = a + (g.trans_a ? i0 : i0 * g.lda);
   const T* bb = b + (g.trans_b ? j0 * g.ldb : j0);
-  blas_gemm(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N);
+  gemm_blas(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, T(1), ab, g.lda, bb, g.ldb, T(0), cb, g.N);
 }
 
 // Boundary t of `parts` in [0, n) moved to the nearest multiple of `tile` within its period: rows of a

@@ -31,4 +31,11 @@ template <class T> void matmul_forward_naive(T* c, const T* a, const T* b, const
 // add into it would cost a noticeable fraction of the GEMM itself.
 template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g);
 
+// One single-threaded BLAS call, row-major: c (M, N; leading dim ldc) = alpha op(a) op(b) + beta c,
+// op(x) = x or x^T by the flag (a is (M, K) as read, b is (K, N)). For kernels that run their own
+// small GEMMs inside a parallel loop (attention).
+template <class T>
+void gemm_blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b,
+               int64_t ldb, T beta, T* c, int64_t ldc);
+
 }  // namespace ag::cpu

@@ -1,0 +1,111 @@
+// scaled_dot_product_attention: checks, the fused kernel (core/cpu/attention.cpp) and, when the
+// weights are asked for, the path composed from ops that materialises them (also the test
+// oracle of the fused kernel). Math: autograd/ops.h.
+#include <cmath>
+#include <limits>
+
+#include "autograd/ops.h"
+#include "core/dispatch.h"
+
+namespace ag {
+
+namespace {
+
+// Visible[b, i, j]: may query i of batch element b see key j? As b8 (B, 1, Tq, Tk), computed on the
+// host from the same rules as the kernel's key_range (causal bottom-right aligned, window, masks).
+Tensor visibility(const SdpaOptions& o, int64_t B, int64_t Tq, int64_t Tk, const Tensor& lengths, const Tensor& kmask) {
+  std::vector<int64_t> len = lengths.defined() ? lengths.to_vector<int64_t>() : std::vector<int64_t>();
+  std::vector<uint8_t> km = kmask.defined() ? kmask.to_vector<uint8_t>() : std::vector<uint8_t>();
+  Tensor vis = empty({B, 1, Tq, Tk}, DType::b8);
+  bool* out = vis.data<bool>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Tq; ++i)
+      for (int64_t j = 0; j < Tk; ++j) {
+        const int64_t qa = i + Tk - Tq;  // the query's position on the key axis
+        out[(b * Tq + i) * Tk + j] = !(o.causal && j > qa) &&
+                                     !(o.window >= 0 && (j < qa - o.window || j > qa + o.window)) &&
+                                     !(lengths.defined() && j >= len[size_t(b)]) &&
+                                     !(kmask.defined() && km[size_t(b * Tk + j)]);
+      }
+  return vis;
+}
+
+// The composed path: S = scale Q K^T, masked, softmax, dropout, @ V. A row with no visible key is
+// left unmasked for the softmax (so no NaN enters forward or backward) and zeroed afterwards.
+SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, double scale,
+                              const Tensor& visible) {
+  Tensor hidden = eq(visible, scalar_tensor(0, DType::b8));               // (B,1,Tq,Tk)
+  Tensor empty_row = eq(sum(visible.to(DType::i64), {-1}, true), 0.0);  // (B,1,Tq,1): nothing visible
+  Tensor s = mul(matmul(q, k.mT()), scale);
+  Tensor hide = where(empty_row, scalar_tensor(0, DType::b8), hidden);
+  Tensor w = softmax(masked_fill(s, hide, -std::numeric_limits<double>::infinity()), -1);
+  w = where(empty_row, zeros({}, w.dtype()), w);
+  Tensor wd = o.dropout > 0 ? dropout(w, o.dropout, true, o.generator) : w;
+  return {matmul(wd, v), w};
+}
+
+}  // namespace
+
+SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o) {
+  const char* op = "scaled_dot_product_attention";
+  check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4,
+        "{}: expected q, k, v of 4 dims [batch, heads, T, d], got {}, {}, {}", op, q.shape(), k.shape(), v.shape());
+  check(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "{}: q, k, v dtypes differ ({}, {}, {})", op, q.dtype(),
+        k.dtype(), v.dtype());
+  check(is_floating(q.dtype()), "{}: expected f32 or f64, got {}", op, q.dtype());
+  check(q.device() == k.device() && q.device() == v.device(), "{}: q, k, v on different devices ({}, {}, {})", op,
+        q.device(), k.device(), v.device());
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2), Dv = v.size(3);
+  check(k.size(0) == B && k.size(1) == H && k.size(3) == D,
+        "{}: k of shape {} does not match q of shape {} (batch, heads and d must agree)", op, k.shape(), q.shape());
+  check(v.size(0) == B && v.size(1) == H && v.size(2) == Tk,
+        "{}: v of shape {} does not match k of shape {} (batch, heads and T must agree)", op, v.shape(), k.shape());
+  check(!o.causal || Tq <= Tk, "{}: causal attention needs Tq <= Tk, got Tq {} and Tk {}", op, Tq, Tk);
+  check(o.dropout >= 0 && o.dropout < 1, "{}: dropout must be in [0, 1), got {}", op, o.dropout);
+  check(!(o.key_padding_lengths.defined() && o.key_padding_mask.defined()),
+        "{}: give key_padding_lengths or key_padding_mask, not both", op);
+  Tensor lengths, kmask;
+  if (o.key_padding_lengths.defined()) {
+    lengths = o.key_padding_lengths.detach().contiguous();
+    check(lengths.dtype() == DType::i64 && lengths.ndim() == 1 && lengths.size(0) == B,
+          "{}: key_padding_lengths must be i64 of shape [{}], got {} {}", op, B, lengths.dtype(), lengths.shape());
+    for (int64_t n : lengths.to_vector<int64_t>())
+      check(n >= 0 && n <= Tk, "{}: key_padding_lengths value {} is outside [0, Tk = {}]", op, n, Tk);
+  }
+  if (o.key_padding_mask.defined()) {
+    kmask = o.key_padding_mask.detach().contiguous();
+    check(kmask.dtype() == DType::b8 && kmask.shape() == Shape{B, Tk},
+          "{}: key_padding_mask must be b8 of shape [{}, {}] (true = ignore the key), got {} {}", op, B, Tk,
+          kmask.dtype(), kmask.shape());
+  }
+  const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
+
+  if (o.return_weights) return attention_composed(q, k, v, o, scale, visibility(o, B, Tq, Tk, lengths, kmask));
+
+  Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
+  Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
+  cpu::AttentionGeom g;
+  g.BH = B * H, g.H = H, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;
+  g.causal = o.causal, g.window = o.window;
+  g.lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
+  g.key_mask = kmask.defined() ? kmask.data<bool>() : nullptr;
+  if (o.dropout > 0) {  // the same Philox elements ag::dropout would use on the (B, H, Tq, Tk) weights
+    Generator& gen = o.generator ? *o.generator : default_generator();
+    g.dropout = o.dropout, g.seed = gen.seed(), g.offset = gen.advance(uint64_t(B * H * Tq * Tk + 3) / 4);
+  }
+  visit_floating(op, q.dtype(), [&]<class T>() {
+    KERNEL(q.device(), attention_forward<T>, out.data<T>(), lse.data<T>(), qc.data<T>(), kc.data<T>(), vc.data<T>(), g);
+  });
+  // saves q, k, v, out and lse (O(T) per row), and the masks the geometry points into
+  record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, g](const Tensor& dout) {
+    Tensor gc = dout.contiguous(), dq = zeros_like(qc), dk = zeros_like(kc), dv = zeros_like(vc);
+    visit_floating("scaled_dot_product_attention", qc.dtype(), [&]<class T>() {
+      KERNEL(qc.device(), attention_backward<T>, dq.data<T>(), dk.data<T>(), dv.data<T>(), gc.data<T>(),
+             qc.data<T>(), kc.data<T>(), vc.data<T>(), o_.data<T>(), lse.data<T>(), g);
+    });
+    return std::vector{dq, dk, dv};
+  });
+  return {out, Tensor()};
+}
+
+}  // namespace ag
