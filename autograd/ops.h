@@ -222,3 +222,21 @@ inline Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
 inline Tensor operator/(double a, const Tensor& b) { return div(a, b); }
 
 }  // namespace ag
+
+// =============================== losses (autograd/ops/loss.cpp) ===============================
+// Elementwise losses over input and target of one shape (no broadcasting: a shape mismatch is
+// almost always a bug, e.g. [N] vs [N,1]), then reduction "mean" (default), "sum" or "none".
+//
+// mse_loss(x, t)       l = (x - t)^2                       dx = 2 (x - t) g,  dt = -dx
+//   composed from sub, mul and the reduction, so its gradient is theirs.
+// binary_cross_entropy_with_logits(x, t)   t in [0, 1] (soft labels allowed)
+//   l = -[t log s + (1 - t) log(1 - s)],  s = sigmoid(x);  since log s = -log(1 + e^-x):
+//   l = max(x, 0) - x t + log(1 + e^-|x|)        (never exponentiates a positive number)
+//   dx = (s - t) g,   dt = -x g                  saves x, t
+//   log(1 + e^-|x|) is formed as log of a sum: for |x| > ~17 (f32) it rounds to 0, an absolute
+//   error below 6e-8 next to torch's log1p.
+namespace ag {
+Tensor mse_loss(const Tensor& input, const Tensor& target, const char* reduction = "mean");
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        const char* reduction = "mean");
+}  // namespace ag

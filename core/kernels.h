@@ -72,3 +72,4 @@ AG_HD inline float uniform01(uint32_t x) { return float(x >> 8) * (1.0f / 167772
 #include "core/kernels/matmul.h"
 #include "core/kernels/index.h"
 #include "core/kernels/attention.h"
+#include "core/kernels/optim.h"

@@ -1,43 +1,68 @@
 #include "optim/sgd.h"
 
+#include <cmath>
+
 #include "autograd/tape.h"
+#include "core/dispatch.h"
 
 namespace ag::optim {
 
+namespace {
+void check_options(const SGD::Options& o) {
+  check(std::isfinite(o.momentum) && o.momentum >= 0, "SGD: momentum must be finite and >= 0, got {}", o.momentum);
+  check(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "SGD: weight_decay must be finite and >= 0, got {}",
+        o.weight_decay);
+  check(std::isfinite(o.dampening), "SGD: dampening must be finite, got {}", o.dampening);
+  check(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+        "SGD: nesterov momentum requires a momentum > 0 and zero dampening, got momentum {} and dampening {}",
+        o.momentum, o.dampening);
+}
+}  // namespace
+
 SGD::SGD(std::vector<Tensor> params, Options options)
-    : params_(std::move(params)), momentum_(params_.size()), options_(options) {
-  check(options.lr >= 0, "SGD: learning rate must be >= 0, got {}", options.lr);
-  check(options.momentum >= 0, "SGD: momentum must be >= 0, got {}", options.momentum);
-  check(options.weight_decay >= 0, "SGD: weight_decay must be >= 0, got {}", options.weight_decay);
-  for (size_t i = 0; i < params_.size(); ++i)
-    check(params_[i].requires_grad() && params_[i].is_leaf(),
-          "SGD: parameter {} (shape {}) is not a leaf that requires grad", i, params_[i].shape());
+    : Optimizer("SGD", std::move(params), options.lr, {{"momentum_buffer", false}}), options_(options) {
+  check_options(options);
+}
+
+SGD::Options SGD::options() const {
+  Options o = options_;
+  o.lr = lr();
+  return o;
 }
 
 void SGD::step() {
   NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    Tensor g = p.grad();
+  const Options& o = options_;
+  for (size_t i = 0; i < params().size(); ++i) {
+    const Tensor& p = params()[i];
+    Tensor g = contiguous_grad(i);
     if (!g.defined()) continue;
-    if (options_.weight_decay != 0) {
-      g = g.clone();
-      g.add_(p, options_.weight_decay);
+    bool first = false;
+    Tensor buf;
+    if (o.momentum != 0) {
+      first = !has_state(i);
+      buf = first ? init_state(i)[0] : state(i)[0];
     }
-    if (options_.momentum != 0) {
-      if (!momentum_[i].defined()) {
-        momentum_[i] = g.contiguous().clone();
-      } else {
-        momentum_[i].mul_(options_.momentum).add_(g);
-      }
-      g = momentum_[i];
-    }
-    p.add_(g, -options_.lr);
+    visit_floating("SGD", p.dtype(), [&]<class T>() {
+      KERNEL(p.device(), sgd_update, p.data<T>(), buf.defined() ? buf.data<T>() : nullptr, g.data<T>(), p.numel(),
+             lr(), o.momentum, o.dampening, o.weight_decay, o.nesterov, first);
+    });
+    p.impl().storage->version++;
   }
 }
 
-void SGD::zero_grad() {
-  for (Tensor& p : params_) p.set_grad(Tensor());
+std::vector<std::pair<std::string, double>> SGD::hyper_parameters() const {
+  return {{"momentum", options_.momentum},
+          {"dampening", options_.dampening},
+          {"weight_decay", options_.weight_decay},
+          {"nesterov", options_.nesterov ? 1.0 : 0.0}};
+}
+
+void SGD::set_hyper_parameters(const std::vector<double>& v) {
+  check(v[3] == 0 || v[3] == 1, "SGD: nesterov must be 0 or 1, got {}", v[3]);
+  Options o{.lr = lr(), .momentum = v[0], .weight_decay = v[2], .dampening = v[1], .nesterov = v[3] == 1};
+  check_options(o);
+  options_ = o;
 }
 
 }  // namespace ag::optim

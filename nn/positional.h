@@ -1,0 +1,27 @@
+#pragma once
+// Position information for a sequence of length T with model width d.
+//
+// sinusoidal_positions(T, d): the fixed encoding of "Attention Is All You Need", (T, d):
+//   PE(pos, 2i)   = sin(pos / 10000^(2i/d))
+//   PE(pos, 2i+1) = cos(pos / 10000^(2i/d))
+// Each pair of columns is a rotation at its own frequency, so PE(pos + k) is a linear function
+// of PE(pos): relative offsets are easy to read off. Not trained; computed in double.
+//
+// LearnedPositions(max_len, d): a trained table, as GPT-2's wpe = nn.Embedding(max_len, d):
+//   forward(T, start) = weight[start : start + T]  (T, d); weight ~ N(0, 1) like nn.Embedding.
+// A slice rather than a gather of arange(T): the same values and gradient, with no copy.
+#include "nn/module.h"
+
+namespace ag::nn {
+
+Tensor sinusoidal_positions(int64_t T, int64_t d, DType dtype = DType::f32);
+
+struct LearnedPositions : Module {
+  int64_t max_len, dim;
+  Tensor weight;  // (max_len, dim)
+
+  LearnedPositions(int64_t max_len, int64_t dim, DType dtype = DType::f32, Generator* gen = nullptr);
+  Tensor forward(int64_t T, int64_t start = 0);
+};
+
+}  // namespace ag::nn
