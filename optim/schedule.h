@@ -1,6 +1,6 @@
 #pragma once
 // Learning-rate schedules: lr as a pure function of the step number (0 at the first update),
-// usable with any optimizer. Call sched.apply(opt, step) before opt.step() at each step; it sets
+// usable with any optimizer. Call sched.set_lr(opt, step) before opt.step() at each step; it sets
 // opt.set_lr(sched.lr_at(step)). Nothing is stored between calls, so a resumed run only needs
 // its step number.
 #include <cstdint>
@@ -13,7 +13,7 @@ class Schedule {
  public:
   virtual ~Schedule() = default;
   virtual double lr_at(int64_t step) const = 0;
-  void apply(Optimizer& opt, int64_t step) const { opt.set_lr(lr_at(step)); }
+  void set_lr(Optimizer& opt, int64_t step) const { opt.set_lr(lr_at(step)); }
 };
 
 // lr = base_lr at every step.

@@ -179,14 +179,14 @@ void check_resume(Options options, int k, int n) {
   Opt ref_opt(ref, options);
   for (int t = 0; t < n; ++t) {
     fake_backward(ref, t);
-    sched.apply(ref_opt, t);
+    sched.set_lr(ref_opt, t);
     ref_opt.step();
   }
   std::vector<Tensor> first = make_params();
   Opt first_opt(first, options);
   for (int t = 0; t < k; ++t) {
     fake_backward(first, t);
-    sched.apply(first_opt, t);
+    sched.set_lr(first_opt, t);
     first_opt.step();
   }
   StateDict saved = first_opt.state_dict();
@@ -200,7 +200,7 @@ void check_resume(Options options, int k, int n) {
   }
   for (int t = k; t < n; ++t) {
     fake_backward(resumed, t);
-    sched.apply(resumed_opt, t);
+    sched.set_lr(resumed_opt, t);
     resumed_opt.step();
   }
   for (size_t i = 0; i < ref.size(); ++i) CHECK(resumed[i].to_vector<float>() == ref[i].to_vector<float>());
@@ -395,7 +395,7 @@ TEST_CASE("WarmupCosineLR: hand-computed values") {
   CHECK(s.lr_at(100) == doctest::Approx(0.1).epsilon(1e-15));
   Tensor p = zeros({1}).set_requires_grad(true);
   SGD opt({p}, {.lr = 5});
-  s.apply(opt, 2);
+  s.set_lr(opt, 2);
   CHECK(opt.lr() == 0.5);
   AG_CHECK_ERROR(s.lr_at(-1), "WarmupCosineLR", "step", "-1");
   AG_CHECK_ERROR(WarmupCosineLR(1.0, 0.1, 10, 10), "WarmupCosineLR", "total_steps (10)", "warmup_steps (10)");
@@ -415,7 +415,7 @@ TEST_CASE("StepLR and ConstantLR: hand-computed values") {
   CHECK(c.lr_at(1000) == 0.3);
   Tensor p = zeros({1}).set_requires_grad(true);
   Adam opt({p}, {});
-  s.apply(opt, 4);
+  s.set_lr(opt, 4);
   CHECK(opt.lr() == 0.05);
   AG_CHECK_ERROR(StepLR(0.1, 0), "StepLR", "step_size", "0");
   AG_CHECK_ERROR(StepLR(0.1, 2, -0.5), "StepLR", "gamma", "-0.5");
