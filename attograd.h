@@ -7,4 +7,5 @@
 #include "core/format.h"
 #include "core/parallel.h"
 #include "core/random.h"
+#include "core/serialize.h"
 #include "core/tensor.h"
