@@ -103,7 +103,7 @@ TEST_CASE("Embedding: matches PyTorch, padding row gets no gradient") {
               1e-6, 1e-5);
 }
 
-TEST_CASE("Embedding: init N(0, 1) with a zero padding row; negative padding_idx; gradcheck") {
+TEST_CASE("Embedding: init N(0, 1) with a zero padding row, negative padding_idx, gradcheck") {
   Generator g(2);
   nn::Embedding emb(200, 50, -1, DType::f32, &g);
   CHECK(emb.padding_idx == 199);
@@ -135,7 +135,7 @@ TEST_CASE("Embedding: init N(0, 1) with a zero padding row; negative padding_idx
   CHECK(w.grad().select(0, 0).to_vector<double>() == std::vector<double>{6, 6, 6});
 }
 
-TEST_CASE("LayerNorm: matches PyTorch; gradcheck") {
+TEST_CASE("LayerNorm: matches PyTorch, gradcheck") {
   nn::LayerNorm ln(4);
   CHECK(ln.weight.to_vector<float>() == std::vector<float>{1, 1, 1, 1});
   CHECK(ln.bias.to_vector<float>() == std::vector<float>{0, 0, 0, 0});
@@ -156,7 +156,7 @@ TEST_CASE("LayerNorm: matches PyTorch; gradcheck") {
       {leaf64({2, 2, 3}, 1), leaf64({2, 3}, 2), leaf64({2, 3}, 3)});
 }
 
-TEST_CASE("RMSNorm: matches the PyTorch formula; gradcheck") {
+TEST_CASE("RMSNorm: matches the PyTorch formula, gradcheck") {
   nn::RMSNorm rms(4);
   CHECK(rms.eps == 1e-6);
   CHECK(rms.load_state_dict({{"weight", vals({4}, 1)}}).ok());
@@ -206,7 +206,7 @@ TEST_CASE("Dropout: scales kept values in training, identity in eval") {
   AG_CHECK_ERROR(nn::Dropout(1.0), "Dropout", "[0, 1)", "1");
 }
 
-TEST_CASE("MLP: fc1-GELU-fc2 matches PyTorch; names; gradcheck") {
+TEST_CASE("MLP: fc1-GELU-fc2 matches PyTorch, names, gradcheck") {
   nn::MLP mlp(4, 6, 0.1);
   std::vector<std::string> names;
   for (const auto& [n, t] : mlp.named_parameters()) names.push_back(n);

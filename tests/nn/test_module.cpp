@@ -141,7 +141,7 @@ TEST_CASE("module: registration refuses duplicate, dotted and empty names") {
   AG_CHECK_ERROR(l.register_module("weight", std::make_shared<nn::ReLU>()), "register_module", "already registered");
 }
 
-TEST_CASE("module: zero_grad clears gradients; to(cpu) is a no-op that keeps identity") {
+TEST_CASE("module: zero_grad clears gradients, to(cpu) is a no-op that keeps identity") {
   nn::Linear l(3, 2);
   sum(l.forward(ones({4, 3}))).backward();
   CHECK(l.weight.grad().defined());

@@ -1,0 +1,80 @@
+#include "nn/attention.h"
+
+#include <tuple>
+
+namespace ag::nn {
+
+std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_new) {
+  check(k_new.ndim() == 4 && k_new.shape() == v_new.shape(),
+        "KVCache: expected k and v of one shape [B, H, T, hs], got {} and {}", k_new.shape(), v_new.shape());
+  if (!k.defined()) {
+    k = k_new, v = v_new;
+  } else {
+    check(k_new.size(0) == k.size(0) && k_new.size(1) == k.size(1) && k_new.size(3) == k.size(3),
+          "KVCache: new keys {} do not match the cached {} in B, H or hs", k_new.shape(), k.shape());
+    k = cat({k, k_new}, 2), v = cat({v, v_new}, 2);
+  }
+  return {k, v};
+}
+
+MultiHeadAttention::MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout, bool bias, DType dtype,
+                                       Generator* gen)
+    : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0), dropout(dropout) {
+  check(d_model > 0 && n_heads > 0 && d_model % n_heads == 0,
+        "MultiHeadAttention: d_model {} must be a positive multiple of n_heads {}", d_model, n_heads);
+  check(dropout >= 0 && dropout < 1, "MultiHeadAttention: dropout must be in [0, 1), got {}", dropout);
+  qkv = register_module("qkv", std::make_shared<Linear>(d_model, 3 * d_model, bias, dtype, gen));
+  proj = register_module("proj", std::make_shared<Linear>(d_model, d_model, bias, dtype, gen));
+}
+
+Tensor MultiHeadAttention::split_heads(const Tensor& t) const {
+  return t.reshape({t.size(0), t.size(1), n_heads, head_size}).transpose(1, 2);
+}
+
+AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionOptions& options) {
+  SdpaOptions o;
+  o.causal = options.causal;
+  o.key_padding_lengths = options.key_padding_lengths;
+  o.key_padding_mask = options.key_padding_mask;
+  o.window = options.window;
+  o.dropout = is_training() ? dropout : 0.0;
+  o.generator = options.generator;
+  o.return_weights = options.need_weights;
+  SdpaResult r = scaled_dot_product_attention(q, k, v, o);  // (B, H, Tq, hs)
+  // (B, H, Tq, hs) -> (B, Tq, H, hs) -> (B, Tq, d): the heads side by side, then the output projection
+  const int64_t B = r.out.size(0), Tq = r.out.size(2);
+  Tensor y = r.out.transpose(1, 2).reshape({B, Tq, d_model});
+  return {proj->forward(y), r.weights};
+}
+
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionOptions& options) {
+  check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, T, {}], got {}",
+        d_model, x.shape());
+  const int64_t B = x.size(0), T = x.size(1);
+  // (B, T, 3d) -> (B, T, 3, H, hs) -> (3, B, H, T, hs): q, k, v are views of one projection
+  Tensor qkv_heads = qkv->forward(x).reshape({B, T, 3, n_heads, head_size}).permute({2, 0, 3, 1, 4});
+  Tensor q = qkv_heads.select(0, 0), k = qkv_heads.select(0, 1), v = qkv_heads.select(0, 2);
+  if (options.cache != nullptr) std::tie(k, v) = options.cache->append(k, v);
+  return attend(q, k, v, options);
+}
+
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const Tensor& context, const AttentionOptions& options) {
+  check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, Tq, {}], got {}",
+        d_model, x.shape());
+  check(context.ndim() == 3 && context.size(2) == d_model && context.size(0) == x.size(0),
+        "MultiHeadAttention: expected context of shape [{}, Tk, {}], got {}", x.size(0), d_model, context.shape());
+  check(options.cache == nullptr, "MultiHeadAttention: a KV cache is for self-attention, not cross-attention");
+  const int64_t B = context.size(0), Tk = context.size(1);
+  // q uses rows [0, d) of the fused weight, k and v rows [d, 3d): PyTorch's in_proj split
+  const Tensor& W = qkv->weight;
+  const Tensor& b = qkv->bias;
+  Tensor q = matmul(x, W.narrow(0, 0, d_model).mT());
+  Tensor kv = matmul(context, W.narrow(0, d_model, 2 * d_model).mT());
+  if (b.defined()) q = q + b.narrow(0, 0, d_model), kv = kv + b.narrow(0, d_model, 2 * d_model);
+  // (B, Tk, 2d) -> (B, Tk, 2, H, hs) -> (2, B, H, Tk, hs)
+  Tensor kv_heads = kv.reshape({B, Tk, 2, n_heads, head_size}).permute({2, 0, 3, 1, 4});
+  return attend(split_heads(q), kv_heads.select(0, 0), kv_heads.select(0, 1), options);
+}
+
+}  // namespace ag::nn

@@ -1,0 +1,30 @@
+#include "nn/transformer.h"
+
+namespace ag::nn {
+
+TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout,
+                                   bool causal, bool cross, DType dtype, Generator* gen)
+    : causal(causal), cross(cross) {
+  ln1 = register_module("ln1", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
+  attn = register_module("attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen));
+  if (cross) {
+    ln_cross = register_module("ln_cross", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
+    cross_attn = register_module("cross_attn",
+                                 std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen));
+  }
+  ln2 = register_module("ln2", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
+  mlp = register_module("mlp", std::make_shared<MLP>(d_model, mlp_hidden, dropout, dtype, gen));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, const Tensor& context, KVCache* cache) {
+  check(cross == context.defined(), "TransformerBlock: {}",
+        cross ? "a cross-attention block needs a context" : "a context was given to a block without cross-attention");
+  AttentionOptions self;
+  self.causal = causal;
+  self.cache = cache;
+  Tensor h = x + attn->forward(ln1->forward(x), self).out;
+  if (cross) h = h + cross_attn->forward(ln_cross->forward(h), context).out;
+  return h + mlp->forward(ln2->forward(h));
+}
+
+}  // namespace ag::nn

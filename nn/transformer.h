@@ -1,0 +1,32 @@
+#pragma once
+// TransformerBlock: a pre-LayerNorm transformer layer (GPT-2 / ViT).    x (B, T, d) -> (B, T, d)
+//   x = x + attn(ln1(x))                        self-attention (causal for a decoder)
+//   x = x + cross_attn(ln_cross(x), context)    only when built with cross = true
+//   x = x + mlp(ln2(x))                         MLP: fc1 (d -> mlp_hidden), GELU, fc2
+// Each sublayer adds to the residual stream, so the gradient of x reaches every block through
+// the identity path of the additions. Children: ln1, attn, [ln_cross, cross_attn,] ln2, mlp.
+#include "nn/attention.h"
+#include "nn/mlp.h"
+#include "nn/norm.h"
+
+namespace ag::nn {
+
+struct TransformerBlock : UnaryModule {
+  bool causal, cross;
+  std::shared_ptr<LayerNorm> ln1;
+  std::shared_ptr<MultiHeadAttention> attn;
+  std::shared_ptr<LayerNorm> ln_cross;             // only with cross
+  std::shared_ptr<MultiHeadAttention> cross_attn;  // only with cross
+  std::shared_ptr<LayerNorm> ln2;
+  std::shared_ptr<MLP> mlp;
+
+  TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout = 0.0, bool causal = false,
+                   bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr);
+
+  Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
+  // context (B, Tk, d) is required with cross and refused without; cache: the self-attention's
+  // KV cache for decoding (see KVCache).
+  Tensor forward(const Tensor& x, const Tensor& context, KVCache* cache = nullptr);
+};
+
+}  // namespace ag::nn
