@@ -3,7 +3,12 @@
 // and gradcheck wrapped for doctest.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -36,6 +41,40 @@ inline void check_close(const Tensor& a, const Tensor& b, double atol = 1e-6, do
 inline Tensor leaf64(const Shape& shape, uint64_t seed = 1, double scale = 1.0) {
   Generator g(seed);
   return mul(randn(shape, DType::f64, &g), scale).detach().set_requires_grad(true);
+}
+
+// The values the reference scripts under tools/ use for weights and inputs:
+// v_k = 0.5 sin(1.3 k + phase), k the row-major element index.
+inline Tensor vals(const Shape& shape, double phase, DType dtype = DType::f32) {
+  std::vector<double> v(size_t(shape.numel()));
+  for (size_t k = 0; k < v.size(); ++k) v[k] = 0.5 * std::sin(1.3 * double(k) + phase);
+  return from_vector(v, shape).to(dtype);
+}
+
+// A fresh folder for one test case, removed with everything in it at the end.
+struct TempDir {
+  std::filesystem::path dir;
+  explicit TempDir(const std::string& tag) {
+    dir = std::filesystem::temp_directory_path() / fmt::format("attograd_test_{}_{}", tag, ::getpid());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+};
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f.good());
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+  REQUIRE(f.good());
 }
 
 // Runs gradcheck and reports its worst element on failure.

@@ -13,15 +13,7 @@ import torch.nn.functional as F
 
 torch.set_default_dtype(torch.float64)
 
-
-def vals(shape, phase):
-    n = math.prod(shape)
-    return torch.tensor([0.5 * math.sin(1.3 * k + phase) for k in range(n)]).reshape(shape)
-
-
-def show(name, t):
-    flat = ", ".join(f"{v:.9g}" for v in t.detach().flatten().tolist())
-    print(f"// {name} {list(t.shape)}\n{{{flat}}}")
+from reference_values import show, vals  # noqa: E402  (tools/reference_values.py)
 
 
 d, H, B, T = 4, 2, 2, 3

@@ -24,31 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder for one test case, removed with everything in it at the end.
-struct TempDir {
-  fs::path dir;
-  explicit TempDir(const std::string& tag) {
-    dir = fs::temp_directory_path() / fmt::format("attograd_checkpoint_{}_{}", tag, ::getpid());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), std::streamsize(bytes.size()));
-  REQUIRE(f.good());
-}
 
 // One training run: Linear(4,8) - GELU - Dropout(0.25) - Linear(8,3), AdamW, warmup + cosine over
 // 8 steps, MSE on a fixed batch. `init_seed` draws the weights, `drop_seed` the dropout masks.

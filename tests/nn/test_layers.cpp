@@ -21,11 +21,6 @@ using namespace ag::test;
 
 namespace {
 
-Tensor vals(const Shape& shape, double phase, DType dtype = DType::f32) {
-  std::vector<double> v(size_t(shape.numel()));
-  for (size_t k = 0; k < v.size(); ++k) v[k] = 0.5 * std::sin(1.3 * double(k) + phase);
-  return from_vector(v, shape).to(dtype);
-}
 
 }  // namespace
 
