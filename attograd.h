@@ -1,5 +1,6 @@
 #pragma once
 // One include for users: tensors, ops, the tape, random numbers, gradcheck, threads.
+#include "autograd/checkpoint.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "autograd/tape.h"
