@@ -82,6 +82,17 @@ Node::~Node() {
 }
 
 bool grad_enabled() { return g_grad_enabled; }
+
+void check_writable(const char* op, const Tensor& t) {
+  check(!(t.requires_grad() && grad_enabled()),
+        "{}: in-place write to a tensor that requires grad (shape {}); do it under NoGradGuard or on a "
+        "detach()ed tensor",
+        op, t.shape());
+  for (int i = 0; i < t.ndim(); ++i)
+    check(t.strides()[i] != 0 || t.shape()[i] <= 1,
+          "{}: in-place write to an expanded tensor (shape {}, strides {}) would write one element many times",
+          op, t.shape(), t.strides());
+}
 void set_grad_enabled(bool on) { g_grad_enabled = on; }
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {

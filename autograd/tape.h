@@ -72,6 +72,11 @@ class NoGradGuard {
   bool prev_;
 };
 
+// Every in-place write (fill_, copy_, add_, mul_, ...) calls this first: it refuses a tensor that
+// requires grad while recording is on (the write would silently invalidate what the tape saved)
+// and an expanded tensor (one element written many times).
+void check_writable(const char* op, const Tensor& t);
+
 // True when an op over `inputs` must be recorded: recording is on and one input requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);

@@ -242,8 +242,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 
 // ---- in-place (no history) ------------------------------------------------------------------
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  check(!(requires_grad() && grad_enabled()),
-        "add_: in-place write to a tensor that requires grad (shape {}); do it under NoGradGuard", shape());
+  check_writable("add_", *this);
   check_same("add_", *this, other);
   check(is_contiguous(), "add_: destination must be contiguous, got strides {} for shape {}", strides(), shape());
   check(broadcast_shapes("add_", other.shape(), shape()) == shape(),
@@ -258,8 +257,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 }
 
 Tensor& Tensor::mul_(double value) {
-  check(!(requires_grad() && grad_enabled()),
-        "mul_: in-place write to a tensor that requires grad (shape {}); do it under NoGradGuard", shape());
+  check_writable("mul_", *this);
   check(is_contiguous(), "mul_: destination must be contiguous, got strides {} for shape {}", strides(), shape());
   visit_numeric("mul_", dtype(), [&]<class T>() {
     T* d = data<T>();

@@ -72,17 +72,6 @@ Tensor make_view(const char* op, const Tensor& x, const Shape& shape, const Shap
   return y;
 }
 
-void check_writable(const char* op, const Tensor& t) {
-  check(!(t.requires_grad() && grad_enabled()),
-        "{}: in-place write to a tensor that requires grad (shape {}); do it under NoGradGuard or on a "
-        "detach()ed tensor",
-        op, t.shape());
-  for (int i = 0; i < t.ndim(); ++i)
-    check(t.strides()[i] != 0 || t.shape()[i] <= 1,
-          "{}: in-place write to an expanded tensor (shape {}, strides {}) would write one element many times",
-          op, t.shape(), t.strides());
-}
-
 }  // namespace
 
 // ---- reshape family -------------------------------------------------------------------------
