@@ -17,12 +17,19 @@ TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp
 }
 
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& context, KVCache* cache) {
+  AttentionOptions self;
+  self.cache = cache;
+  return forward(x, self, context);
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, const AttentionOptions& self_options, const Tensor& context) {
   check(cross == context.defined(), "TransformerBlock: {}",
         cross ? "a cross-attention block needs a context" : "a context was given to a block without cross-attention");
-  AttentionOptions self;
-  self.causal = causal;
-  self.cache = cache;
-  Tensor h = x + attn->forward(ln1->forward(x), self).out;
+  AttentionOptions self = self_options;
+  self.causal = self.causal || causal;
+  AttentionResult a = attn->forward(ln1->forward(x), self);
+  attn_weights = self.need_weights ? a.weights.detach() : Tensor();
+  Tensor h = x + a.out;
   if (cross) h = h + cross_attn->forward(ln_cross->forward(h), context).out;
   return h + mlp->forward(ln2->forward(h));
 }

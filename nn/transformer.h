@@ -23,10 +23,15 @@ struct TransformerBlock : UnaryModule {
   TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout = 0.0, bool causal = false,
                    bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr);
 
+  Tensor attn_weights;  // (B, H, T, Tk) of the last self-attention, kept only when asked (need_weights)
+
   Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
   // context (B, Tk, d) is required with cross and refused without; cache: the self-attention's
   // KV cache for decoding (see KVCache).
   Tensor forward(const Tensor& x, const Tensor& context, KVCache* cache = nullptr);
+  // The general form: `self` configures the self-attention (key padding, window, need_weights,
+  // cache, generator); the block's own `causal` is always applied on top.
+  Tensor forward(const Tensor& x, const AttentionOptions& self, const Tensor& context = Tensor());
 };
 
 }  // namespace ag::nn

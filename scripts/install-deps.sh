@@ -12,6 +12,10 @@ PACKAGES=(
   zlib1g-dev           # gzip-compressed datasets
   libcli11-dev         # command-line parsing in apps and benchmarks
   nlohmann-json3-dev   # JSON headers of checkpoints
+  # the apps' default data (apps/, data/)
+  dataset-fashion-mnist                 # vit: Fashion-MNIST, gzipped IDX
+  fortunes fortunes-de fortunes-es fortunes-it fortunes-br fortunes-ru fortunes-cs fortunes-pl  # textclf
+  bible-kjv                             # gpt: the King James Bible
 )
 
 missing=()

@@ -1,0 +1,101 @@
+#pragma once
+// The three sample models, built from nn/ parts. Parameter names follow the PyTorch twins in
+// bench/torch_models.py one-to-one, so a state_dict moves between the two unchanged.
+//
+// GPT (apps/gpt.cpp): a char-level decoder, GPT-2's layout.          idx i64 (B, T) -> logits (B, T, V)
+//   h = wte(idx) + wpe(positions)                 token + learned position embeddings
+//   h = blocks.i(h)  for i < n_layers             pre-LN TransformerBlock, causal
+//   logits = head(ln_f(h))                        head: Linear(d, V), no bias
+//
+// ViT (apps/vit.cpp): a vision transformer.                       image (B, C, H, W) -> logits (B, K)
+//   h = [cls | patch(image)] + pos_embed          PatchEmbedding with class token; pos_embed (1, N+1, d)
+//   h = blocks.i(h)                               pre-LN TransformerBlock, no mask
+//   logits = head(norm(h[:, 0]))                  the class token's final state
+//
+// TextClassifier (apps/textclf.cpp): an attention encoder.     tokens i64 (B, T), lengths -> logits (B, K)
+//   h = tok(tokens) + pos(T)                      padding id 0 (its row stays zero)
+//   h = blocks.i(h, key padding)                  padded keys are never attended to
+//   pooled = sum_{t < len} norm(h)_t / len        mean over the valid tokens only
+//   logits = head(dropout(pooled))
+//
+// Initialisation (all three): as GPT-2 / timm: Linear and embedding weights ~ N(0, 0.02),
+// biases zero, LayerNorm (1, 0), and the two projections that write into the residual stream
+// (attn.proj, mlp.fc2) ~ N(0, 0.02 / sqrt(2 n_layers)), so the stream's variance does not grow
+// with depth. The class token and pos_embed ~ N(0, 0.02).
+#include <vector>
+
+#include "nn/embedding.h"
+#include "nn/patch.h"
+#include "nn/positional.h"
+#include "nn/sequential.h"
+#include "nn/transformer.h"
+
+namespace ag::apps {
+
+struct GPTConfig {
+  int64_t vocab = 96, context = 128, d_model = 128, n_heads = 4, n_layers = 4, mlp_hidden = 512;
+  double dropout = 0.0;
+};
+
+struct GPT : nn::Module {
+  GPTConfig cfg;
+  std::shared_ptr<nn::Embedding> wte;         // (V, d)
+  std::shared_ptr<nn::LearnedPositions> wpe;  // (context, d)
+  std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> blocks;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> head;  // d -> V, no bias
+
+  explicit GPT(const GPTConfig& cfg, Generator* gen = nullptr);
+  // idx (B, T) -> logits (B, T, V). With `caches` (one per block, see nn::KVCache) the tokens are
+  // the next positions after what the caches hold: decoding one token at a time.
+  Tensor forward(const Tensor& idx, std::vector<nn::KVCache>* caches = nullptr);
+  // The attention weights (B, H, T, T) of every block in the last forward, when `need_weights`.
+  bool need_weights = false;
+};
+
+struct ViTConfig {
+  int64_t image_size = 28, channels = 1, patch = 7, classes = 10;
+  int64_t d_model = 64, n_heads = 4, n_layers = 4, mlp_hidden = 256;
+  double dropout = 0.0;
+};
+
+struct ViT : nn::Module {
+  ViTConfig cfg;
+  std::shared_ptr<nn::PatchEmbedding> patch;  // patch.proj.*, patch.cls_token
+  Tensor pos_embed;                           // (1, N + 1, d)
+  std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> blocks;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Linear> head;  // d -> classes
+  bool need_weights = false;         // keep each block's attention weights (blocks[i].attn_weights)
+
+  explicit ViT(const ViTConfig& cfg, Generator* gen = nullptr);
+  Tensor forward(const Tensor& images);  // (B, C, H, W) f32 -> (B, classes)
+};
+
+struct TextClassifierConfig {
+  int64_t vocab = 20000, max_len = 256, classes = 2;
+  int64_t d_model = 128, n_heads = 4, n_layers = 2, mlp_hidden = 512;
+  double dropout = 0.1;
+};
+
+struct TextClassifier : nn::Module {
+  TextClassifierConfig cfg;
+  std::shared_ptr<nn::Embedding> tok;         // (vocab, d), padding_idx 0
+  std::shared_ptr<nn::LearnedPositions> pos;  // (max_len, d)
+  std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> blocks;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Dropout> drop;
+  std::shared_ptr<nn::Linear> head;  // d -> classes
+  bool need_weights = false;         // keep each block's attention weights
+
+  explicit TextClassifier(const TextClassifierConfig& cfg, Generator* gen = nullptr);
+  // tokens i64 (B, T) padded with 0 after lengths[b] valid tokens; lengths i64 (B), each >= 1.
+  Tensor forward(const Tensor& tokens, const Tensor& lengths);
+};
+
+// GPT-2 / timm initialisation of a model built from nn/ parts (see the comment at the top):
+// every Linear and Embedding weight N(0, 0.02) (bias 0), LayerNorms (1, 0), and the weights of
+// parameters whose name ends in "attn.proj.weight" or "mlp.fc2.weight" N(0, 0.02 / sqrt(2 n_layers)).
+void init_gpt2_style(nn::Module& model, int64_t n_layers, Generator* gen = nullptr);
+
+}  // namespace ag::apps
