@@ -1,5 +1,6 @@
 #include "core/parallel.h"
 
+#include <atomic>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -16,14 +17,14 @@ int initial_threads() {
   int n = env ? std::atoi(env) : 0;
   return n > 0 ? n : omp_get_num_procs();
 }
-int g_threads = initial_threads();
+std::atomic<int> g_threads{initial_threads()};  // read by parallel_for on any thread
 }  // namespace
 
-int num_threads() { return g_threads; }
+int num_threads() { return g_threads.load(std::memory_order_relaxed); }
 
 void set_num_threads(int n) {
   check(n >= 1, "set_num_threads: expected n >= 1, got {}", n);
-  g_threads = n;
+  g_threads.store(n, std::memory_order_relaxed);
   omp_set_num_threads(n);
   openblas_set_num_threads(1);
 }
