@@ -1,19 +1,59 @@
 #include "nn/attention.h"
 
+#include <algorithm>
 #include <tuple>
 
 namespace ag::nn {
 
+KVCache::KVCache(int64_t capacity) : reserve_(capacity) {
+  check(capacity >= 0, "KVCache: capacity must be >= 0, got {}", capacity);
+}
+
+void KVCache::ensure_capacity(const Tensor& like, int64_t needed) {
+  const int64_t L = length();
+  // buffers of another geometry (a new sequence after clear(), L == 0) are dropped
+  const bool same = k_buf_.defined() && k_buf_.size(0) == like.size(0) && k_buf_.size(1) == like.size(1) &&
+                    k_buf_.size(3) == like.size(3) && k_buf_.dtype() == like.dtype() &&
+                    k_buf_.device() == like.device();
+  const bool fits = same && k_buf_.size(2) >= needed;
+  if (fits && (in_buffers_ || L == 0)) return;
+  // Grow geometrically, so decoding T tokens grows log2(T) times and copies O(T) positions in all.
+  // After a differentiable append (k, v are cat() results) take fresh buffers even when the old
+  // ones fit: the recorded cat() has a view of them as input, and its backward refuses to run
+  // when that storage was written since.
+  const int64_t cap = fits ? k_buf_.size(2) : std::max({needed, reserve_, same ? 2 * k_buf_.size(2) : int64_t(0)});
+  const Shape shape{like.size(0), like.size(1), cap, like.size(3)};
+  Tensor kb = empty(shape, like.dtype(), like.device()), vb = empty(shape, like.dtype(), like.device());
+  if (L > 0) kb.narrow(2, 0, L).copy_(k), vb.narrow(2, 0, L).copy_(v);  // the one copy of the old positions
+  k_buf_ = kb, v_buf_ = vb;
+}
+
 std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_new) {
   check(k_new.ndim() == 4 && k_new.shape() == v_new.shape(),
         "KVCache: expected k and v of one shape [B, H, T, hs], got {} and {}", k_new.shape(), v_new.shape());
-  if (!k.defined()) {
-    k = k_new, v = v_new;
-  } else {
-    check(k_new.size(0) == k.size(0) && k_new.size(1) == k.size(1) && k_new.size(3) == k.size(3),
-          "KVCache: new keys {} do not match the cached {} in B, H or hs", k_new.shape(), k.shape());
-    k = cat({k, k_new}, 2), v = cat({v, v_new}, 2);
+  check(k_new.dtype() == v_new.dtype() && k_new.device() == v_new.device(),
+        "KVCache: k {} is {} on {} but v {} is {} on {}", k_new.shape(), k_new.dtype(), k_new.device(),
+        v_new.shape(), v_new.dtype(), v_new.device());
+  if (k.defined())
+    check(k_new.size(0) == k.size(0) && k_new.size(1) == k.size(1) && k_new.size(3) == k.size(3) &&
+              k_new.dtype() == k.dtype() && k_new.device() == k.device(),
+          "KVCache: new keys {} ({} on {}) do not match the cached {} ({} on {}) in B, H, hs, dtype or device",
+          k_new.shape(), k_new.dtype(), k_new.device(), k.shape(), k.dtype(), k.device());
+  const int64_t L = length(), Tnew = k_new.size(2);
+
+  if (grad_enabled() && (k_new.requires_grad() || v_new.requires_grad())) {
+    // training through the cache: the differentiable cat() (a copy of every position per step)
+    if (k.defined()) k = cat({k, k_new}, 2), v = cat({v, v_new}, 2);
+    else k = k_new, v = v_new;
+    in_buffers_ = false;
+    return {k, v};
   }
+  // inference: write the new positions into slots [L, L + Tnew) and return views [0, L + Tnew)
+  ensure_capacity(k_new, L + Tnew);
+  k_buf_.narrow(2, L, Tnew).copy_(k_new);
+  v_buf_.narrow(2, L, Tnew).copy_(v_new);
+  k = k_buf_.narrow(2, 0, L + Tnew), v = v_buf_.narrow(2, 0, L + Tnew);
+  in_buffers_ = true;
   return {k, v};
 }
 

@@ -15,17 +15,50 @@
 // and attends over everything cached; causal masking is bottom-right aligned (query i of the new
 // block sees keys 0 .. Tcached + i), so decoding one token (or a chunk) at a time gives the
 // same outputs as one causal forward over the whole sequence. Meant for inference (NoGradGuard).
+//
+// Preallocated: the keys and values live in two buffers (B, H, capacity, hs). An append copies
+// the new positions into the next free slots in place (copy_ into a narrow view) and returns the
+// views [0, length) of the buffers, so decoding T tokens copies each position once, O(T) bytes,
+// where a cat() per step copies O(T^2). When an append would pass the capacity, the buffers grow
+// to max(2 capacity, needed) and the cached positions are copied once. A capacity given at
+// construction (say the model's context length) avoids every growth.
+//
+// Gradients: when grad mode is on and k_new or v_new requires grad, an append is the
+// differentiable cat() of before (k = cat({k, k_new}, 2)), so gradients flow to every appended
+// position. The next in-place append copies those positions into fresh buffers, so the in-place
+// path never writes into storage a recorded graph holds.
+//
+// scaled_dot_product_attention still makes a contiguous copy of the strided views [0, length) at
+// every call (O(length) per token), which is what cat() cost: bench/bench_decode shows both.
+//
+// The returned views alias the buffers: they stay valid across appends (which write only the
+// slots past them) and growth (which moves to new buffers), but clear() hands the slots back, so
+// the next sequence overwrites what a view kept from the previous one.
 #include "nn/linear.h"
 
 namespace ag::nn {
 
 struct KVCache {
-  Tensor k, v;  // (B, H, T, hs): every position cached so far; undefined while empty
+  Tensor k, v;  // (B, H, length, hs): every position cached so far; undefined while empty
+
+  // capacity: positions to reserve at the first append (0: as many as that append brings, then
+  // doubling).
+  explicit KVCache(int64_t capacity = 0);
 
   int64_t length() const { return k.defined() ? k.size(2) : 0; }
+  // Positions the buffers hold before the next growth (0 before the first in-place append).
+  int64_t capacity() const { return k_buf_.defined() ? k_buf_.size(2) : 0; }
   // Appends k_new, v_new (B, H, Tnew, hs) along T and returns all cached keys and values.
   std::pair<Tensor, Tensor> append(const Tensor& k_new, const Tensor& v_new);
-  void clear() { k = Tensor(), v = Tensor(); }
+  // Empties the cache; the buffers are kept for the next sequence (same B, H, hs, dtype, device).
+  void clear() { k = Tensor(), v = Tensor(), in_buffers_ = false; }
+
+ private:
+  int64_t reserve_ = 0;     // capacity asked for at construction
+  Tensor k_buf_, v_buf_;    // (B, H, capacity, hs); k, v are their views [0, length) when in_buffers_
+  bool in_buffers_ = false; // false after a differentiable append: k, v are cat() results
+  // Makes the buffers hold at least `needed` positions with k, v copied into [0, length).
+  void ensure_capacity(const Tensor& like, int64_t needed);
 };
 
 struct AttentionOptions {

@@ -1,0 +1,183 @@
+// Greedy decoding with a GPT-like stack: tokens/s with the preallocated KV cache (nn::KVCache),
+// with the cat()-based cache it replaced (re-implemented below as the "before"), and without a
+// cache (a full causal forward over the growing prefix at every step). All three must generate
+// the same tokens; the bench checks it.
+//
+//   bench_decode [--tokens 256] [--reps 3] [--layers 4] [--d 128] [--heads 4] [--mlp 512] [--vocab 96]
+//
+// Per generated token t, the attention of each layer reads the t cached positions either way; the
+// caches differ in what they copy: cat() copies all t positions of k and v into a new tensor
+// (O(T^2) bytes over T tokens), the preallocated cache writes only the new position (O(T)).
+// Without a cache every step recomputes every position: O(T^2) matmul work.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "attograd.h"
+#include "bench/bench_util.h"
+#include "nn/embedding.h"
+#include "nn/transformer.h"
+
+using namespace ag;
+
+namespace {
+
+struct Gpt {
+  nn::Embedding tok, pos;
+  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks;
+  nn::LayerNorm ln_f;
+  nn::Linear head;
+
+  Gpt(int64_t vocab, int64_t max_t, int64_t d, int64_t heads, int64_t mlp, int64_t layers, Generator* g)
+      : tok(vocab, d, std::nullopt, DType::f32, g), pos(max_t, d, std::nullopt, DType::f32, g), ln_f(Shape{d}),
+        head(d, vocab, true, DType::f32, g) {
+    for (int64_t l = 0; l < layers; ++l)
+      blocks.push_back(std::make_shared<nn::TransformerBlock>(d, heads, mlp, 0.0, true, false, DType::f32, g));
+  }
+  // tokens (1, T) at positions [start, start + T) -> x (1, T, d)
+  Tensor embed(const Tensor& tokens, int64_t start) {
+    const int64_t T = tokens.size(1);
+    return tok.forward(tokens) + pos.forward(arange(double(start), double(start + T)));
+  }
+  // logits (1, V) of the last position
+  Tensor last_logits(const Tensor& h) { return head.forward(ln_f.forward(h.select(1, h.size(1) - 1))); }
+
+  // full causal forward over tokens (1, T), or the new tokens with one cache per block
+  Tensor forward(const Tensor& tokens, int64_t start, std::vector<nn::KVCache>* caches) {
+    Tensor h = embed(tokens, start);
+    for (size_t l = 0; l < blocks.size(); ++l)
+      h = blocks[l]->forward(h, Tensor(), caches ? &(*caches)[l] : nullptr);
+    return last_logits(h);
+  }
+};
+
+// The cache before preallocation: k = cat({k, k_new}, 2) at every step, through a block's own
+// layers (the same math as TransformerBlock::forward with MultiHeadAttention's self-attention).
+struct CatCache {
+  Tensor k, v;  // (B, H, T, hs)
+};
+Tensor block_with_cat_cache(nn::TransformerBlock& b, const Tensor& x, CatCache& c) {
+  nn::MultiHeadAttention& a = *b.attn;
+  const int64_t B = x.size(0), T = x.size(1);
+  Tensor qkv = a.qkv->forward(b.ln1->forward(x)).reshape({B, T, 3, a.n_heads, a.head_size}).permute({2, 0, 3, 1, 4});
+  Tensor q = qkv.select(0, 0), k = qkv.select(0, 1), v = qkv.select(0, 2);
+  if (c.k.defined()) c.k = cat({c.k, k}, 2), c.v = cat({c.v, v}, 2);
+  else c.k = k, c.v = v;
+  SdpaOptions o;
+  o.causal = true;
+  Tensor y = scaled_dot_product_attention(q, c.k, c.v, o).out.transpose(1, 2).reshape({B, T, a.d_model});
+  Tensor h = x + a.proj->forward(y);
+  return h + b.mlp->forward(b.ln2->forward(h));
+}
+
+enum class Mode { no_cache, cat_cache, prealloc, growing };
+
+// Greedy generation of n tokens after the prompt token 0; returns the generated tokens.
+std::vector<int64_t> generate(Gpt& m, int64_t n, Mode mode) {
+  NoGradGuard no_grad;
+  std::vector<int64_t> seq{0};
+  std::vector<nn::KVCache> caches;
+  for (size_t l = 0; l < m.blocks.size(); ++l) caches.emplace_back(mode == Mode::prealloc ? n + 1 : 0);
+  std::vector<CatCache> cat_caches(m.blocks.size());
+  for (int64_t t = 0; t < n; ++t) {
+    Tensor logits;
+    if (mode == Mode::no_cache) {
+      logits = m.forward(from_vector(seq, {1, int64_t(seq.size())}), 0, nullptr);
+    } else {
+      Tensor last = from_vector(std::vector<int64_t>{seq.back()}, {1, 1});
+      const int64_t start = int64_t(seq.size()) - 1;
+      if (mode == Mode::cat_cache) {
+        Tensor h = m.embed(last, start);
+        for (size_t l = 0; l < m.blocks.size(); ++l) h = block_with_cat_cache(*m.blocks[l], h, cat_caches[l]);
+        logits = m.last_logits(h);
+      } else {
+        logits = m.forward(last, start, &caches);
+      }
+    }
+    seq.push_back(argmax(logits, -1).item<int64_t>());
+  }
+  return {seq.begin() + 1, seq.end()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"attograd: greedy decoding with and without a KV cache"};
+  int64_t n = 256, layers = 4, d = 128, heads = 4, mlp = 512, vocab = 96;
+  int reps = 3;
+  app.add_option("--tokens", n, "tokens to generate after a 1-token prompt")->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "timed generations per cached variant (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--layers", layers, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--d", d, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--heads", heads, "attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--mlp", mlp, "MLP hidden width")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  Generator gen(0);
+  Gpt m(vocab, n + 1, d, heads, mlp, layers, &gen);
+  m.ln_f.eval();
+  for (auto& b : m.blocks) b->eval();
+
+  fmt::print("attograd bench_decode: vocab {} d {} heads {} layers {} mlp {}, f32, greedy, 1-token prompt, {} "
+             "tokens, {} threads, median of {} (no cache: 1 run)\n",
+             vocab, d, heads, layers, mlp, n, num_threads(), reps);
+  const std::vector<int64_t> reference = generate(m, n, Mode::prealloc);
+  struct Row {
+    const char* name;
+    Mode mode;
+  };
+  const Row rows[] = {{"no cache (full forward per step)", Mode::no_cache},
+                      {"cat() cache (before)", Mode::cat_cache},
+                      {"preallocated cache, growing", Mode::growing},
+                      {"preallocated cache, capacity T", Mode::prealloc}};
+  double no_cache_tps = 0;
+  fmt::print("| {:<32} | {:>9} | {:>9} | {:>11} | {:>10} |\n", "variant", "time (s)", "tokens/s", "vs no cache",
+             "same tokens");
+  fmt::print("|{:-<34}|{:->11}|{:->11}|{:->13}|{:->12}|\n", "", ":", ":", ":", ":");
+  for (const Row& r : rows) {
+    bool same = true;
+    // without a cache a generation is O(T^2) work and long enough to time once, with no warm-up
+    const bool once = r.mode == Mode::no_cache;
+    double secs = bench::median_seconds([&] { same = same && generate(m, n, r.mode) == reference; }, once ? 1 : reps,
+                                        once ? 0 : 1);
+    const double tps = double(n) / secs;
+    if (r.mode == Mode::no_cache) no_cache_tps = tps;
+    fmt::print("| {:<32} | {:>9.3f} | {:>9.1f} | {:>10.2f}x | {:>10} |\n", r.name, secs, tps, tps / no_cache_tps,
+               same ? "yes" : "NO");
+  }
+
+  // The cache's own work for one layer's k, v (1, heads, 1, d / heads) per token, without the model:
+  // cat() copies every cached position per token, the preallocated cache only the new one. The
+  // last row adds the contiguous copy scaled_dot_product_attention makes of the strided views.
+  const int64_t hs = d / heads;
+  std::vector<Tensor> ks;
+  for (int64_t t = 0; t < n; ++t) ks.push_back(randn({1, heads, 1, hs}, DType::f32, &gen));
+  NoGradGuard no_grad;
+  auto cat_appends = [&] {
+    Tensor k, v;
+    for (const Tensor& kn : ks) {
+      if (k.defined()) k = cat({k, kn}, 2), v = cat({v, kn}, 2);
+      else k = kn, v = kn;
+    }
+  };
+  auto cache_appends = [&](bool contiguous) {
+    nn::KVCache cache(n);
+    for (const Tensor& kn : ks) {
+      auto [k, v] = cache.append(kn, kn);
+      if (contiguous) k.contiguous(), v.contiguous();
+    }
+  };
+  fmt::print("\nthe cache alone: appending {} tokens of k, v [1, {}, 1, {}] (one layer)\n", n, heads, hs);
+  fmt::print("| {:<40} | {:>13} |\n", "variant", "us per token");
+  fmt::print("|{:-<42}|{:->15}|\n", "", ":");
+  const std::pair<const char*, std::function<void()>> appends[] = {
+      {"cat() cache (before)", cat_appends},
+      {"preallocated cache", [&] { cache_appends(false); }},
+      {"preallocated cache + contiguous() copy", [&] { cache_appends(true); }}};
+  for (const auto& [name, fn] : appends)
+    fmt::print("| {:<40} | {:>13.2f} |\n", name, 1e6 * bench::median_seconds(fn, 5 * reps, 1) / double(n));
+  return 0;
+}
