@@ -22,6 +22,7 @@
 // biases zero, LayerNorm (1, 0), and the two projections that write into the residual stream
 // (attn.proj, mlp.fc2) ~ N(0, 0.02 / sqrt(2 n_layers)), so the stream's variance does not grow
 // with depth. The class token and pos_embed ~ N(0, 0.02).
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "nn/embedding.h"
@@ -36,6 +37,10 @@ struct GPTConfig {
   int64_t vocab = 96, context = 128, d_model = 128, n_heads = 4, n_layers = 4, mlp_hidden = 512;
   double dropout = 0.0;
 };
+// to_json / from_json (missing keys keep their defaults): the config saved in checkpoints and the
+// keyword arguments of the PyTorch twin.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GPTConfig, vocab, context, d_model, n_heads, n_layers, mlp_hidden,
+                                                dropout)
 
 struct GPT : nn::Module {
   GPTConfig cfg;
@@ -58,6 +63,8 @@ struct ViTConfig {
   int64_t d_model = 64, n_heads = 4, n_layers = 4, mlp_hidden = 256;
   double dropout = 0.0;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ViTConfig, image_size, channels, patch, classes, d_model, n_heads,
+                                                n_layers, mlp_hidden, dropout)
 
 struct ViT : nn::Module {
   ViTConfig cfg;
@@ -77,6 +84,8 @@ struct TextClassifierConfig {
   int64_t d_model = 128, n_heads = 4, n_layers = 2, mlp_hidden = 512;
   double dropout = 0.1;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TextClassifierConfig, vocab, max_len, classes, d_model, n_heads,
+                                                n_layers, mlp_hidden, dropout)
 
 struct TextClassifier : nn::Module {
   TextClassifierConfig cfg;
