@@ -23,40 +23,24 @@ Files:
     parity_optim.safetensors   3 steps of SGD (momentum, nesterov), Adam, AdamW; clip_grad_norm
     parity_train.safetensors   a 20-step AdamW run of a 2-block GPT: initial parameters, data, losses
 """
-import json
 import math
 import os
-import struct
 
 import torch
 import torch.nn.functional as F
+
+from reference_values import write_safetensors  # noqa: E402  (tools/reference_values.py)
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden")
 
 # ---- a minimal safetensors writer (torch 1.13 has no safetensors package) --------------------
 # 8 bytes little-endian header length N, N bytes of JSON (padded with spaces to a multiple of 8),
 # then each tensor's raw little-endian row-major bytes, back to back in header order.
-DTYPES = {torch.float32: ("F32", "f"), torch.float64: ("F64", "d"), torch.int64: ("I64", "q")}
 
 
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().contiguous()
-        code, fmt = DTYPES[t.dtype]
-        vals = t.reshape(-1).tolist()
-        b = struct.pack("<%d%s" % (len(vals), fmt), *vals)
-        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
-    print("wrote %s: %d tensors, %d bytes" % (os.path.basename(path), len(tensors), 8 + len(text) + offset))
+def write_golden(path, tensors):
+    size = write_safetensors(path, tensors)
+    print("wrote %s: %d tensors, %d bytes" % (os.path.basename(path), len(tensors), size))
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -318,10 +302,10 @@ def make_train():
 
 def main():
     torch.manual_seed(1234)
-    write_safetensors(os.path.join(GOLDEN, "parity_ops.safetensors"), make_ops())
-    write_safetensors(os.path.join(GOLDEN, "parity_layers.safetensors"), make_layers())
-    write_safetensors(os.path.join(GOLDEN, "parity_optim.safetensors"), make_optim())
-    write_safetensors(os.path.join(GOLDEN, "parity_train.safetensors"), make_train())
+    write_golden(os.path.join(GOLDEN, "parity_ops.safetensors"), make_ops())
+    write_golden(os.path.join(GOLDEN, "parity_layers.safetensors"), make_layers())
+    write_golden(os.path.join(GOLDEN, "parity_optim.safetensors"), make_optim())
+    write_golden(os.path.join(GOLDEN, "parity_train.safetensors"), make_train())
 
 
 if __name__ == "__main__":

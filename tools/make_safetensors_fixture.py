@@ -15,11 +15,11 @@ the way the reference writer (huggingface/safetensors, `serialize`) lays it out:
 The test checks the names, shapes and values below, and that save_safetensors writes the same
 tensors (in this order, with this metadata) to the identical bytes.
 """
-import json
 import os
-import struct
 
 import torch
+
+from reference_values import write_safetensors  # noqa: E402  (tools/reference_values.py)
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden",
                    "reference.safetensors")
@@ -38,36 +38,12 @@ TENSORS = {
 }
 METADATA = {"format": "pt", "step": "42"}
 
-DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64", torch.bool: "BOOL"}
-RANK = {"BOOL": 0, "F32": 1, "F64": 2, "I64": 3}  # the reference sorts larger dtypes first
-
-
-def tensor_bytes(t):
-    t = t.contiguous()
-    if t.dtype == torch.bool:
-        return bytes(int(v) for v in t.reshape(-1).tolist())
-    fmt = {torch.float32: "f", torch.float64: "d", torch.int64: "q"}[t.dtype]
-    vals = t.reshape(-1).tolist()
-    return struct.pack("<%d%s" % (len(vals), fmt), *vals)
+RANK = {torch.bool: 0, torch.float32: 1, torch.float64: 2, torch.int64: 3}  # larger dtypes first
 
 
 def main():
-    order = sorted(TENSORS, key=lambda n: (-RANK[DTYPES[TENSORS[n].dtype]], n))
-    header, blobs, offset = {"__metadata__": METADATA}, [], 0
-    for name in order:
-        t = TENSORS[name]
-        b = tensor_bytes(t)
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(OUT, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+    order = sorted(TENSORS, key=lambda n: (-RANK[TENSORS[n].dtype], n))
+    write_safetensors(OUT, {n: TENSORS[n] for n in order}, METADATA)
     print("wrote", OUT, "tensor order:", order)
 
 

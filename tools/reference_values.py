@@ -1,6 +1,9 @@
-"""Shared by the tools/make_*_reference.py scripts: the formula weights and inputs the C++ tests
-rebuild with ag::test::vals (tests/helpers.h), and the printer of C++ initialiser lists."""
+"""Shared by the tools/make_*.py scripts: the formula weights and inputs the C++ tests rebuild
+with ag::test::vals (tests/helpers.h), the printer of C++ initialiser lists, and a safetensors
+writer (PyTorch 1.13 has no safetensors package)."""
+import json
 import math
+import struct
 
 import torch
 
@@ -15,3 +18,31 @@ def show(name, t):
     """Prints t as a commented C++ initialiser list, 9 significant digits."""
     flat = ", ".join(f"{v:.9g}" for v in t.detach().flatten().tolist())
     print(f"// {name} {list(t.shape)}\n{{{flat}}}")
+
+
+SAFETENSORS_DTYPES = {torch.float32: ("F32", "f"), torch.float64: ("F64", "d"), torch.int64: ("I64", "q"),
+                      torch.bool: ("BOOL", "?")}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes `tensors` (name -> tensor, in that order) as the safetensors format lays them out:
+    8 bytes: the header length N (u64 LE); N bytes: compact JSON ("__metadata__" first, then per
+    tensor dtype, shape, data_offsets), padded with spaces to a multiple of 8; then the tensors'
+    raw little-endian bytes, row-major, back to back in header order. Returns the file size."""
+    header, blobs, offset = ({"__metadata__": metadata} if metadata else {}), [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        code, fmt = SAFETENSORS_DTYPES[t.dtype]
+        vals = t.reshape(-1).tolist()
+        b = struct.pack("<%d%s" % (len(vals), fmt), *vals)
+        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+    return 8 + len(text) + offset

@@ -26,13 +26,14 @@ RunOptions parse(std::vector<std::string> args, const std::string& app = "demo")
   return o;
 }
 
-// A few AdamW steps of a Linear on fixed data through Run; returns the losses.
-std::vector<double> train(Run& run, nn::Linear& lin, optim::AdamW& opt, const RunOptions& o, int64_t from) {
+// Steps [from, to) of an AdamW run of a Linear on fixed data through Run; returns the losses.
+std::vector<double> train(Run& run, nn::Linear& lin, optim::AdamW& opt, const RunOptions& o, int64_t from,
+                          int64_t to) {
   Generator data(9);
   Tensor x = randn({8, 3}, DType::f32, &data), y = randn({8, 2}, DType::f32, &data);
   auto sched = make_schedule(o);
   std::vector<double> losses;
-  for (int64_t step = from; step < o.steps; ++step) {
+  for (int64_t step = from; step < to; ++step) {
     sched->set_lr(opt, step);
     opt.zero_grad();
     Tensor loss = mse_loss(lin.forward(x), y);
@@ -83,7 +84,7 @@ TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") 
     RunOptions o = make(6, {}, root + "/straight");
     Run run("demo", o, lin, opt, gen, config);
     CHECK(run.resume() == 0);
-    straight = train(run, lin, opt, o, 0);
+    straight = train(run, lin, opt, o, 0, 6);
   }
   std::vector<double> resumed;
   {  // 4 of the 6 steps, saved; then another process resumes below
@@ -93,19 +94,7 @@ TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") 
     RunOptions o = make(6, {});
     Run run("demo", o, lin, opt, gen, config);
     run.resume();
-    Generator data(9);
-    Tensor x = randn({8, 3}, DType::f32, &data), y = randn({8, 2}, DType::f32, &data);
-    auto sched = make_schedule(o);
-    for (int64_t step = 0; step < 4; ++step) {
-      sched->set_lr(opt, step);
-      opt.zero_grad();
-      Tensor loss = mse_loss(lin.forward(x), y);
-      loss.backward();
-      opt.step();
-      resumed.push_back(loss.item<double>());
-      run.step_done(step + 1, resumed.back(), 8);
-      if (run.eval_due(step + 1)) run.log_eval(step + 1, {{"val_loss", resumed.back()}});
-    }
+    resumed = train(run, lin, opt, o, 0, 4);
     run.save(4);
   }
   {
@@ -115,7 +104,7 @@ TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") 
     RunOptions o = make(6, {"--resume"});
     Run run("demo", o, lin, opt, gen, config);
     REQUIRE(run.resume() == 4);
-    auto rest = train(run, lin, opt, o, 4);
+    auto rest = train(run, lin, opt, o, 4, 6);
     resumed.insert(resumed.end(), rest.begin(), rest.end());
   }
   REQUIRE(resumed.size() == straight.size());

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""The sample models and their PyTorch twins (bench/torch_models.py) give the same logits, both ways.
+
+  1. A PyTorch-initialised twin, saved with safetensors.torch.save_file, loads into attograd's model
+     (build/twin_logits) and gives the same logits on a batch.
+  2. A checkpoint trained by an attograd app (--checkpoint app=path, e.g. gpt=runs/gpt/checkpoint.safetensors)
+     loads into the twin with safetensors.torch.load_file (its "model." tensors) and gives the same
+     logits as attograd on the same batch.
+Pass: max |difference| <= 1e-4 everywhere. Needs torch and safetensors (scripts/check-twins.sh makes
+a virtual environment with them). Exit status 1 on any failure.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402
+
+TOL = 1e-4
+CLASSES = {"gpt": torch_models.GPT, "vit": torch_models.ViT, "textclf": torch_models.TextClassifier}
+# small configs for part 1 (the keys of apps/common/models.h)
+SMALL = {
+    "gpt": dict(vocab=40, context=32, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0),
+    "vit": dict(image_size=28, channels=1, patch=7, classes=10, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64,
+                dropout=0.0),
+    "textclf": dict(vocab=300, max_len=64, classes=8, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0),
+}
+
+
+def inputs_for(app, cfg, g):
+    if app == "gpt":
+        return {"idx": torch.randint(0, cfg["vocab"], (3, min(cfg["context"], 24)), generator=g)}
+    if app == "vit":
+        s = cfg["image_size"]
+        return {"images": torch.randn(4, cfg["channels"], s, s, generator=g)}
+    T = min(cfg["max_len"], 20)
+    lengths = torch.tensor([T, 7, 1, 12])
+    tokens = torch.randint(1, cfg["vocab"], (4, T), generator=g)
+    tokens[torch.arange(T)[None, :] >= lengths[:, None]] = 0
+    return {"tokens": tokens, "lengths": lengths}
+
+
+def twin_forward(app, model, inp):
+    model.eval()
+    with torch.no_grad():
+        if app == "textclf":
+            return model(inp["tokens"], inp["lengths"])
+        return model(inp["idx"] if app == "gpt" else inp["images"])
+
+
+def ours(binary, app, cfg, weights, prefix, inp, tmp):
+    inp_path, out_path = os.path.join(tmp, "in.safetensors"), os.path.join(tmp, "out.safetensors")
+    save_file({k: v.contiguous() for k, v in inp.items()}, inp_path)
+    cmd = [binary, "--model", app, "--config", json.dumps(cfg), "--weights", weights, "--inputs", inp_path,
+           "--out", out_path]
+    if prefix:
+        cmd += ["--prefix", prefix]
+    subprocess.run(cmd, check=True)
+    return load_file(out_path)["logits"]
+
+
+def compare(label, a, b):
+    diff = (a - b).abs().max().item()
+    ok = a.shape == b.shape and diff <= TOL
+    print(f"  {label:58s} max |diff| {diff:.2e}  {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def model_config(app, config):
+    """The model's keyword arguments from an app checkpoint's config (its "model" entry, or the
+    whole config), keeping only what the twin takes."""
+    cfg = config.get("model", config)
+    keys = SMALL[app].keys()
+    return {k: cfg[k] for k in keys if k in cfg}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default="build/twin_logits")
+    ap.add_argument("--checkpoint", action="append", default=[], help="app=path of an app checkpoint")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"torch {torch.__version__}: PyTorch-initialised twins loaded into attograd")
+        for app, cfg in SMALL.items():
+            twin = CLASSES[app](**cfg)
+            w = os.path.join(tmp, f"{app}.safetensors")
+            save_file({k: v.contiguous() for k, v in twin.state_dict().items()}, w)
+            inp = inputs_for(app, cfg, g)
+            ok &= compare(f"{app} (twin weights -> attograd)", twin_forward(app, twin, inp),
+                          ours(args.binary, app, cfg, w, "", inp, tmp))
+        print("attograd checkpoints loaded into the twins")
+        for spec in args.checkpoint:
+            app, path = spec.split("=", 1)
+            with safe_open(path, "pt") as f:
+                meta = f.metadata()
+            cfg = model_config(app, json.loads(meta["extra.config"]))
+            twin = CLASSES[app](**cfg)
+            state = {k[len("model."):]: v for k, v in load_file(path).items() if k.startswith("model.")}
+            twin.load_state_dict(state, strict=True)
+            inp = inputs_for(app, {**SMALL[app], **cfg}, g)
+            ok &= compare(f"{app} ({path} -> twin)", twin_forward(app, twin, inp),
+                          ours(args.binary, app, cfg, path, "model.", inp, tmp))
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
