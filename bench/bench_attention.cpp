@@ -1,12 +1,16 @@
 // Fused scaled_dot_product_attention against the same attention written with attograd's own ops
-// (matmul, masked_fill, softmax, matmul), forward + backward, in one run: median time and the peak
+// (matmul, masked_fill, softmax, matmul) and against PyTorch (bench/torch_reference.py attention,
+// when a Python with torch is found), forward + backward, in one run: median time and the peak
 // memory each holds beyond its inputs.
 //
-//   bench_attention [--batch 32] [--heads 4] [--T 256] [--d 32] [--reps 10]
+//   bench_attention [--batch 32] [--heads 4] [--T 256] [--d 32] [--reps 10] [--script PATH]
 #include <CLI/CLI.hpp>
+#include <cblas.h>
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "attograd.h"
 #include "bench/bench_util.h"
@@ -17,11 +21,13 @@ int main(int argc, char** argv) {
   CLI::App app{"attograd: fused attention vs unfused matmul-softmax-matmul"};
   int64_t B = 32, H = 4, T = 256, D = 32;
   int reps = 10;
+  std::string script;
   app.add_option("--batch", B, "batch")->check(CLI::PositiveNumber);
   app.add_option("--heads", H, "heads")->check(CLI::PositiveNumber);
   app.add_option("--T", T, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--d", D, "head size")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--script", script, "bench/torch_reference.py (default: found next to this source)");
   CLI11_PARSE(app, argc, argv);
 
   Generator gen(0);
@@ -56,18 +62,51 @@ int main(int argc, char** argv) {
     return std::pair{secs, double(alloc_stats().peak_bytes_in_use - base)};
   };
 
-  fmt::print("attograd bench_attention: B {} H {} T {} d {}, f32, forward+backward, {} threads\n", B, H, T, D,
-             num_threads());
+  fmt::print("attograd bench_attention: B {} H {} T {} d {}, f32, forward+backward, {} threads, OMP_WAIT_POLICY {}, "
+             "OpenBLAS core {}\n",
+             B, H, T, D, num_threads(), bench::omp_wait_policy(), openblas_get_corename());
   fmt::print("(one q/k/v tensor: {:.1f} MB; one T x T score tensor: {:.1f} MB)\n\n", B * H * T * D * 4 / 1e6,
              B * H * T * T * 4 / 1e6);
-  fmt::print("{:<8} {:>12} {:>12} {:>9} {:>16} {:>16}\n", "mask", "fused ms", "unfused ms", "speedup",
-             "fused peak MB", "unfused peak MB");
+  struct Row {
+    double fused_s, fused_bytes, unfused_s, unfused_bytes;
+  };
+  std::vector<Row> rows;
   for (bool causal : {false, true}) {
     auto [tf, mf] = measure(fused, causal);
     auto [tu, mu] = measure(unfused, causal);
-    fmt::print("{:<8} {:>12.2f} {:>12.2f} {:>9.2f} {:>16.1f} {:>16.1f}\n", causal ? "causal" : "none", tf * 1e3,
-               tu * 1e3, tu / tf, mf / 1e6, mu / 1e6);
+    rows.push_back({tf, mf, tu, mu});
   }
+
+  // PyTorch, same shapes, thread count and repetitions, after ours (so the two never overlap)
+  auto torch = bench::torch_reference(
+      bench::torch_script_path(__FILE__, argv[0], script), "attention",
+      {"--batch", std::to_string(B), "--heads", std::to_string(H), "--T", std::to_string(T), "--d",
+       std::to_string(D), "--threads", std::to_string(num_threads()), "--reps", std::to_string(reps), "--warmup", "2"},
+      {"none", "causal"});
+  if (torch)
+    fmt::print("PyTorch {} ({} threads), attention as: {}\n", (*torch)["torch"].get<std::string>(),
+               (*torch)["threads"].get<int>(), (*torch)["impl"].get<std::string>());
+  fmt::print("\n{:<8} {:>10} {:>12} {:>8} {:>10} {:>12} {:>14} {:>11} {:>13} {:>13}\n", "mask", "fused ms",
+             "unfused ms", "speedup", "torch ms", "torch/fused", "torch/unfused", "fused MB", "unfused MB",
+             "torch RSS MB");
+  for (bool causal : {false, true}) {
+    const Row& r = rows[causal];
+    fmt::print("{:<8} {:>10.2f} {:>12.2f} {:>8.2f}", causal ? "causal" : "none", r.fused_s * 1e3, r.unfused_s * 1e3,
+               r.unfused_s / r.fused_s);
+    if (torch) {
+      const auto& t = torch->at("results").at(causal ? "causal" : "none");
+      const double ms = t["ms"].get<double>();
+      fmt::print(" {:>10.2f} {:>12.2f} {:>14.2f}", ms, ms / (r.fused_s * 1e3), ms / (r.unfused_s * 1e3));
+      fmt::print(" {:>11.1f} {:>13.1f} {:>13.1f}\n", r.fused_bytes / 1e6, r.unfused_bytes / 1e6,
+                 t["peak_rss_mb"].get<double>());
+    } else {
+      fmt::print(" {:>10} {:>12} {:>14} {:>11.1f} {:>13.1f} {:>13}\n", "-", "-", "-", r.fused_bytes / 1e6,
+                 r.unfused_bytes / 1e6, "-");
+    }
+  }
+  fmt::print("\nspeedup = unfused / fused; torch/x = PyTorch ms / attograd ms (> 1: attograd is faster).\n");
+  fmt::print("fused/unfused MB: peak bytes held beyond the inputs (alloc_stats). torch RSS MB: growth of the\n"
+             "PyTorch process's max RSS over its warm-up and timed runs (CPU torch keeps no allocator stats).\n");
   fmt::print("\nTarget: fused >= 2x faster than unfused, peak extra memory O(B*H*T*d).\n");
   return 0;
 }

@@ -1,8 +1,19 @@
 #pragma once
-// Timing helpers shared by the benchmarks: median of repeated runs after warm-up.
+// Helpers shared by the benchmarks: the median of repeated runs after warm-up, and the PyTorch
+// column: finding a Python that has torch, running bench/torch_reference.py with the same shapes
+// and thread count, and reading back its one line of JSON.
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
 #include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 namespace bench {
 
@@ -18,6 +29,113 @@ double median_seconds(F&& fn, int reps = 20, int warmup = 3) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// ---- the PyTorch column ------------------------------------------------------------------------
+
+// s quoted for /bin/sh: inside single quotes every character is literal except ' itself.
+inline std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `command` through the shell and returns its stdout, or nullopt if it could not start or
+// exited non-zero. Its stderr goes to ours, so a failing script shows its traceback.
+inline std::optional<std::string> shell_output(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return std::nullopt;
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  if (status != 0) return std::nullopt;
+  return out;
+}
+
+// OMP_WAIT_POLICY as this process (and the PyTorch child, which inherits it) sees it. On a shared
+// machine the default (spin for a while) can stall both sides; see bench/torch_reference.py.
+inline std::string omp_wait_policy() {
+  const char* p = std::getenv("OMP_WAIT_POLICY");
+  return p && *p ? p : "unset";
+}
+
+// The first of $ATTOGRAD_PYTHON, python3, /usr/bin/python3 for which `import torch` works;
+// empty when none does.
+inline std::string find_torch_python() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("ATTOGRAD_PYTHON"); env && *env) candidates.push_back(env);
+  candidates.push_back("python3");
+  candidates.push_back("/usr/bin/python3");
+  for (const auto& py : candidates)
+    if (std::system((shell_quote(py) + " -c 'import torch' > /dev/null 2>&1").c_str()) == 0) return py;
+  return {};
+}
+
+// bench/torch_reference.py, found next to the benchmark's source file (pass __FILE__, which CMake
+// makes absolute), else relative to the binary (build-*/bench_x -> ../bench/), else the working
+// directory. `override_path` (a --script option) wins when set. Empty when not found.
+inline std::string torch_script_path(const char* source_file, const char* argv0, const std::string& override_path) {
+  namespace fs = std::filesystem;
+  if (!override_path.empty()) return fs::exists(override_path) ? override_path : std::string();
+  const std::string name = "torch_reference.py";
+  std::error_code ec;
+  for (const fs::path& p : {fs::path(source_file).parent_path() / name,
+                            fs::absolute(argv0, ec).parent_path().parent_path() / "bench" / name,
+                            fs::path("bench") / name})
+    if (fs::exists(p, ec)) return p.string();
+  return {};
+}
+
+// The PyTorch side of one benchmark: `python script <subcommand> --json <args>`, parsed from the
+// last line of its output, which must hold results[v].ms and results[v].peak_rss_mb for every
+// variant v. nullopt (after printing why, visibly) when torch or the script is missing or the run
+// failed; the benchmark then prints its own numbers alone and still exits 0.
+inline std::optional<nlohmann::json> torch_reference(const std::string& script, const std::string& subcommand,
+                                                     const std::vector<std::string>& args,
+                                                     const std::vector<std::string>& variants) {
+  const std::string python = find_torch_python();
+  if (python.empty()) {
+    fmt::print("PyTorch: not found (set ATTOGRAD_PYTHON to a Python that has torch)\n");
+    return std::nullopt;
+  }
+  if (script.empty()) {
+    fmt::print("PyTorch: bench/torch_reference.py not found (pass --script PATH)\n");
+    return std::nullopt;
+  }
+  std::string cmd = shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(subcommand) + " --json";
+  for (const auto& a : args) cmd += " " + shell_quote(a);
+  std::fflush(stdout);  // our lines first, then whatever the child prints to stderr
+  const auto out = shell_output(cmd);
+  if (!out) {
+    fmt::print("PyTorch: `{}` failed (see its error above)\n", cmd);
+    return std::nullopt;
+  }
+  std::string line;  // the last non-empty line
+  for (size_t a = 0, b; a < out->size(); a = b + 1) {
+    b = out->find('\n', a);
+    if (b == std::string::npos) b = out->size();
+    if (b > a) line = out->substr(a, b - a);
+  }
+  const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  auto complete = [&] {
+    if (!j.is_object() || !j.contains("results") || !j["results"].is_object()) return false;
+    for (const auto& v : variants) {
+      if (!j["results"].contains(v)) return false;
+      const auto& r = j["results"][v];
+      if (!r.is_object() || !r.contains("ms") || !r["ms"].is_number() || !r.contains("peak_rss_mb") ||
+          !r["peak_rss_mb"].is_number())
+        return false;
+    }
+    return j.contains("torch") && j["torch"].is_string() && j.contains("threads") && j["threads"].is_number() &&
+           j.contains("impl") && j["impl"].is_string();
+  };
+  if (j.is_discarded() || !complete()) {
+    fmt::print("PyTorch: could not read the JSON line of `{}`: '{}'\n", cmd, line);
+    return std::nullopt;
+  }
+  return j;
 }
 
 }  // namespace bench

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""The PyTorch side of attograd's benchmarks: the same computation, shapes and thread count.
+
+One subcommand per benchmark; each prints ONE line of JSON on stdout (with --json) that the C++
+benchmark parses (bench/bench_util.h), or a readable table without it. Later benchmarks add a
+subcommand here.
+
+    torch_reference.py attention --json --batch 32 --heads 4 --T 256 --d 32 --threads 2 --reps 10
+    torch_reference.py block     --json --batch 32 --T 128 --d 128 --heads 4 --threads 2 --reps 20
+
+The environment is inherited from the C++ benchmark, so both sides run under the same OpenMP
+settings. Mind OMP_WAIT_POLICY: by default PyTorch's OpenMP workers spin between parallel regions
+while the OpenBLAS it calls for every matmul (a pthreads build here, with its own threads) wants
+the same cores, and on a shared 2-core machine spinning threads of either program stall each other
+(10-100x slower steps measured under load); OMP_WAIT_POLICY=PASSIVE avoids both.
+
+Every subcommand reports, per variant (no mask / causal): the median wall time in ms of
+forward + backward over --reps runs after --warmup runs, and "peak_rss_mb". CPU PyTorch keeps no
+allocator statistics, so that is the closest measure of the peak memory one step holds beyond
+its inputs: how much the process's max resident set size (getrusage ru_maxrss, a high-water mark)
+grew over the warm-up and timed runs, the mark being reset (malloc_trim, then "5" into
+/proc/self/clear_refs) after the first warm-up run. It counts pages, not tensors (allocator
+slack and freed-but-kept memory included), so compare it with attograd's byte counts loosely.
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402  (bench/torch_models.py: the twins of attograd's models)
+
+
+def max_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def reset_max_rss():
+    """Hands the memory malloc keeps from earlier runs back to the system (malloc_trim), then resets
+    the max-RSS high-water mark to the current RSS (Linux >= 4.0: "5" > clear_refs), so each
+    variant gets its own peak. Returns False where the reset is not possible: then only the first
+    variant's figure is its own (later ones read the growth above the earlier peak)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(step, reps, warmup):
+    """Median ms of step() over reps runs after warmup runs, and the growth of max RSS over them.
+    The mark is reset after the first warm-up run, so pages touched once and kept (OpenBLAS's
+    buffers sized to this problem) count as baseline, as they would in a training loop."""
+    step()
+    reset = reset_max_rss()
+    base = max_rss_bytes()
+    for _ in range(warmup - 1):
+        step()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    median = sorted(times)[len(times) // 2]  # the upper middle for even reps, as bench::median_seconds
+    return {"ms": median * 1e3, "peak_rss_mb": (max_rss_bytes() - base) / 1e6, "rss_reset": reset}
+
+
+def has_sdpa():
+    return hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0
+
+
+def attention(q, k, v, causal):
+    """softmax(q k^T / sqrt(d) [+ causal mask]) v over (B, H, T, d); the fused kernel when torch
+    has one, else the explicit math (what torch < 2.0 users write)."""
+    if has_sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    T = q.shape[-2]
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)  # key j > query i
+        s = s.masked_fill(future, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def warm_up_library():
+    """Runs a tiny forward+backward first, so one-time library set-up (thread pools, oneDNN) is
+    not counted in the peak RSS of the first measured variant."""
+    a = torch.randn(4, 8, 8, requires_grad=True)
+    attention(a, a, a, True).sum().backward()
+    F.layer_norm(F.gelu(F.linear(a, torch.randn(8, 8))), (8,)).sum().backward()
+
+
+def cmd_attention(args):
+    gen = torch.Generator().manual_seed(0)
+    shape = (args.batch, args.heads, args.T, args.d)
+    q, k, v = (torch.randn(shape, generator=gen).requires_grad_() for _ in range(3))
+    g = torch.randn(shape, generator=gen)
+    out = {}
+    for causal in (False, True):
+
+        def step():
+            q.grad = k.grad = v.grad = None
+            attention(q, k, v, causal).backward(g)
+
+        out["causal" if causal else "none"] = measure(step, args.reps, args.warmup)
+    return {"impl": "F.scaled_dot_product_attention" if has_sdpa() else "math (q@k^T*scale, masked_fill, softmax, @v)",
+            "results": out}
+
+
+def cmd_block(args):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, args.T, args.d, generator=gen).requires_grad_()
+    g = torch.randn(args.batch, args.T, args.d, generator=gen)
+    out = {}
+    for causal in (False, True):
+        block = torch_models.Block(args.d, args.heads, args.hidden or 4 * args.d, 0.0, causal)  # nn/transformer.h's twin
+
+        def step():
+            block.zero_grad(set_to_none=True)
+            x.grad = None
+            block(x).backward(g)
+
+        out["causal" if causal else "none"] = measure(step, args.reps, args.warmup)
+    return {"impl": "torch.nn modules, attention: " + ("F.scaled_dot_product_attention" if has_sdpa() else "math"),
+            "results": out}
+
+
+def attention_args(s):
+    s.add_argument("--batch", type=int, default=32)
+    s.add_argument("--heads", type=int, default=4)
+    s.add_argument("--T", type=int, default=256)
+    s.add_argument("--d", type=int, default=32, help="head size")
+
+
+def block_args(s):
+    s.add_argument("--batch", type=int, default=32)
+    s.add_argument("--T", type=int, default=128)
+    s.add_argument("--d", type=int, default=128, help="model width")
+    s.add_argument("--heads", type=int, default=4, help="must divide --d")
+    s.add_argument("--hidden", type=int, default=0, help="MLP width; 0: 4 d")
+
+
+# name: (function returning {"impl": str, "results": {variant: measure(...)}}, its own options).
+# A new benchmark adds one entry here.
+SUBCOMMANDS = {"attention": (cmd_attention, attention_args), "block": (cmd_block, block_args)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, (_, add_args) in SUBCOMMANDS.items():
+        s = sub.add_parser(name)
+        s.add_argument("--json", action="store_true", help="print one line of JSON")
+        s.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch.set_num_threads")
+        s.add_argument("--reps", type=int, default=10, help="timed runs (median reported)")
+        s.add_argument("--warmup", type=int, default=2, help="untimed runs first (at least 1)")
+        add_args(s)
+    args = p.parse_args()
+    if args.threads < 1 or args.reps < 1 or args.warmup < 1:
+        p.error("--threads, --reps and --warmup must be >= 1")
+    if args.cmd == "block" and args.d % args.heads != 0:
+        p.error(f"--heads {args.heads} must divide --d {args.d}")
+    torch.set_num_threads(args.threads)
+    warm_up_library()
+    result = {"cmd": args.cmd, "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset")}
+    result.update(SUBCOMMANDS[args.cmd][0](args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"torch {result['torch']}, {result['threads']} threads, OMP_WAIT_POLICY {result['omp_wait_policy']}, "
+              f"{args.cmd}: {result['impl']}")
+        for variant, r in result["results"].items():
+            print(f"  {variant:<7} {r['ms']:9.2f} ms   peak RSS growth {r['peak_rss_mb']:8.1f} MB"
+                  + ("" if r["rss_reset"] else " (mark not reset)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
