@@ -72,6 +72,9 @@ TEST_CASE("attention: fused equals composed across several tiles (f32, T = 150)"
   SdpaOptions win;
   win.window = 40;
   compare_paths(1, 2, 150, 150, 8, 8, win, DType::f32, 2e-5);
+  // head sizes that fill the register blocks (32 columns) and leave a remainder
+  compare_paths(1, 2, 70, 70, 40, 40, SdpaOptions{}, DType::f32, 2e-5);
+  compare_paths(1, 1, 33, 300, 64, 48, causal, DType::f32, 2e-5);
 }
 
 TEST_CASE("attention: a query that sees no key gives zeros and zero gradients, not NaN") {
