@@ -82,9 +82,17 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
 
   if (o.return_weights) return attention_composed(q, k, v, o, scale, visibility(o, B, Tq, Tk, lengths, kmask));
 
-  Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
-  Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
+  // q, k, v are read where they are when their rows are unit-stride (the heads of a fused QKV
+  // projection, a KV cache's first positions): no copy. Anything else is copied once.
+  auto readable = [](const Tensor& t, cpu::Strides& s) {
+    Tensor r = t.detach();
+    if (r.stride(3) != 1) r = r.contiguous();
+    s = {r.stride(0), r.stride(1), r.stride(2)};
+    return r;
+  };
   cpu::AttentionGeom g;
+  Tensor qc = readable(q, g.q), kc = readable(k, g.k), vc = readable(v, g.v);
+  Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
   g.BH = B * H, g.H = H, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;
   g.causal = o.causal, g.window = o.window;
   g.lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
@@ -98,7 +106,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   });
   // saves q, k, v, out and lse (O(T) per row), and the masks the geometry points into
   record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, g](const Tensor& dout) {
-    Tensor gc = dout.contiguous(), dq = zeros_like(qc), dk = zeros_like(kc), dv = zeros_like(vc);
+    Tensor gc = dout.contiguous(), dq = zeros_like(qc), dk = zeros_like(kc), dv = zeros_like(vc);  // contiguous
     visit_floating("scaled_dot_product_attention", qc.dtype(), [&]<class T>() {
       KERNEL(qc.device(), attention_backward<T>, dq.data<T>(), dk.data<T>(), dv.data<T>(), gc.data<T>(),
              qc.data<T>(), kc.data<T>(), vc.data<T>(), o_.data<T>(), lse.data<T>(), g);

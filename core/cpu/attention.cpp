@@ -152,11 +152,21 @@ void tile_product(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t 
 // xt (contiguous stores): transposing each tile's block down the columns of xt, kBk elements
 // apart, thrashed the L1 (the 32 stores of a row of x fell into 4 cache sets) and took 14% of the
 // step (perf); as here, the step took 12-17% less time.
+// x has row stride ld (>= cols).
 template <class T>
-void transpose(T* xt, const T* x, int64_t rows, int64_t cols) {
+void transpose(T* xt, const T* x, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t c = 0; c < cols; ++c)
 #pragma omp simd
-    for (int64_t r = 0; r < rows; ++r) xt[c * rows + r] = x[r * cols + c];
+    for (int64_t r = 0; r < rows; ++r) xt[c * rows + r] = x[r * ld + c];
+}
+
+// Where head bh of a (B, H, T, D) input starts, and its row stride.
+struct HeadView {
+  int64_t offset, ld;
+};
+HeadView head_view(const Strides& s, int64_t bh, int64_t H, int64_t T, int64_t D) {
+  const int64_t t = s.t >= 0 ? s.t : D, h = s.h >= 0 ? s.h : T * t, b = s.b >= 0 ? s.b : H * h;
+  return {(bh / H) * b + (bh % H) * h, t};
 }
 
 }  // namespace
@@ -171,10 +181,11 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
     std::vector<KeyRange> range(kBq);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t bh = w / nqb, i0 = (w % nqb) * kBq, nq = std::min(kBq, g.Tq - i0), b = bh / g.H;
-      const T* Q = q + (bh * g.Tq + i0) * D;
-      const T* K = k + bh * g.Tk * D;
-      const T* V = v + bh * g.Tk * Dv;
-      if (kt_of != bh) transpose(Kt.data(), K, g.Tk, D), kt_of = bh;  // K^T (D, Tk)
+      const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, bh, g.H, g.Tk, D),
+                     hv = head_view(g.v, bh, g.H, g.Tk, Dv);
+      const T* Q = q + hq.offset + i0 * hq.ld;
+      const T* V = v + hv.offset;
+      if (kt_of != bh) transpose(Kt.data(), k + hk.offset, g.Tk, D, hk.ld), kt_of = bh;  // K^T (D, Tk)
       int64_t jlo = g.Tk, jhi = 0;  // keys any row of the block may see
       for (int64_t i = 0; i < nq; ++i) {
         range[i] = key_range(g, b, i0 + i);
@@ -185,7 +196,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       for (int64_t j0 = jlo; j0 < jhi; j0 += kBk) {
         const int64_t nk = std::min(kBk, jhi - j0);
         // S = scale Q K_j^T   (nq, nk)
-        tile_product(nq, nk, D, T(g.scale), Q, D, 1, Kt.data() + j0, g.Tk, S.data(), kBk, false);
+        tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, g.Tk, S.data(), kBk, false);
         for (int64_t i = 0; i < nq; ++i) {
           T* s = S.data() + i * kBk;
           hide_keys(s, g, b, j0, nk, range[i], ninf);
@@ -213,7 +224,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
             for (int64_t j = 0; j < nk; ++j) s[j] *= keep_factor<T>(g, bh, i0 + i, j0 + j);
         }
         // acc += P V_j   (nq, Dv)
-        tile_product(nq, Dv, nk, T(1), S.data(), kBk, 1, V + j0 * Dv, Dv, acc.data(), Dv, true);
+        tile_product(nq, Dv, nk, T(1), S.data(), kBk, 1, V + j0 * hv.ld, hv.ld, acc.data(), Dv, true);
       }
       for (int64_t i = 0; i < nq; ++i) {
         T* o = out + (bh * g.Tq + i0 + i) * Dv;
@@ -244,13 +255,15 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     std::vector<KeyRange> range(kBq);
     for (int64_t bh = w0; bh < w1; ++bh) {
       const int64_t b = bh / g.H;
-      const T *K = k + bh * g.Tk * D, *V = v + bh * g.Tk * Dv;
+      const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, bh, g.H, g.Tk, D),
+                     hv = head_view(g.v, bh, g.H, g.Tk, Dv);
+      const T* K = k + hk.offset;
       T *dK = dk + bh * g.Tk * D, *dV = dv + bh * g.Tk * Dv;
-      transpose(Kt.data(), K, g.Tk, D);   // K^T (D, Tk)
-      transpose(Vt.data(), V, g.Tk, Dv);  // V^T (Dv, Tk)
+      transpose(Kt.data(), K, g.Tk, D, hk.ld);         // K^T (D, Tk)
+      transpose(Vt.data(), v + hv.offset, g.Tk, Dv, hv.ld);  // V^T (Dv, Tk)
       for (int64_t i0 = 0; i0 < g.Tq; i0 += kBq) {
         const int64_t nq = std::min(kBq, g.Tq - i0);
-        const T *Q = q + (bh * g.Tq + i0) * D, *dO = dout + (bh * g.Tq + i0) * Dv, *O = out + (bh * g.Tq + i0) * Dv;
+        const T *Q = q + hq.offset + i0 * hq.ld, *dO = dout + (bh * g.Tq + i0) * Dv, *O = out + (bh * g.Tq + i0) * Dv;
         const T* L = lse + bh * g.Tq + i0;
         T* dQ = dq + (bh * g.Tq + i0) * D;
         int64_t jlo = g.Tk, jhi = 0;
@@ -264,7 +277,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         }
         for (int64_t j0 = jlo; j0 < jhi; j0 += kBk) {
           const int64_t nk = std::min(kBk, jhi - j0);
-          tile_product(nq, nk, D, T(g.scale), Q, D, 1, Kt.data() + j0, g.Tk, P.data(), kBk, false);  // S
+          tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, g.Tk, P.data(), kBk, false);  // S
           tile_product(nq, nk, Dv, T(1), dO, Dv, 1, Vt.data() + j0, g.Tk, dP.data(), kBk, false);    // dO V^T
           for (int64_t i = 0; i < nq; ++i) {
             T *p = P.data() + i * kBk, *dp = dP.data() + i * kBk;
@@ -289,8 +302,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           }
           // dV_j += (P M)^T dO ;  dQ_i += scale dS K_j ;  dK_j += scale dS^T Q_i
           tile_product(nk, Dv, nq, T(1), P.data(), 1, kBk, dO, Dv, dV + j0 * Dv, Dv, true);
-          tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * D, D, dQ, D, true);
-          tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, D, dK + j0 * D, D, true);
+          tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * hk.ld, hk.ld, dQ, D, true);
+          tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, hq.ld, dK + j0 * D, D, true);
         }
       }
     }

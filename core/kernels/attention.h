@@ -2,15 +2,23 @@
 // Fused scaled dot-product attention (math in autograd/ops.h, scaled_dot_product_attention).
 //
 //   q (BH, Tq, D), k (BH, Tk, D), v (BH, Tk, Dv), out and dout (BH, Tq, Dv), lse (BH, Tq)
-//   BH = batch * heads, all contiguous. lse is the log-sum-exp of each row of scaled, masked scores
+//   BH = batch * heads. out, dout, lse and the gradients are contiguous; q, k and v may be views
+//   (the heads of a fused QKV projection, a KV cache's first L positions): each is read through
+//   its Strides, with unit stride along D. Default Strides mean contiguous. lse is the log-sum-exp of each row of scaled, masked scores
 //   (+inf for a row with no visible key), the one number per row that backward needs to rebuild
 //   the softmax: P = exp(S - lse). No Tq x Tk matrix is ever stored.
 #include <cstdint>
 
 namespace ag::cpu {
 
+// Element strides of a (B, H, T, D) tensor along B, H and T; -1: that of a contiguous one.
+struct Strides {
+  int64_t b = -1, h = -1, t = -1;
+};
+
 struct AttentionGeom {
   int64_t BH = 0, H = 1, Tq = 0, Tk = 0, D = 0, Dv = 0;
+  Strides q, k, v;
   double scale = 1;             // usually 1 / sqrt(D)
   bool causal = false;          // query i sees keys <= i + (Tk - Tq) (bottom-right aligned)
   int64_t window = -1;          // >= 0: only keys j with |i' - j| <= window, i' = i + Tk - Tq
