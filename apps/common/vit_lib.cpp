@@ -1,0 +1,248 @@
+#include "apps/common/vit_lib.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/core.h>
+
+#include "apps/common/plot.h"
+#include "autograd/ops.h"
+#include "autograd/tape.h"
+#include "core/error.h"
+#include "optim/clip.h"
+
+namespace ag::apps {
+
+// ---- the run's config --------------------------------------------------------------------------
+
+nlohmann::json vit_config_to_json(const VitRunConfig& c) {
+  const ViTConfig& m = c.model;
+  return {{"dataset", c.dataset},       {"image_size", m.image_size}, {"channels", m.channels},
+          {"patch", m.patch},           {"classes", m.classes},       {"d_model", m.d_model},
+          {"n_heads", m.n_heads},       {"n_layers", m.n_layers},     {"mlp_hidden", m.mlp_hidden},
+          {"dropout", m.dropout},       {"label_smoothing", c.label_smoothing},
+          {"crop_pad", c.augment.pad},  {"flip", c.augment.flip}};
+}
+
+namespace {
+// j[key] as T, or an ag::Error naming the key (nlohmann's own message says neither which key
+// nor which file).
+template <class T>
+T config_value(const nlohmann::json& j, const char* key) {
+  check(j.is_object() && j.contains(key), "vit: the config has no '{}' entry: {}", key, j.dump());
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("vit: the config's '{}' entry has the wrong type: {}", key, j.at(key).dump()));
+  }
+}
+}  // namespace
+
+VitRunConfig vit_config_from_json(const nlohmann::json& j) {
+  VitRunConfig c;
+  c.dataset = config_value<std::string>(j, "dataset");
+  c.model.image_size = config_value<int64_t>(j, "image_size");
+  c.model.channels = config_value<int64_t>(j, "channels");
+  c.model.patch = config_value<int64_t>(j, "patch");
+  c.model.classes = config_value<int64_t>(j, "classes");
+  c.model.d_model = config_value<int64_t>(j, "d_model");
+  c.model.n_heads = config_value<int64_t>(j, "n_heads");
+  c.model.n_layers = config_value<int64_t>(j, "n_layers");
+  c.model.mlp_hidden = config_value<int64_t>(j, "mlp_hidden");
+  c.model.dropout = config_value<double>(j, "dropout");
+  c.label_smoothing = config_value<double>(j, "label_smoothing");
+  c.augment.pad = config_value<int>(j, "crop_pad");
+  c.augment.flip = config_value<bool>(j, "flip");
+  return c;
+}
+
+// ---- data --------------------------------------------------------------------------------------
+
+const std::vector<std::string>& vit_datasets() {
+  static const std::vector<std::string> names = {"fashion-mnist", "mnist", "cifar10"};
+  return names;
+}
+
+std::string default_data_dir(const std::string& dataset) {
+  if (dataset == "fashion-mnist") return data::kFashionMnistDir;
+  if (dataset == "mnist") return "data/mnist";
+  if (dataset == "cifar10") return "data/cifar10";
+  throw Error(fmt::format("vit: unknown dataset '{}' (expected fashion-mnist, mnist or cifar10)", dataset));
+}
+
+VitData load_vit_data(const std::string& dataset, const std::string& dir) {
+  const std::string d = dir.empty() ? default_data_dir(dataset) : dir;
+  VitData v;
+  if (dataset == "fashion-mnist")
+    v.splits = data::load_fashion_mnist(d);
+  else if (dataset == "mnist")
+    v.splits = data::load_mnist(d);
+  else if (dataset == "cifar10")
+    v.splits = data::load_cifar10(d);
+  else
+    default_data_dir(dataset);  // raises the unknown-dataset error
+  // The training set's own statistics (for the real datasets these are the published constants
+  // up to rounding); the test set is normalised with the same numbers.
+  v.norm = data::channel_stats(v.splits.train);
+  return v;
+}
+
+void fit_model_to_data(ViTConfig& model, const data::ImageDataset& ds) {
+  check(ds.height == ds.width, "vit: images of {}x{} pixels are not square", ds.height, ds.width);
+  model.image_size = ds.height;
+  model.channels = ds.channels;
+  model.classes = ds.num_classes;
+}
+
+std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::ImageDataset& train,
+                                                                 const data::Normalization& norm,
+                                                                 const data::Augment& augment, int64_t batch,
+                                                                 uint64_t seed, int64_t start_step, int prefetch) {
+  check(batch >= 1 && batch <= train.size(), "vit: batch {} must be in [1, {}] (the training set's size)", batch,
+        train.size());
+  data::LoaderOptions lo;
+  lo.batch_size = batch;
+  lo.seed = seed;
+  lo.drop_last = true;  // every step sees a full batch
+  lo.prefetch = prefetch;
+  // The loader calls make_batch for its batches strictly in order (on its worker thread, one at a
+  // time), starting with the step it is seeked to, so `step` counts the batch being made.
+  auto make = [&train, norm, augment, batch, step = start_step, aug_seed = seed + 1](
+                  std::span<const int64_t> indices) mutable {
+    Generator gen(aug_seed);
+    gen.set_offset(uint64_t(step) * uint64_t(batch));
+    ++step;
+    return data::make_batch(train, indices, norm, augment, &gen);
+  };
+  auto loader = std::make_unique<data::DataLoader<data::Batch>>(train.size(), lo, make);
+  loader->seek(start_step);
+  return loader;
+}
+
+// ---- training and evaluation -------------------------------------------------------------------
+
+double train_step(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing, double clip) {
+  model.train();
+  Tensor logits = model.forward(batch.images);  // (B, K)
+  Tensor loss = cross_entropy(logits, batch.labels, "mean", -100, label_smoothing);
+  opt.zero_grad();
+  loss.backward();
+  if (clip > 0) optim::clip_grad_norm(opt.params(), clip);
+  opt.step();
+  return loss.item<double>();
+}
+
+EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm, int64_t batch,
+                    int64_t limit) {
+  check(batch >= 1, "vit: evaluation batch must be >= 1, got {}", batch);
+  const int64_t n = limit > 0 ? std::min(limit, ds.size()) : ds.size();
+  check(n >= 1, "vit: nothing to evaluate: the dataset is empty");
+  const bool was_training = model.is_training();
+  model.eval();
+  NoGradGuard no_grad;
+  EvalResult r;
+  r.confusion = int64_t(ds.class_names.size()) == ds.num_classes ? ConfusionMatrix(ds.class_names)
+                                                                  : ConfusionMatrix(ds.num_classes);
+  double loss_sum = 0;
+  std::vector<int64_t> indices;
+  for (int64_t b0 = 0; b0 < n; b0 += batch) {
+    indices.resize(size_t(std::min(batch, n - b0)));
+    std::iota(indices.begin(), indices.end(), b0);
+    data::Batch b = data::make_batch(ds, indices, norm);
+    Tensor logits = model.forward(b.images);
+    loss_sum += cross_entropy(logits, b.labels, "sum").item<double>();
+    r.confusion->add(b.labels.to_vector<int64_t>(), argmax(logits, 1).to_vector<int64_t>());
+  }
+  model.train(was_training);
+  r.samples = n;
+  r.loss = loss_sum / double(n);
+  r.accuracy = r.confusion->accuracy();
+  return r;
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+
+std::vector<std::vector<double>> class_token_attention(const Tensor& weights, int64_t grid_h, int64_t grid_w) {
+  const int64_t N = grid_h * grid_w;
+  check(grid_h >= 1 && grid_w >= 1 && weights.ndim() == 4 && weights.size(2) == N + 1 && weights.size(3) == N + 1,
+        "vit: expected attention weights (B, H, {}, {}) for a {}x{} patch grid and the class token, got {}", N + 1,
+        N + 1, grid_h, grid_w, weights.shape());
+  NoGradGuard no_grad;
+  // (B, H, T, T) -> row 0, the class token's query: (B, H, T) -> keys 1..N: (B, H, N) -> mean over H
+  Tensor cls = mean(weights.select(2, 0).narrow(2, 1, N), {1});  // (B, N)
+  const std::vector<double> v = cls.to(DType::f64).to_vector<double>();
+  std::vector<std::vector<double>> grids;
+  for (int64_t b = 0; b < cls.size(0); ++b) grids.emplace_back(v.begin() + b * N, v.begin() + (b + 1) * N);
+  return grids;
+}
+
+namespace {
+
+// The width="..." or height="..." of an SVG's root element.
+double svg_size(const std::string& svg, const char* attr) {
+  const size_t root = svg.find("<svg");
+  const size_t at = svg.find(fmt::format(" {}=\"", attr), root);
+  check(root != std::string::npos && at != std::string::npos, "vit: an SVG without a root {}", attr);
+  return std::stod(svg.substr(at + std::char_traits<char>::length(attr) + 3));
+}
+
+// Several SVG documents as nested <svg> elements of one, `columns` per row (each cell as large as
+// the largest of them).
+std::string svg_grid(const std::vector<std::string>& parts, int columns) {
+  double cell_w = 0, cell_h = 0;
+  for (const auto& p : parts) cell_w = std::max(cell_w, svg_size(p, "width")), cell_h = std::max(cell_h, svg_size(p, "height"));
+  const int cols = std::min<int>(columns, int(parts.size()));
+  const int rows = (int(parts.size()) + cols - 1) / cols;
+  std::string svg = fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\">\n"
+      "<rect x=\"0\" y=\"0\" width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
+      cols * cell_w, rows * cell_h);
+  for (size_t k = 0; k < parts.size(); ++k) {
+    std::string one = parts[k].substr(parts[k].find("<svg"));  // no XML declaration inside
+    one.replace(0, 4, fmt::format("<svg x=\"{}\" y=\"{}\"", double(k % size_t(cols)) * cell_w,
+                                  double(k / size_t(cols)) * cell_h));
+    svg += one;
+  }
+  return svg + "</svg>\n";
+}
+
+std::string class_name(const data::ImageDataset& ds, int64_t c) {
+  return c >= 0 && c < int64_t(ds.class_names.size()) ? ds.class_names[size_t(c)] : std::to_string(c);
+}
+
+}  // namespace
+
+std::string attention_overlay_svg(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm,
+                                  std::span<const int64_t> indices, int columns) {
+  check(!indices.empty() && columns >= 1, "vit: attention overlay needs images and columns >= 1, got {} and {}",
+        indices.size(), columns);
+  const bool was_training = model.is_training();
+  model.eval();
+  model.need_weights = true;
+  NoGradGuard no_grad;
+  data::Batch b = data::make_batch(ds, indices, norm);
+  Tensor probs = softmax(model.forward(b.images), 1);  // (B, K)
+  model.need_weights = false;
+  model.train(was_training);
+  const int64_t G = model.cfg.image_size / model.cfg.patch;
+  const auto grids = class_token_attention((*model.blocks)[model.blocks->size() - 1].attn_weights, G, G);
+  for (const auto& block : *model.blocks) block->attn_weights = Tensor();  // (B, H, T, T) each: free them
+
+  const std::vector<int64_t> pred = argmax(probs, 1).to_vector<int64_t>();
+  const std::vector<float> p = probs.to_vector<float>();
+  const int64_t K = probs.size(1);
+  std::vector<std::string> parts;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const int64_t i = indices[k], truth = ds.labels[size_t(i)];
+    OverlayOptions o;
+    o.title = fmt::format("#{} {}: predicted {} ({:.0f}%)", i, class_name(ds, truth), class_name(ds, pred[k]),
+                          100.0 * p[k * size_t(K) + size_t(pred[k])]);
+    o.scale = ds.height <= 32 ? 8 : 2;
+    parts.push_back(svg_image_overlay(image_from_u8(ds.image(i), ds.channels, ds.height, ds.width), grids[k],
+                                      int(G), int(G), o));
+  }
+  return svg_grid(parts, columns);
+}
+
+}  // namespace ag::apps

@@ -1,0 +1,97 @@
+#pragma once
+// What apps/vit.cpp does outside its main(): the run's config as JSON (saved in checkpoints), the
+// datasets it knows, the seeded training batches, one training step, the evaluation on the test
+// set and the class token's attention over the patch grid. Kept here so tests/apps/test_vit.cpp
+// can run each piece on a tiny model and synthetic data.
+//
+// Shapes: B images in a batch, C channels, S x S pixels, patch P, grid G = S / P, N = G*G patches,
+// T = N + 1 tokens (the class token first), H heads, K classes.
+//   images  f32 (B, C, S, S)    labels i64 (B)    logits f32 (B, K)
+//   attention weights of a block   (B, H, T, T)   row 0 = what the class token looks at
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/common/models.h"
+#include "apps/common/report.h"
+#include "data/images.h"
+#include "data/loader.h"
+#include "optim/optimizer.h"
+
+namespace ag::apps {
+
+// ---- the run's config --------------------------------------------------------------------------
+// Everything needed to rebuild the model and its data; saved with every checkpoint (so that
+// --eval-only needs nothing but the checkpoint) and in the report.
+struct VitRunConfig {
+  ViTConfig model;                        // image_size, channels, classes follow the dataset
+  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | cifar10
+  double label_smoothing = 0.1;           // of the training loss (the test loss uses none)
+  data::Augment augment;                  // training only: random crop (pad) and flip
+};
+nlohmann::json vit_config_to_json(const VitRunConfig& c);
+// The inverse of vit_config_to_json; an ag::Error names a missing or mistyped key.
+VitRunConfig vit_config_from_json(const nlohmann::json& j);
+
+// ---- data --------------------------------------------------------------------------------------
+// The datasets --dataset accepts and where each is looked for when --data-dir is not given.
+const std::vector<std::string>& vit_datasets();  // {"fashion-mnist", "mnist", "cifar10"}
+std::string default_data_dir(const std::string& dataset);
+
+struct VitData {
+  data::ImageSplits splits;   // train, test
+  data::Normalization norm;   // the training set's per-channel statistics
+};
+// Reads the dataset's files from `dir` (default_data_dir when empty). Raises data::DatasetNotFound
+// (saying which package or download to get) when they are missing, ag::Error for an unknown
+// dataset name or non-square images.
+VitData load_vit_data(const std::string& dataset, const std::string& dir = "");
+// Sets the model's image_size, channels and classes from the images of `ds`.
+void fit_model_to_data(ViTConfig& model, const data::ImageDataset& ds);
+
+// The training batches of a run: a DataLoader over `train` (seeded shuffling, drop_last, the next
+// `prefetch` batches made on a background thread) positioned at `start_step`, so a resumed run
+// sees the batches an uninterrupted one would have. The augmentation of the batch of step s
+// draws from Generator(seed + 1) at offset s * batch (image b: Philox block s * batch + b), a
+// function of the step alone, so it resumes exactly too, whatever `prefetch` is.
+std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::ImageDataset& train,
+                                                                 const data::Normalization& norm,
+                                                                 const data::Augment& augment, int64_t batch,
+                                                                 uint64_t seed, int64_t start_step, int prefetch = 2);
+
+// ---- training and evaluation -------------------------------------------------------------------
+// One update: loss = cross_entropy(model(images), labels, label_smoothing); backward; clip the
+// global gradient norm to `clip` (0: no clipping); opt.step(). The caller sets the learning rate.
+// Returns the loss before the update.
+double train_step(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing, double clip);
+
+struct EvalResult {
+  double loss = 0;      // mean cross-entropy (no label smoothing)
+  double accuracy = 0;  // fraction of argmax == label
+  int64_t samples = 0;
+  std::optional<ConfusionMatrix> confusion;  // rows: true class, columns: predicted
+};
+// The model on the first `limit` images of `ds` (0: all), `batch` at a time, in eval mode and
+// without recording; the model's mode is restored afterwards.
+EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm, int64_t batch,
+                    int64_t limit = 0);
+
+// ---- attention ---------------------------------------------------------------------------------
+// From the weights of one block, (B, H, T, T) with T = grid_h * grid_w + 1: for each image b, what
+// the class token attends to, averaged over the heads and laid out as the patch grid:
+//   grid_b[i * grid_w + j] = (1/H) sum_h weights[b, h, 0, 1 + i * grid_w + j]
+// (row 0 is the class token's query; column 0, the class token's own key, is left out).
+std::vector<std::vector<double>> class_token_attention(const Tensor& weights, int64_t grid_h, int64_t grid_w);
+
+// Runs the model on images `indices` of `ds` with need_weights, and draws each image with the
+// class token's attention in the LAST block over it (svg_image_overlay), titled with the true and
+// predicted class, `columns` images per row, in one SVG.
+std::string attention_overlay_svg(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm,
+                                  std::span<const int64_t> indices, int columns = 2);
+
+}  // namespace ag::apps
