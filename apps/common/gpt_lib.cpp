@@ -1,0 +1,248 @@
+// The char-level GPT app's data, evaluation, sampling and attention plot (see gpt_lib.h).
+#include "apps/common/gpt_lib.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+
+#include "attograd.h"
+#include "data/text.h"
+
+namespace ag::apps {
+
+// ---- data --------------------------------------------------------------------------------------
+
+std::string default_cache_dir() {
+  const char* home = std::getenv("HOME");
+  return (home && *home ? std::string(home) : std::string(".")) + "/.cache/attograd";
+}
+
+std::optional<std::string> missing_gpt_data(const std::string& dataset, const std::string& text_file,
+                                            const std::string& cache_dir, const std::string& fortune_root) {
+  namespace fs = std::filesystem;
+  if (!text_file.empty()) {
+    if (fs::is_regular_file(text_file)) return std::nullopt;
+    return fmt::format("--text-file '{}' does not exist or is not a file", text_file);
+  }
+  if (dataset == "bible") {
+    if (fs::is_regular_file(cache_dir + "/bible-kjv.txt") || fs::exists("/usr/bin/bible")) return std::nullopt;
+    return std::string("the King James Bible is missing: install Debian's bible-kjv (sudo apt-get install bible-kjv)");
+  }
+  if (dataset == "fortunes") {
+    if (fs::is_regular_file(fortune_root + "/fortunes")) return std::nullopt;
+    return fmt::format("the English fortunes are missing under {}: install Debian's fortunes "
+                       "(sudo apt-get install fortunes)", fortune_root);
+  }
+  return std::nullopt;  // an unknown dataset is load_gpt_text's error
+}
+
+std::string load_gpt_text(const std::string& dataset, const std::string& text_file, const std::string& cache_dir,
+                          const std::string& fortune_root) {
+  if (!text_file.empty()) return data::read_text_file(text_file);
+  if (dataset == "bible") return data::load_bible_kjv(cache_dir);
+  if (dataset == "fortunes") return data::fortunes_english_text(fortune_root);
+  throw Error(
+      fmt::format("load_gpt_text: unknown dataset '{}' (expected bible or fortunes, or use --text-file)", dataset));
+}
+
+LMData make_lm_data(const std::string& text, double valid_fraction) {
+  check(valid_fraction > 0 && valid_fraction < 1, "make_lm_data: valid_fraction {} is not in (0, 1)", valid_fraction);
+  std::vector<uint32_t> cps = data::utf8_decode(text, "make_lm_data");
+  const int64_t n = int64_t(cps.size());
+  const int64_t k = int64_t(std::floor(double(n) * (1.0 - valid_fraction)));
+  check(k >= 2 && n - k >= 2, "make_lm_data: a text of {} codepoints splits into {} train and {} validation; "
+        "each needs at least 2", n, k, n - k);
+  std::string train_text, valid_text;
+  train_text.reserve(size_t(k));
+  for (int64_t i = 0; i < k; ++i) data::utf8_append(train_text, cps[size_t(i)]);
+  for (int64_t i = k; i < n; ++i) data::utf8_append(valid_text, cps[size_t(i)]);
+  LMData d{data::CharTokenizer::from_text(train_text), {}, {}};
+  d.train = d.tokenizer.encode(train_text);
+  d.valid = d.tokenizer.encode(valid_text);
+  return d;
+}
+
+nlohmann::json gpt_config_to_json(const GPTConfig& c) {
+  return {{"vocab", c.vocab},       {"context", c.context},   {"d_model", c.d_model}, {"n_heads", c.n_heads},
+          {"n_layers", c.n_layers}, {"mlp_hidden", c.mlp_hidden}, {"dropout", c.dropout}};
+}
+
+GPTConfig gpt_config_from_json(const nlohmann::json& j) {
+  GPTConfig c;
+  auto field = [&](const char* name, int64_t& v) {
+    check(j.is_object() && j.contains(name) && j[name].is_number_integer(),
+          "gpt config: field '{}' is missing or not an integer in {}", name, j.dump());
+    v = j[name].get<int64_t>();
+  };
+  field("vocab", c.vocab), field("context", c.context), field("d_model", c.d_model);
+  field("n_heads", c.n_heads), field("n_layers", c.n_layers), field("mlp_hidden", c.mlp_hidden);
+  if (j.contains("dropout") && j["dropout"].is_number()) c.dropout = j["dropout"].get<double>();
+  return c;
+}
+
+// ---- evaluation --------------------------------------------------------------------------------
+
+std::vector<int64_t> eval_starts(int64_t len, int64_t T, int64_t n) {
+  check(T >= 1 && len >= T + 1, "eval_starts: a text of {} tokens is too short for windows of {} + 1", len, T);
+  check(n >= 1, "eval_starts: {} windows asked for; need at least 1", n);
+  std::vector<int64_t> starts(size_t(n), 0);
+  const int64_t last = len - T - 1;
+  for (int64_t i = 0; n > 1 && i < n; ++i) starts[size_t(i)] = i * last / (n - 1);
+  return starts;
+}
+
+namespace {
+
+// Sets eval mode and no recording for its lifetime; restores the previous mode after.
+struct InferenceScope {
+  nn::Module& m;
+  bool was_training;
+  NoGradGuard no_grad;
+  explicit InferenceScope(nn::Module& mod) : m(mod), was_training(mod.is_training()) { m.eval(); }
+  ~InferenceScope() { m.train(was_training); }
+};
+
+// The last position's logits of logits (1, T, V), as V floats.
+std::vector<float> last_logits(const Tensor& logits) {
+  return logits.select(0, 0).select(0, logits.size(1) - 1).contiguous().to_vector<float>();
+}
+
+}  // namespace
+
+double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T,
+               int64_t batch) {
+  check(T >= 1 && T <= model.cfg.context, "lm_loss: window {} is outside [1, context {}]", T, model.cfg.context);
+  check(batch >= 1, "lm_loss: batch {} must be positive", batch);
+  check(!starts.empty(), "lm_loss: no windows");
+  for (int64_t s : starts)
+    check(s >= 0 && s + T + 1 <= int64_t(ids.size()), "lm_loss: window start {} + {} + 1 passes the end of {} tokens",
+          s, T, ids.size());
+  InferenceScope scope(model);
+  double total = 0;
+  for (size_t b0 = 0; b0 < starts.size(); b0 += size_t(batch)) {
+    const size_t nb = std::min(size_t(batch), starts.size() - b0);
+    std::vector<int64_t> x(nb * size_t(T)), y(nb * size_t(T));
+    for (size_t b = 0; b < nb; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        x[b * size_t(T) + size_t(t)] = ids[size_t(starts[b0 + b] + t)];
+        y[b * size_t(T) + size_t(t)] = ids[size_t(starts[b0 + b] + t + 1)];
+      }
+    const int64_t N = int64_t(nb) * T;
+    Tensor logits = model.forward(from_vector(x, {int64_t(nb), T}));
+    total += cross_entropy(logits.reshape({N, model.cfg.vocab}), from_vector(y, {N}), "sum").item<double>();
+  }
+  return total / (double(starts.size()) * double(T));
+}
+
+// ---- sampling ----------------------------------------------------------------------------------
+
+int64_t sample_next(std::span<const float> logits, double temperature, int64_t top_k, double u) {
+  const int64_t V = int64_t(logits.size());
+  check(V >= 1, "sample_next: empty logits");
+  // ids in order of decreasing logit, the lower id first on ties
+  auto before = [&](int64_t a, int64_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  };
+  if (temperature <= 0 || top_k == 1) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (before(i, best)) best = i;
+    return best;
+  }
+  const int64_t k = (top_k <= 0 || top_k >= V) ? V : top_k;
+  std::vector<int64_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  // p_i proportional to exp((l_i - l_max) / temperature); l_max is order[0]'s logit, so the
+  // largest term is exp(0) = 1 and nothing overflows
+  const double l_max = logits[size_t(order[0])];
+  std::vector<double> w(static_cast<size_t>(k));
+  double z = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    w[size_t(j)] = std::exp((double(logits[size_t(order[size_t(j)])]) - l_max) / temperature);
+    z += w[size_t(j)];
+  }
+  // inverse CDF: the first id whose cumulative weight exceeds u * Z (the last kept one when
+  // rounding leaves the sum just below)
+  const double target = u * z;
+  double cum = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    cum += w[size_t(j)];
+    if (cum > target) return order[size_t(j)];
+  }
+  return order[size_t(k - 1)];
+}
+
+std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t n_new, double temperature,
+                              int64_t top_k, uint64_t seed, bool use_kv_cache) {
+  check(!prompt.empty(), "generate: the prompt is empty; it needs at least one token");
+  check(n_new >= 0, "generate: n_new {} is negative", n_new);
+  for (int64_t id : prompt)
+    check(id >= 0 && id < model.cfg.vocab, "generate: prompt token {} is outside the vocabulary [0, {})", id,
+          model.cfg.vocab);
+  InferenceScope scope(model);
+  const int64_t C = model.cfg.context, keep = std::max<int64_t>(1, C / 2);
+  std::vector<int64_t> ids = prompt;
+  ids.reserve(prompt.size() + size_t(n_new));
+  std::vector<nn::KVCache> caches;
+  for (int64_t i = 0; i < model.cfg.n_layers; ++i) caches.emplace_back(C);
+  Generator gen(seed);
+  int64_t w = 0;  // the window ids[w, n) the model sees
+  auto window = [&](int64_t from) {
+    std::vector<int64_t> x(ids.begin() + from, ids.end());
+    return from_vector(x, {1, int64_t(x.size())});
+  };
+  for (int64_t i = 0; i < n_new; ++i) {
+    const int64_t n = int64_t(ids.size());
+    bool restart = n - w > C;
+    if (restart) w = n - keep;
+    Tensor logits;
+    if (!use_kv_cache) {
+      logits = model.forward(window(w));
+    } else if (restart || caches[0].length() == 0) {  // (re)fill the caches with the whole window
+      for (auto& c : caches) c.clear();
+      logits = model.forward(window(w), &caches);
+    } else {  // the caches hold ids[w, n-1): feed the newest token
+      logits = model.forward(window(n - 1), &caches);
+    }
+    const double u = rand({1}, DType::f64, &gen).item<double>();
+    std::vector<float> l = last_logits(logits);
+    ids.push_back(sample_next(l, temperature, top_k, u));
+  }
+  return ids;
+}
+
+// ---- attention plot ----------------------------------------------------------------------------
+
+std::string token_label(const data::CharTokenizer& tok, int64_t id) {
+  std::string s = tok.decode({id});
+  if (s == "\n") return "\\n";
+  if (s == "\t") return "\\t";
+  if (s == " ") return "\u2423";  // ␣, the open box: a visible space
+  return s;
+}
+
+std::vector<Heatmap> attention_maps(GPT& model, const std::vector<int64_t>& ids, const data::CharTokenizer& tok,
+                                    int64_t max_tokens) {
+  check(!ids.empty(), "attention_maps: no tokens");
+  check(max_tokens >= 1, "attention_maps: max_tokens {} must be positive", max_tokens);
+  const int64_t T = std::min({int64_t(ids.size()), max_tokens, model.cfg.context});
+  std::vector<int64_t> x(ids.end() - T, ids.end());
+  InferenceScope scope(model);
+  const bool had = model.need_weights;
+  model.need_weights = true;
+  model.forward(from_vector(x, {1, T}));
+  model.need_weights = had;
+  Tensor a = (*model.blocks)[model.blocks->size() - 1].attn_weights;  // (1, H, T, T)
+  check(a.defined() && a.ndim() == 4, "attention_maps: the last block kept no attention weights");
+  std::vector<std::string> labels;
+  for (int64_t id : x) labels.push_back(token_label(tok, id));
+  std::vector<Heatmap> maps;
+  for (int64_t h = 0; h < a.size(1); ++h)
+    maps.push_back(heatmap_from_tensor(a.select(0, 0).select(0, h), fmt::format("head {}", h), labels, labels));
+  return maps;
+}
+
+}  // namespace ag::apps

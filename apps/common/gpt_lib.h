@@ -1,0 +1,107 @@
+#pragma once
+// What apps/gpt.cpp does outside its training loop, here so that tests can reach it:
+//
+//   load_gpt_text      the corpus: the King James Bible (default), the English fortunes, a UTF-8 file
+//   make_lm_data       codepoint tokenizer from the training part, ids, split 90% / 10% (contiguous)
+//   eval_starts        the fixed validation windows (evenly spaced, no randomness)
+//   lm_loss            mean next-token cross-entropy over those windows (eval mode, no tape)
+//   sample_next        one token from logits: softmax(logits / temperature) over the top_k, inverse CDF
+//   generate           autoregressive sampling, with the KV cache or without (same tokens)
+//   attention_maps     the last block's causal attention over a sample, one heatmap per head
+//
+// Generation and the context window. The model has cfg.context learned positions, so it sees at
+// most C = cfg.context tokens at once. generate() feeds the model a window ids[w, n) of the
+// sequence so far (n tokens): w = 0 while n <= C; when the next forward would need n - w > C
+// positions, the window restarts at w = n - C/2 (the last C/2 tokens). Both paths use the same w:
+//   with the cache:    the caches hold ids[w, n-1); one forward of the newest token gives the next
+//                      logits; at a restart the caches are cleared and re-filled ("prefilled")
+//                      with ids[w, n) in one forward.
+//   without the cache: a full forward over ids[w, n) every token, its last position's logits.
+// Both see the same tokens at the same positions, so their logits agree to float rounding, and
+// both draw one uniform number per token from Generator(seed), so they sample the same tokens.
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/common/models.h"
+#include "apps/common/plot.h"
+#include "data/tokenizer.h"
+
+namespace ag::apps {
+
+// ---- data --------------------------------------------------------------------------------------
+
+// The text of a corpus: dataset "bible" (data/text.h load_bible_kjv, cached as
+// <cache_dir>/bible-kjv.txt), "fortunes" (fortunes_english_text under `fortune_root`), or, with
+// `text_file` non-empty, that UTF-8 file (dataset ignored). Errors are ag::Error.
+std::string load_gpt_text(const std::string& dataset, const std::string& text_file, const std::string& cache_dir,
+                          const std::string& fortune_root);
+
+// When the data of `dataset` is missing: the message naming the Debian package to install
+// (the app prints it and exits with kExitNoData). nullopt when the data is there.
+std::optional<std::string> missing_gpt_data(const std::string& dataset, const std::string& text_file,
+                                            const std::string& cache_dir, const std::string& fortune_root);
+
+// The default cache directory: $HOME/.cache/attograd (or ./.cache/attograd without $HOME).
+std::string default_cache_dir();
+
+struct LMData {
+  data::CharTokenizer tokenizer;      // codepoint vocabulary of the training part
+  std::vector<int64_t> train, valid;  // token ids: codepoints [0, k) and [k, n), k = floor(0.9 n)
+};
+// Splits the text's codepoints at k = floor(n * (1 - valid_fraction)) (first part train, the rest
+// validation; contiguous, nothing shuffled), builds the tokenizer from the training part (a
+// validation codepoint it lacks encodes to <unk>) and encodes both. Needs at least 2 codepoints in
+// each part (ag::Error otherwise).
+LMData make_lm_data(const std::string& text, double valid_fraction = 0.1);
+
+// The model config as the checkpoint's JSON {"vocab", "context", "d_model", "n_heads", "n_layers",
+// "mlp_hidden", "dropout"}, and back (a missing or non-integer field: ag::Error naming it).
+nlohmann::json gpt_config_to_json(const GPTConfig& c);
+GPTConfig gpt_config_from_json(const nlohmann::json& j);
+
+// ---- evaluation --------------------------------------------------------------------------------
+
+// n window starts spread evenly over a text of `len` tokens for windows of T (+1 target):
+// start_i = i * (len - T - 1) / (n - 1) (integer division; start_0 = 0, start_{n-1} = len - T - 1).
+// Needs len >= T + 1 and n >= 1 (ag::Error naming the values otherwise).
+std::vector<int64_t> eval_starts(int64_t len, int64_t T, int64_t n);
+
+// Mean next-token cross-entropy (nats per token) of `model` over the windows x = ids[s, s + T),
+// y = ids[s + 1, s + T + 1) for s in `starts`, `batch` windows per forward. Runs in eval mode
+// under NoGradGuard and restores the model's train/eval mode afterwards.
+double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T,
+               int64_t batch);
+
+// ---- sampling ----------------------------------------------------------------------------------
+
+// One token from `logits` (V values) and a uniform u in [0, 1):
+//   keep the top_k largest logits (top_k <= 0 or >= V: all; ties broken by the lower id),
+//   p_i = exp((l_i - l_max) / temperature) / Z over the kept ids,
+//   return the first kept id (in order of decreasing logit) whose cumulative p exceeds u.
+// temperature <= 0 (or top_k == 1) is greedy: the argmax, lowest id on ties.
+int64_t sample_next(std::span<const float> logits, double temperature, int64_t top_k, double u);
+
+// `n_new` tokens sampled after `prompt` (non-empty, ids < vocab) under NoGradGuard in eval mode
+// (restored afterwards); returns prompt + the new tokens. See the top of this file for the
+// context window and why use_kv_cache does not change the tokens. Token i draws the i-th uniform
+// of Generator(seed) (core/random.h rand, f64).
+std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t n_new, double temperature,
+                              int64_t top_k, uint64_t seed, bool use_kv_cache = true);
+
+// ---- attention plot ----------------------------------------------------------------------------
+
+// A readable label for one token: the character, with '\n' shown as "\\n", ' ' as "␣", '\t' as "\\t".
+std::string token_label(const data::CharTokenizer& tok, int64_t id);
+
+// The causal attention of the last block over the last min(|ids|, max_tokens, context) tokens of
+// `ids`: one (T, T) heatmap per head, titled "head h", rows (queries) and columns (keys) labelled
+// with the tokens. One uncached forward with need_weights, under NoGradGuard in eval mode.
+std::vector<Heatmap> attention_maps(GPT& model, const std::vector<int64_t>& ids, const data::CharTokenizer& tok,
+                                    int64_t max_tokens = 48);
+
+}  // namespace ag::apps

@@ -1,0 +1,236 @@
+// gpt: a character-level GPT learns to write like its text (by default the King James Bible of
+// Debian's bible-kjv), then samples new text with the KV cache and plots its causal attention.
+//
+//   text -> codepoint ids (vocabulary V of the training part); first 90% train, last 10% validation
+//   x  i64 (B, T)      T = context windows at random starts (a pure function of seed and step)
+//   h  = wte[x] + wpe[0..T)                      (B, T, d)    token + learned position embeddings
+//   h  = h + attn(ln1(h))                        causal: position t attends to keys 0..t only
+//        a = softmax(q k^T / sqrt(hs) + mask) v  per head, hs = d / n_heads
+//   h  = h + fc2(gelu(fc1(ln2(h))))              fc1: d -> mlp, fc2: mlp -> d     (x n_layers)
+//   logits = head(ln_f(h))                       (B, T, V)
+//   loss = mean over (b, t) of -log softmax(logits[b, t])[x[b, t + 1]]   next-character cross-entropy
+// AdamW with warmup + cosine, gradient norm clipped. Validation loss is the mean over fixed,
+// evenly spaced windows of the validation text. Sampling: softmax(logits / temperature) over the
+// top-k characters, one seeded Philox draw per character (see apps/common/gpt_lib.h for the
+// context window: after `context` tokens it restarts from the last context/2, cached or not).
+//
+// Default run: build/gpt (500 steps; about 1.2 CPU-seconds per step, so about 5 minutes on 2 idle
+// cores). Longer: build/gpt --steps 2000 (validation loss compared with bench/train_gpt_twin.py).
+// Files: runs/gpt/{checkpoint.safetensors, metrics.jsonl, events.out.tfevents.*, curves.svg,
+//        attention.svg, sample.txt, report.json}
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "apps/common/gpt_lib.h"
+#include "apps/common/run.h"
+#include "attograd.h"
+#include "data/loader.h"
+#include "data/text.h"
+#include "nn/checkpoint.h"
+#include "optim/adam.h"
+#include "optim/clip.h"
+
+using namespace ag;
+using namespace ag::apps;
+
+namespace {
+
+struct SampleSettings {
+  std::string prompt;  // empty: "And God said" for the Bible, "\n" otherwise
+  int64_t tokens = 500;
+  double temperature = 0.8;
+  int64_t top_k = 0;
+  int64_t seed = -1;  // -1: --seed
+  bool no_kv_cache = false;
+  bool compare = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Samples after the prompt, prints the text and the speed, writes sample.txt and attention.svg
+// into `dir`. Returns the generation speed in tokens/s.
+double sample_and_plot(GPT& model, const data::CharTokenizer& tok, const SampleSettings& s, uint64_t seed,
+                       const std::string& dir) {
+  const std::vector<int64_t> prompt = tok.encode(s.prompt);
+  const bool cached = !s.no_kv_cache;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> ids = generate(model, prompt, s.tokens, s.temperature, s.top_k, seed, cached);
+  const double secs = seconds_since(t0), rate = double(s.tokens) / std::max(secs, 1e-9);
+  const std::string text = tok.decode(ids);
+  fmt::print("---- sample (temperature {}, top-k {}, seed {}) ----\n{}\n---- end of sample ----\n", s.temperature,
+             s.top_k, seed, text);
+  fmt::print("generation: {} tokens in {:.2f} s = {:.0f} tokens/s ({})\n", s.tokens, secs, rate,
+             cached ? "KV cache" : "no KV cache: a full forward per token");
+  if (s.compare) {
+    auto t1 = std::chrono::steady_clock::now();
+    std::vector<int64_t> other = generate(model, prompt, s.tokens, s.temperature, s.top_k, seed, !cached);
+    const double secs2 = seconds_since(t1);
+    fmt::print("generation {}: {:.0f} tokens/s; the tokens are {}\n",
+               cached ? "without the KV cache" : "with the KV cache",
+               double(s.tokens) / std::max(secs2, 1e-9), other == ids ? "identical" : "DIFFERENT");
+  }
+  write_file_atomic(dir + "/sample.txt", text + "\n");
+  HeatmapOptions ho;
+  ho.title = "causal attention of the last block over the end of the sample (rows: queries, columns: keys)";
+  ho.columns = 2;
+  ho.cell = 14;
+  write_file_atomic(dir + "/attention.svg", svg_heatmaps(attention_maps(model, ids, tok, 40), ho));
+  fmt::print("plots: {}/attention.svg, sample: {}/sample.txt\n", dir, dir);
+  return rate;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App cli{"gpt: a character-level GPT trained on real text (default: the King James Bible), then sampled"};
+  RunOptions o;
+  o.steps = 500, o.batch = 32, o.lr = 2e-3, o.min_lr = 1e-4, o.warmup = 0.05, o.weight_decay = 0.1, o.clip = 1.0;
+  GPTConfig cfg;
+  std::string dataset = "bible", text_file;
+  int64_t eval_windows = 256;
+  SampleSettings s;
+  add_run_options(cli, o);
+  cli.add_option("--dataset", dataset, "bible (Debian bible-kjv) or fortunes (Debian fortunes, English)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bible", "fortunes"}));
+  cli.add_option("--text-file", text_file, "train on this UTF-8 file instead of --dataset");
+  cli.add_option("--context", cfg.context, "context length T (positions)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cli.add_option("--d-model", cfg.d_model, "model width d")->capture_default_str()->check(CLI::PositiveNumber);
+  cli.add_option("--heads", cfg.n_heads, "attention heads (divide d)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cli.add_option("--layers", cfg.n_layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
+  cli.add_option("--mlp", cfg.mlp_hidden, "MLP hidden width")->capture_default_str()->check(CLI::PositiveNumber);
+  cli.add_option("--eval-windows", eval_windows, "validation windows of T characters per evaluation")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cli.add_option("--prompt", s.prompt,
+                 "text to continue (default: \"And God said\" for the Bible, a newline otherwise)");
+  cli.add_option("--sample-tokens", s.tokens, "characters to generate after training")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cli.add_option("--temperature", s.temperature, "sampling temperature (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cli.add_option("--top-k", s.top_k, "sample among the k most likely characters (0: all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cli.add_option("--sample-seed", s.seed, "seed of the sampling draws (-1: --seed)")->capture_default_str();
+  cli.add_flag("--no-kv-cache", s.no_kv_cache, "generate with a full forward over the context per token");
+  cli.add_flag("--compare-kv-cache", s.compare, "also generate the other way: speed, and whether the tokens agree");
+  CLI11_PARSE(cli, argc, argv);
+
+  try {
+    apply_run_options(o, "gpt");
+    const std::string cache_dir = o.data_dir.empty() ? default_cache_dir() : o.data_dir;
+    const std::string fortune_root = o.data_dir.empty() ? data::kFortuneRoot : o.data_dir;
+    const uint64_t sample_seed = s.seed >= 0 ? uint64_t(s.seed) : o.seed;
+
+    if (o.eval_only) {  // ---- evaluate a saved model: validation loss and a sample ----
+      const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
+      check(info.config.contains("model") && info.config.contains("data") && info.extra.count("tokenizer") == 1,
+            "'{}' is not a gpt checkpoint (no model, data or tokenizer entry; config {})", o.checkpoint,
+            info.config.dump());
+      const nlohmann::json& dc = info.config.at("data");
+      dataset = dc.at("dataset").get<std::string>(), text_file = dc.at("text_file").get<std::string>();
+      if (auto missing = missing_gpt_data(dataset, text_file, cache_dir, fortune_root)) {
+        fmt::print(stderr, "gpt: {}\n", *missing);
+        return kExitNoData;
+      }
+      const data::CharTokenizer tok = data::CharTokenizer::from_json(info.extra.at("tokenizer"), o.checkpoint);
+      LMData d = make_lm_data(load_gpt_text(dataset, text_file, cache_dir, fortune_root));
+      check(d.tokenizer.to_json() == tok.to_json(),
+            "the text's vocabulary differs from the checkpoint's: the data changed since training");
+      GPT model(gpt_config_from_json(info.config.at("model")));
+      nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
+      const int64_t T = model.cfg.context;
+      const auto t0 = std::chrono::steady_clock::now();
+      const double val = lm_loss(model, d.valid, eval_starts(int64_t(d.valid.size()), T, eval_windows), T, o.batch);
+      fmt::print("gpt: {} at step {}: validation loss {:.4f} ({:.3f} bits per character) over {} windows of {} "
+                 "({:.1f} s)\n",
+                 o.checkpoint, info.step, val, val / std::log(2.0), eval_windows, T, seconds_since(t0));
+      if (s.prompt.empty()) s.prompt = dataset == "bible" && text_file.empty() ? "And God said" : "\n";
+      const std::string dir = std::filesystem::path(o.checkpoint).parent_path().string();
+      sample_and_plot(model, tok, s, sample_seed, dir.empty() ? "." : dir);
+      return 0;
+    }
+
+    // ---- data ----
+    if (auto missing = missing_gpt_data(dataset, text_file, cache_dir, fortune_root)) {
+      fmt::print(stderr, "gpt: {}\n", *missing);
+      return kExitNoData;
+    }
+    const std::string source = text_file.empty() ? dataset : text_file;
+    LMData d = make_lm_data(load_gpt_text(dataset, text_file, cache_dir, fortune_root));
+    cfg.vocab = d.tokenizer.vocab_size();
+    cfg.dropout = o.dropout;
+    const int64_t T = cfg.context;
+    check(cfg.d_model % cfg.n_heads == 0, "--d-model {} is not a multiple of --heads {}", cfg.d_model,
+          cfg.n_heads);
+    check(int64_t(d.train.size()) > T && int64_t(d.valid.size()) > T,
+          "{} has {} training and {} validation characters; both need more than the context {}", source,
+          d.train.size(), d.valid.size(), T);
+    const std::vector<int64_t> val_starts = eval_starts(int64_t(d.valid.size()), T, eval_windows);
+    if (s.prompt.empty()) s.prompt = dataset == "bible" && text_file.empty() ? "And God said" : "\n";
+    const std::string where = !text_file.empty() ? "a UTF-8 file"
+                              : dataset == "bible" ? "cached in " + cache_dir
+                                                   : "English entries under " + fortune_root;
+    fmt::print(stderr, "gpt: {} ({}): {} training and {} validation characters, vocabulary {}\n", source, where,
+               d.train.size(), d.valid.size(), cfg.vocab);
+
+    // ---- model, optimizer, run ----
+    Generator gen(o.seed);
+    GPT model(cfg, &gen);
+    optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+    const nlohmann::json config = {
+        {"model", gpt_config_to_json(cfg)},
+        {"data", {{"dataset", dataset}, {"text_file", text_file}, {"valid_fraction", 0.1}}},
+        {"train", {{"batch", o.batch}, {"seed", o.seed}}}};
+    Run run("gpt", o, model, opt, gen, config, {{"tokenizer", d.tokenizer.to_json()}});
+    auto sched = make_schedule(o);
+    const int64_t V = cfg.vocab, N = o.batch * T;
+    double val = NAN;
+    int64_t val_step = -1;  // the step `val` was measured at
+
+    // ---- training ----
+    int64_t step = run.resume();
+    for (; step < o.steps && !run.stop_requested(); ++step) {
+      sched->set_lr(opt, step);
+      data::Windows w = data::random_windows(d.train, o.batch, T, o.seed, uint64_t(step));
+      Tensor loss = cross_entropy(model.forward(w.x).reshape({N, V}), w.y.reshape({N}));
+      opt.zero_grad();
+      loss.backward();
+      if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
+      opt.step();
+      run.step_done(step + 1, loss.item<double>(), o.batch, N);
+      if (run.eval_due(step + 1)) {
+        val = lm_loss(model, d.valid, val_starts, T, o.batch), val_step = step + 1;
+        run.log_eval(step + 1, {{"val_loss", val}});
+      }
+      if (run.checkpoint_due(step + 1)) run.save(step + 1);
+    }
+    if (!run.checkpoint_due(step)) run.save(step);  // after Ctrl-C; a finished run just saved
+    // the final model's loss (after Ctrl-C the last evaluation's, unless there was none)
+    if (val_step != step && (std::isnan(val) || !run.stop_requested()))
+      val = lm_loss(model, d.valid, val_starts, T, o.batch), val_step = step;
+
+    // ---- sample, plot, report ----
+    RunReport report;
+    report.extra = {{"val_loss", val}, {"val_bits_per_char", val / std::log(2.0)}, {"val_loss_step", double(val_step)}};
+    if (!run.stop_requested() && s.tokens > 0)
+      report.extra.emplace_back("generation_tokens_per_s",
+                                sample_and_plot(model, d.tokenizer, s, sample_seed, run.dir()));
+    run.finish(report);
+  } catch (const std::exception& e) {  // ag::Error, and a malformed checkpoint's JSON
+    fmt::print(stderr, "gpt: {}\n", e.what());
+    return kExitError;
+  }
+  return 0;
+}

@@ -1,0 +1,252 @@
+// The char-level GPT app's library (apps/common/gpt_lib.h): data split and tokenizer, evaluation
+// windows and loss, sampling (greedy limits, top-k, determinism), cached == uncached generation
+// past the context, the attention plot, and the config JSON. Tiny models, synthetic text.
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "apps/common/gpt_lib.h"
+#include "attograd.h"
+#include "data/loader.h"
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "tests/helpers.h"
+
+using namespace ag;
+using namespace ag::apps;
+using namespace ag::test;
+
+namespace {
+
+GPTConfig tiny_config() {
+  GPTConfig c;
+  c.vocab = 11, c.context = 16, c.d_model = 32, c.n_heads = 4, c.n_layers = 2, c.mlp_hidden = 64;
+  return c;
+}
+
+// Greedy decoding written out: a full forward over all tokens so far, argmax of the last position
+// (only valid while prompt + n_new <= context, so no window restarts).
+std::vector<int64_t> greedy_reference(GPT& model, std::vector<int64_t> ids, int64_t n_new) {
+  NoGradGuard no_grad;
+  for (int64_t i = 0; i < n_new; ++i) {
+    Tensor logits = model.forward(from_vector(ids, {1, int64_t(ids.size())}));
+    ids.push_back(argmax(logits.select(0, 0).select(0, int64_t(ids.size()) - 1), 0).item<int64_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("gpt: make_lm_data splits the codepoints 90/10 in order, vocabulary from the training part") {
+  // 20 codepoints: "abab...ab" (18) then "é" + "a"; k = floor(20 * 0.9) = 18, so "é" is only in
+  // validation and encodes to <unk> (0); the vocabulary is {a, b}: ids 1, 2.
+  std::string text;
+  for (int i = 0; i < 9; ++i) text += "ab";
+  text += "\xC3\xA9" "a";
+  LMData d = make_lm_data(text);
+  CHECK(d.tokenizer.vocab_size() == 3);
+  REQUIRE(d.train.size() == 18);
+  REQUIRE(d.valid.size() == 2);
+  CHECK(d.train[0] == 1);
+  CHECK(d.train[17] == 2);
+  CHECK(d.valid == std::vector<int64_t>{data::CharTokenizer::kUnk, 1});
+  LMData q = make_lm_data(text, 0.25);  // k = floor(20 * 0.75) = 15
+  CHECK(q.train.size() == 15);
+  CHECK(q.valid.size() == 5);
+  AG_CHECK_ERROR(make_lm_data("abc"), "make_lm_data", "3 codepoints", "2 train and 1 validation");
+  AG_CHECK_ERROR(make_lm_data(text, 1.5), "make_lm_data", "1.5");
+}
+
+TEST_CASE("gpt: eval_starts spreads the windows evenly") {
+  // len 20, T 4: the last start is 20 - 4 - 1 = 15; start_i = i * 15 / 4 = 0, 3, 7, 11, 15
+  CHECK(eval_starts(20, 4, 5) == std::vector<int64_t>{0, 3, 7, 11, 15});
+  CHECK(eval_starts(20, 4, 1) == std::vector<int64_t>{0});
+  CHECK(eval_starts(5, 4, 3) == std::vector<int64_t>{0, 0, 0});
+  AG_CHECK_ERROR(eval_starts(4, 4, 2), "eval_starts", "4 tokens", "4 + 1");
+  AG_CHECK_ERROR(eval_starts(20, 4, 0), "eval_starts", "0 windows");
+}
+
+TEST_CASE("gpt: lm_loss is the mean cross-entropy over the windows, whatever the batch") {
+  Generator gen(11);
+  GPT model(tiny_config(), &gen);
+  std::vector<int64_t> ids = randint(0, 11, {60}, &gen).to_vector<int64_t>();
+  std::vector<int64_t> starts = eval_starts(60, 8, 5);
+  double l1 = lm_loss(model, ids, starts, 8, 1), l2 = lm_loss(model, ids, starts, 8, 2),
+         l5 = lm_loss(model, ids, starts, 8, 64);
+  CHECK(l1 == doctest::Approx(l5).epsilon(1e-6));
+  CHECK(l2 == doctest::Approx(l5).epsilon(1e-6));
+  CHECK(model.is_training());  // restored
+  // by hand: the windows stacked into one batch, cross_entropy's mean over the 5 * 8 targets
+  std::vector<int64_t> x, y;
+  for (int64_t s : starts)
+    for (int64_t t = 0; t < 8; ++t) x.push_back(ids[size_t(s + t)]), y.push_back(ids[size_t(s + t + 1)]);
+  model.eval();
+  NoGradGuard no_grad;
+  Tensor logits = model.forward(from_vector(x, {5, 8}));
+  double ref = cross_entropy(logits.reshape({40, 11}), from_vector(y, {40})).item<double>();
+  CHECK(l5 == doctest::Approx(ref).epsilon(1e-6));
+  // an untrained model is close to uniform: about log 11
+  CHECK(std::abs(l5 - std::log(11.0)) < 0.5);
+  AG_CHECK_ERROR(lm_loss(model, ids, {55}, 8, 1), "lm_loss", "55", "60 tokens");
+  AG_CHECK_ERROR(lm_loss(model, ids, starts, 17, 1), "lm_loss", "17", "context 16");
+}
+
+TEST_CASE("gpt: sample_next known values") {
+  // logits {1, 3, 2, 3}: the max 3 is shared by ids 1 and 3; greedy takes the lower id
+  std::vector<float> l = {1, 3, 2, 3};
+  CHECK(sample_next(l, 0.0, 0, 0.9) == 1);
+  CHECK(sample_next(l, 1.0, 1, 0.9) == 1);  // top_k 1 is greedy whatever u
+  // temperature -> 0: exp((l - 3) / 1e-6) underflows to 0 except at the two maxima, each 1/2;
+  // order 1, 3: u < 0.5 -> 1, u >= 0.5 -> 3
+  CHECK(sample_next(l, 1e-6, 0, 0.2) == 1);
+  CHECK(sample_next(l, 1e-6, 0, 0.7) == 3);
+  // logits {0, ln 3}, temperature 1: p = {1/4, 3/4}, order id 1 then id 0: u < 0.75 -> 1
+  std::vector<float> two = {0.0f, float(std::log(3.0))};
+  CHECK(sample_next(two, 1.0, 0, 0.74) == 1);
+  CHECK(sample_next(two, 1.0, 0, 0.76) == 0);
+  // temperature 2 on {0, ln 4}: weights exp(0) = 1 and exp(ln 4 / 2) = 2: p = {1/3, 2/3}
+  std::vector<float> t2 = {0.0f, float(std::log(4.0))};
+  CHECK(sample_next(t2, 2.0, 0, 0.66) == 1);
+  CHECK(sample_next(t2, 2.0, 0, 0.67) == 0);
+  // top_k 2 of {5, 0, 4, 1}: ids 0 and 2 only, p = {e/(e+1), 1/(e+1)} = {0.731, 0.269}
+  std::vector<float> four = {5, 0, 4, 1};
+  CHECK(sample_next(four, 1.0, 2, 0.72) == 0);
+  CHECK(sample_next(four, 1.0, 2, 0.74) == 2);
+  CHECK(sample_next(four, 1.0, 2, 0.999999) == 2);  // never 1 or 3
+  CHECK(sample_next(four, 1.0, 0, 0.999999) == 1);  // without top-k the smallest comes last
+}
+
+TEST_CASE("gpt: cached and uncached generation produce identical tokens past the context") {
+  Generator gen(3);
+  GPT model(tiny_config(), &gen);
+  const std::vector<int64_t> prompt = {1, 2, 3};
+  // 3 + 40 tokens > context 16: the window restarts at the last 8 tokens several times
+  for (int64_t top_k : {0, 5}) {
+    CAPTURE(top_k);
+    std::vector<int64_t> cached = generate(model, prompt, 40, 1.0, top_k, 42, true);
+    std::vector<int64_t> plain = generate(model, prompt, 40, 1.0, top_k, 42, false);
+    REQUIRE(cached.size() == 43);
+    CHECK(std::vector<int64_t>(cached.begin(), cached.begin() + 3) == prompt);
+    CHECK(cached == plain);
+    CHECK(std::set<int64_t>(cached.begin() + 3, cached.end()).size() > 3);  // really sampled
+  }
+  CHECK(model.is_training());  // restored
+  // greedy too (no randomness: the logits alone decide), past the context
+  CHECK(generate(model, prompt, 40, 0.0, 0, 1, true) == generate(model, prompt, 40, 0.0, 0, 1, false));
+}
+
+TEST_CASE("gpt: temperature -> 0 and top_k 1 are greedy argmax") {
+  Generator gen(4);
+  GPT model(tiny_config(), &gen);
+  model.eval();
+  const std::vector<int64_t> prompt = {5, 0, 7};
+  std::vector<int64_t> greedy = greedy_reference(model, prompt, 12);  // 15 <= context 16
+  CHECK(generate(model, prompt, 12, 1e-7, 0, 9, true) == greedy);
+  CHECK(generate(model, prompt, 12, 1e-7, 0, 9, false) == greedy);
+  CHECK(generate(model, prompt, 12, 0.0, 0, 9, true) == greedy);
+  CHECK(generate(model, prompt, 12, 1.0, 1, 9, true) == greedy);
+  CHECK(generate(model, prompt, 12, 5.0, 1, 123, false) == greedy);
+}
+
+TEST_CASE("gpt: sampling is deterministic for a seed and changes with it") {
+  Generator gen(5);
+  GPT model(tiny_config(), &gen);
+  std::vector<int64_t> a = generate(model, {1}, 40, 1.0, 0, 7, true);
+  CHECK(generate(model, {1}, 40, 1.0, 0, 7, true) == a);
+  CHECK(generate(model, {1}, 40, 1.0, 0, 8, true) != a);
+  CHECK(generate(model, {1}, 0, 1.0, 0, 7, true) == std::vector<int64_t>{1});
+  AG_CHECK_ERROR(generate(model, {}, 4, 1.0, 0, 7), "generate", "prompt is empty");
+  AG_CHECK_ERROR(generate(model, {1, 11}, 4, 1.0, 0, 7), "generate", "token 11", "[0, 11)");
+  AG_CHECK_ERROR(generate(model, {1}, -1, 1.0, 0, 7), "generate", "-1");
+}
+
+TEST_CASE("gpt: a few AdamW steps on random windows learn a periodic text") {
+  // "abcd" repeated: after a few steps the next character is predictable, the loss falls from
+  // about log 5 (vocabulary {<unk>, a, b, c, d}) towards 0
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "abcd";
+  LMData d = make_lm_data(text);
+  GPTConfig c = tiny_config();
+  c.vocab = d.tokenizer.vocab_size(), c.n_layers = 1;
+  Generator gen(1);
+  GPT model(c, &gen);
+  optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
+  std::vector<int64_t> starts = eval_starts(int64_t(d.valid.size()), 8, 4);
+  const double before = lm_loss(model, d.valid, starts, 8, 4);
+  for (uint64_t step = 0; step < 30; ++step) {
+    data::Windows w = data::random_windows(d.train, 8, 8, 1, step);
+    Tensor loss = cross_entropy(model.forward(w.x).reshape({64, c.vocab}), w.y.reshape({64}));
+    opt.zero_grad();
+    loss.backward();
+    optim::clip_grad_norm(model.parameters(), 1.0);
+    opt.step();
+  }
+  const double after = lm_loss(model, d.valid, starts, 8, 4);
+  CHECK(before > 1.3);
+  CHECK(after < 0.2);
+  // the trained model continues the pattern greedily
+  CHECK(d.tokenizer.decode(generate(model, d.tokenizer.encode("abc"), 9, 0.0, 0, 0)) == "abcdabcdabcd");
+}
+
+TEST_CASE("gpt: attention_maps are causal rows of probabilities with token labels") {
+  Generator gen(6);
+  data::CharTokenizer tok = data::CharTokenizer::from_text("\n abcdefghi");  // 11 codepoints -> vocab 12
+  GPTConfig c = tiny_config();
+  c.vocab = tok.vocab_size();
+  GPT m(c, &gen);
+  std::vector<int64_t> ids = tok.encode("a b\ncab ca");  // 10 tokens
+  std::vector<Heatmap> maps = attention_maps(m, ids, tok, 6);
+  REQUIRE(maps.size() == 4);
+  CHECK(maps[3].title == "head 3");
+  CHECK(maps[0].rows == 6);
+  CHECK(maps[0].cols == 6);
+  // the last 6 tokens of "a b\ncab ca" are "cab ca"
+  CHECK(maps[0].row_labels == std::vector<std::string>{"c", "a", "b", "\u2423", "c", "a"});
+  for (const Heatmap& h : maps)
+    for (int r = 0; r < h.rows; ++r) {
+      double sum = 0;
+      for (int k = 0; k < h.cols; ++k) {
+        double v = h.values[size_t(r * h.cols + k)];
+        if (k > r) CHECK(v == 0.0);  // causal: no query sees a later key
+        sum += v;
+      }
+      CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
+    }
+  CHECK_FALSE(m.need_weights);
+  CHECK(token_label(tok, tok.encode("\n")[0]) == "\\n");
+  CHECK(token_label(tok, tok.encode("b")[0]) == "b");
+  CHECK(svg_heatmaps(maps).find("<svg") != std::string::npos);
+  AG_CHECK_ERROR(attention_maps(m, {}, tok), "attention_maps", "no tokens");
+}
+
+TEST_CASE("gpt: config JSON round trip and data errors") {
+  GPTConfig c = tiny_config();
+  c.dropout = 0.1;
+  GPTConfig back = gpt_config_from_json(gpt_config_to_json(c));
+  CHECK(back.vocab == 11);
+  CHECK(back.context == 16);
+  CHECK(back.d_model == 32);
+  CHECK(back.n_heads == 4);
+  CHECK(back.n_layers == 2);
+  CHECK(back.mlp_hidden == 64);
+  CHECK(back.dropout == 0.1);
+  nlohmann::json j = gpt_config_to_json(c);
+  j.erase("n_heads");
+  AG_CHECK_ERROR(gpt_config_from_json(j), "gpt config", "n_heads");
+
+  TempDir tmp("gpt");
+  write_bytes(tmp.file("t.txt"), "hello\nworld\n");
+  CHECK(load_gpt_text("bible", tmp.file("t.txt"), tmp.file("cache"), tmp.file("none")) == "hello\nworld\n");
+  CHECK_FALSE(missing_gpt_data("bible", tmp.file("t.txt"), tmp.file("cache"), tmp.file("none")).has_value());
+  auto missing = missing_gpt_data("fortunes", "", tmp.file("cache"), tmp.file("none"));
+  REQUIRE(missing.has_value());
+  CHECK(missing->find("apt-get install fortunes") != std::string::npos);
+  auto no_file = missing_gpt_data("bible", tmp.file("nope.txt"), tmp.file("cache"), tmp.file("none"));
+  REQUIRE(no_file.has_value());
+  CHECK(no_file->find("nope.txt") != std::string::npos);
+  // a cached bible text is used without the program
+  std::filesystem::create_directories(tmp.file("cache"));
+  write_bytes(tmp.file("cache") + "/bible-kjv.txt", "In the beginning");
+  CHECK_FALSE(missing_gpt_data("bible", "", tmp.file("cache"), tmp.file("none")).has_value());
+  AG_CHECK_ERROR(load_gpt_text("poems", "", tmp.file("cache"), tmp.file("none")), "load_gpt_text", "poems");
+}
