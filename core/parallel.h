@@ -14,14 +14,31 @@ namespace ag {
 int num_threads();
 void set_num_threads(int n);
 
+// Makes parallel_for run inline on this thread while it lives: for helper threads (the data
+// loader's) that must not open a second OpenMP team beside the training thread's.
+class SerialScope {
+ public:
+  SerialScope() : prev_(active()) { active() = true; }
+  ~SerialScope() { active() = prev_; }
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+  static bool& active() {
+    static thread_local bool on = false;
+    return on;
+  }
+
+ private:
+  bool prev_;
+};
+
 // Runs body(begin, end) over [0, n) in one contiguous chunk per thread; inline when the range
-// is smaller than `grain` or we are already inside a parallel region. The chunking depends only
+// is smaller than `grain`, we are already inside a parallel region, or in a SerialScope. The chunking depends only
 // on n and the thread count, never on timing. body must not throw: an exception cannot leave an
 // OpenMP region (check arguments in the op front, before the kernel).
 template <class F>
 void parallel_for(int64_t n, int64_t grain, F&& body) {
   if (n <= 0) return;
-  int nt = omp_in_parallel() ? 1 : num_threads();
+  int nt = omp_in_parallel() || SerialScope::active() ? 1 : num_threads();
   if (grain < 1) grain = 1;
   int64_t max_chunks = (n + grain - 1) / grain;
   if (nt > max_chunks) nt = int(max_chunks);

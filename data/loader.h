@@ -33,9 +33,8 @@
 //   - create tensors and write them through data<T>(): the CPU allocator is one mutex-guarded cache
 //     (core/allocator.cpp), the tape's sequence counter is atomic and grad mode is thread_local;
 //     a finished batch is handed over under the queue's mutex, so the caller sees it whole;
-//   - it should be plain serial code (copies, decoding, integer work). A tensor op that calls
-//     parallel_for from this thread is correct (same chunks, same results) but opens a second
-//     OpenMP team of num_threads() threads next to the trainer's, oversubscribing the cores;
+//   - kernels it calls run serially on the worker (a SerialScope: parallel_for stays inline), so
+//     it never opens a second OpenMP team next to the trainer's; the results are the same;
 //   - it must not draw from default_generator() (not thread-safe): derive a Generator or Philox
 //     counters from (seed, indices) instead, which also keeps batches reproducible;
 //   - it must leave tensors on the CPU; the caller moves a batch to the GPU after next().
@@ -59,6 +58,7 @@
 
 #include "autograd/tape.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/tensor.h"
 
 namespace ag::data {
@@ -201,6 +201,7 @@ class DataLoader {
 
   // The worker: batches first..num_batches-1, in order, at most `prefetch` waiting in the queue.
   void produce(int64_t first) {
+    SerialScope serial;  // one thread here; the trainer's OpenMP team keeps the cores
     const size_t depth = size_t(plan_.options().prefetch);
     for (int64_t b = first; b < num_batches(); ++b) {
       {
