@@ -124,7 +124,8 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
     : app_(std::move(app)), dir_(o.out_dir), o_(o), model_(model), opt_(opt), gen_(gen), config_(std::move(config)),
       extra_(std::move(extra)), start_time_(now_seconds()) {
   check(!dir_.empty(), "{}: no run directory (call apply_run_options first)", app_);
-  check(extra_.count("config") == 0, "{}: 'config' is reserved in the checkpoint metadata", app_);
+  check(extra_.count("config") == 0 && extra_.count("steps") == 0,
+        "{}: 'config' and 'steps' are reserved in the checkpoint metadata", app_);
   std::error_code ec;
   fs::create_directories(dir_, ec);
   check(!ec, "{}: cannot create the run directory '{}': {}", app_, dir_, ec.message());
@@ -142,6 +143,10 @@ int64_t Run::resume() {
     const CheckpointInfo info = read_checkpoint_info(ckpt);
     check(info.config == config_, "{}: --resume: {} was trained with the config\n  {}\nbut this run asks for\n  {}",
           app_, ckpt, info.config.dump(), config_.dump());
+    // the schedule is a function of the step and the total: a different --steps would bend it
+    check(!info.extra.count("steps") || info.extra.at("steps") == std::to_string(o_.steps),
+          "{}: --resume: {} belongs to a run of {} steps (its lr schedule), this run asks for --steps {}", app_,
+          ckpt, info.extra.count("steps") ? info.extra.at("steps") : "", o_.steps);
     first_step_ = nn::load_checkpoint(ckpt, model_, &opt_, &gen_).step;
     // the curves so far come back from the metrics of the interrupted run
     std::ifstream in(path("metrics.jsonl"));
@@ -205,6 +210,7 @@ void Run::log_eval(int64_t step, const Scalars& scalars) {
 void Run::save(int64_t step) {
   std::map<std::string, std::string> meta = extra_;
   meta["config"] = config_.dump();
+  meta["steps"] = std::to_string(o_.steps);
   nn::save_checkpoint(path("checkpoint.safetensors"), model_, opt_, step, gen_, meta);
   last_step_time_ = now_seconds();
 }

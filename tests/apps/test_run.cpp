@@ -126,5 +126,13 @@ TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") 
     Run run("demo", o, lin, opt, gen, nlohmann::json{{"width", 4}});
     AG_CHECK_ERROR(run.resume(), "--resume", "{\"width\":4}");
   }
+  {  // and so is another step total (the schedule would change under the resumed run)
+    Generator gen(1);
+    nn::Linear lin(3, 2, true, DType::f32, &gen);
+    optim::AdamW opt(lin.parameters(), {.lr = 0.05});
+    RunOptions o = make(8, {"--resume"});
+    Run run("demo", o, lin, opt, gen, config);
+    AG_CHECK_ERROR(run.resume(), "a run of 6 steps", "--steps 8");
+  }
   AG_CHECK_ERROR(read_checkpoint_info(dir + "/nothing.safetensors"), "nothing.safetensors", "does not exist");
 }
