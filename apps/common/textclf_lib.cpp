@@ -1,0 +1,511 @@
+// The text classifier's data, batching, training step, evaluation, heatmaps and naive Bayes
+// baseline: see textclf_lib.h for what each one computes.
+#include "apps/common/textclf_lib.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <numeric>
+
+#include "attograd.h"
+#include "optim/clip.h"
+
+namespace ag::apps::textclf {
+
+namespace fs = std::filesystem;
+
+// ---- tokenizer ---------------------------------------------------------------------------------
+
+TextTokenizer TextTokenizer::build_char(const std::vector<std::string>& train_texts) {
+  std::string all;
+  size_t bytes = 0;
+  for (const auto& t : train_texts) bytes += t.size();
+  all.reserve(bytes);
+  for (const auto& t : train_texts) all += t;
+  TextTokenizer tok;
+  tok.kind_ = Kind::char_level;
+  tok.chars_ = data::CharTokenizer::from_text(all);
+  return tok;
+}
+
+TextTokenizer TextTokenizer::build_word(const std::vector<std::string>& train_texts, int min_freq, int max_words) {
+  TextTokenizer tok;
+  tok.kind_ = Kind::word_level;
+  tok.words_ = data::WordTokenizer::build(train_texts, min_freq, max_words);
+  return tok;
+}
+
+int64_t TextTokenizer::vocab_size() const {
+  return kind_ == Kind::char_level ? int64_t(chars_.vocab_size()) + 1 : int64_t(words_.vocab_size());
+}
+
+std::vector<int64_t> TextTokenizer::encode(std::string_view text, int64_t max_len) const {
+  check(max_len > 0, "TextTokenizer::encode: max_len must be > 0, got {}", max_len);
+  std::vector<int64_t> ids;
+  if (kind_ == Kind::char_level) {
+    ids = chars_.encode(text);
+    if (int64_t(ids.size()) > max_len) ids.resize(size_t(max_len));
+    for (auto& id : ids) id += 1;  // 0 is the padding
+  } else {
+    ids = words_.encode(text, int(max_len));
+  }
+  return ids;
+}
+
+std::string TextTokenizer::label(int64_t id) const {
+  check(id >= 0 && id < vocab_size(), "TextTokenizer::label: id {} outside [0, {})", id, vocab_size());
+  if (id == 0) return "<pad>";
+  if (kind_ == Kind::word_level) return words_.token(id);
+  if (chars_.mode() == data::CharTokenizer::Mode::codepoint && id == 1) return "<unk>";
+  std::string s = chars_.decode({id - 1});
+  if (s == " ") return "\u2423";   // ␣
+  if (s == "\n") return "\u21b5";  // ↵
+  if (s == "\t") return "\u2192";  // →
+  return s;
+}
+
+std::string TextTokenizer::to_json() const {
+  nlohmann::json j;
+  j["kind"] = kind_name();
+  j["tokenizer"] = nlohmann::json::parse(kind_ == Kind::char_level ? chars_.to_json() : words_.to_json());
+  return j.dump();
+}
+
+TextTokenizer TextTokenizer::from_json(const std::string& json, const std::string& what) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: malformed JSON: {}", what, e.what()));
+  }
+  check(j.is_object() && j.contains("kind") && j["kind"].is_string() && j.contains("tokenizer"),
+        "{}: expected {{\"kind\": \"char\"|\"word\", \"tokenizer\": {{...}}}}, got {}", what, json.substr(0, 80));
+  const std::string kind = j["kind"].get<std::string>();
+  TextTokenizer tok;
+  if (kind == "char") {
+    tok.kind_ = Kind::char_level;
+    tok.chars_ = data::CharTokenizer::from_json(j["tokenizer"].dump(), what);
+  } else if (kind == "word") {
+    tok.kind_ = Kind::word_level;
+    tok.words_ = data::WordTokenizer::from_json(j["tokenizer"].dump(), what);
+  } else {
+    throw Error(fmt::format("{}: unknown kind '{}' (expected char or word)", what, kind));
+  }
+  return tok;
+}
+
+// ---- config ----------------------------------------------------------------------------------------
+
+nlohmann::json config_to_json(const TextClassifierConfig& c) {
+  return {{"vocab", c.vocab},           {"max_len", c.max_len}, {"classes", c.classes},
+          {"d_model", c.d_model},       {"n_heads", c.n_heads}, {"n_layers", c.n_layers},
+          {"mlp_hidden", c.mlp_hidden}, {"dropout", c.dropout}};
+}
+
+TextClassifierConfig config_from_json(const nlohmann::json& j) {
+  check(j.is_object(), "textclf config: expected a JSON object, got {}", j.dump());
+  auto get_int = [&](const char* key) {
+    check(j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() > 0,
+          "textclf config: '{}' must be a positive integer, got {}", key, j.contains(key) ? j[key].dump() : "nothing");
+    return j[key].get<int64_t>();
+  };
+  TextClassifierConfig c;
+  c.vocab = get_int("vocab");
+  c.max_len = get_int("max_len");
+  c.classes = get_int("classes");
+  c.d_model = get_int("d_model");
+  c.n_heads = get_int("n_heads");
+  c.n_layers = get_int("n_layers");
+  c.mlp_hidden = get_int("mlp_hidden");
+  check(j.contains("dropout") && j["dropout"].is_number() && j["dropout"].get<double>() >= 0 &&
+            j["dropout"].get<double>() < 1,
+        "textclf config: 'dropout' must be a number in [0, 1), got {}", j.contains("dropout") ? j["dropout"].dump() : "nothing");
+  c.dropout = j["dropout"].get<double>();
+  return c;
+}
+
+// ---- data --------------------------------------------------------------------------------------------
+
+int64_t EncodedSet::tokens() const {
+  int64_t n = 0;
+  for (const auto& s : ids) n += int64_t(s.size());
+  return n;
+}
+
+EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len) {
+  EncodedSet set;
+  set.ids.reserve(ds.examples.size());
+  set.labels.reserve(ds.examples.size());
+  for (const auto& ex : ds.examples) {
+    std::vector<int64_t> ids = tok.encode(ex.text, max_len);
+    if (ids.empty()) ids.push_back(1);  // nothing the vocabulary knows: one <unk> (a length of 0 cannot be pooled)
+    set.ids.push_back(std::move(ids));
+    set.labels.push_back(ex.label);
+  }
+  return set;
+}
+
+nlohmann::json data_to_json(const DataOptions& d) {
+  return {{"dataset", d.dataset},     {"root", d.root},           {"tsv_file", d.tsv_file},
+          {"tsv_test", d.tsv_test},   {"split_seed", d.split_seed}, {"tokenizer", d.tokenizer},
+          {"max_len", d.max_len},     {"min_freq", d.min_freq},   {"max_words", d.max_words}};
+}
+
+DataOptions data_from_json(const nlohmann::json& j) {
+  DataOptions d;
+  try {
+    d.dataset = j.at("dataset").get<std::string>();
+    d.root = j.at("root").get<std::string>();
+    d.tsv_file = j.at("tsv_file").get<std::string>();
+    d.tsv_test = j.at("tsv_test").get<std::string>();
+    d.split_seed = j.at("split_seed").get<uint64_t>();
+    d.tokenizer = j.at("tokenizer").get<std::string>();
+    d.max_len = j.at("max_len").get<int64_t>();
+    d.min_freq = j.at("min_freq").get<int>();
+    d.max_words = j.at("max_words").get<int>();
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("textclf config: malformed data entry {}: {}", j.dump(), e.what()));
+  }
+  return d;
+}
+
+std::string resolve_tokenizer(const DataOptions& d) {
+  check(d.dataset == "fortunes" || d.dataset == "imdb" || d.dataset == "tsv",
+        "textclf: unknown dataset '{}' (expected fortunes, imdb or tsv)", d.dataset);
+  if (d.tokenizer == "auto") return d.dataset == "imdb" ? "word" : "char";
+  check(d.tokenizer == "char" || d.tokenizer == "word", "textclf: unknown tokenizer '{}' (expected char, word or auto)",
+        d.tokenizer);
+  return d.tokenizer;
+}
+
+std::string missing_data(const DataOptions& d) {
+  std::error_code ec;
+  if (d.dataset == "fortunes") {
+    const std::string root = d.root.empty() ? data::kFortuneRoot : d.root;
+    std::vector<std::string> missing = missing_fortune_packages(root);
+    if (missing.empty()) return "";
+    std::string list;
+    for (const auto& p : missing) list += (list.empty() ? "" : " ") + p;
+    return fmt::format("the fortunes under {} lack the Debian packages {}: install them with\n  sudo apt-get install {}",
+                       root, list, list);
+  }
+  if (d.dataset == "imdb") {
+    for (const char* part : {"train/pos", "train/neg", "test/pos", "test/neg"})
+      if (!fs::is_directory(fs::path(d.root) / part, ec))
+        return fmt::format("no aclImdb folder at '{}' (missing {}/): download aclImdb_v1.tar.gz from "
+                           "https://ai.stanford.edu/~amaas/data/sentiment/, unpack it and pass --data-dir <path>/aclImdb",
+                           d.root, part);
+    return "";
+  }
+  if (d.dataset == "tsv") {
+    if (d.tsv_file.empty()) return "--dataset tsv needs --tsv-file <label<TAB>text file>";
+    for (const std::string& f : {d.tsv_file, d.tsv_test})
+      if (!f.empty() && !fs::is_regular_file(f, ec)) return fmt::format("no TSV file at '{}'", f);
+    return "";
+  }
+  return fmt::format("unknown dataset '{}' (expected fortunes, imdb or tsv)", d.dataset);
+}
+
+data::TextSplit load_split(const DataOptions& d) {
+  if (d.dataset == "fortunes")
+    return data::split_dataset(data::load_fortunes(d.root.empty() ? data::kFortuneRoot : d.root), d.split_seed);
+  data::TextDataset train, test;
+  if (d.dataset == "imdb") {
+    train = data::load_imdb(d.root, "train");
+    test = data::load_imdb(d.root, "test");
+  } else if (d.dataset == "tsv") {
+    train = data::load_tsv(d.tsv_file);
+    if (d.tsv_test.empty()) return data::split_dataset(train, d.split_seed);
+    test = data::load_tsv(d.tsv_test, train.classes);
+  } else {
+    throw Error(fmt::format("textclf: unknown dataset '{}' (expected fortunes, imdb or tsv)", d.dataset));
+  }
+  data::TextSplit s = data::split_dataset(train, d.split_seed, 0.1, 0.0);
+  s.test = std::move(test);
+  return s;
+}
+
+std::vector<std::string> missing_fortune_packages(const std::string& root) {
+  std::vector<std::string> missing;
+  for (const data::FortuneSource& src : data::fortune_sources()) {
+    std::error_code ec;
+    if (fs::exists(fs::path(root) / src.path, ec)) continue;
+    if (std::find(missing.begin(), missing.end(), src.package) == missing.end()) missing.push_back(src.package);
+  }
+  return missing;
+}
+
+Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_t max_len) {
+  std::vector<std::vector<int64_t>> seqs;
+  std::vector<int64_t> labels;
+  seqs.reserve(indices.size());
+  labels.reserve(indices.size());
+  for (int64_t i : indices) {
+    check(i >= 0 && i < set.size(), "textclf make_batch: index {} outside [0, {})", i, set.size());
+    seqs.push_back(set.ids[size_t(i)]);
+    labels.push_back(set.labels[size_t(i)]);
+  }
+  data::PaddedBatch p = data::pad_batch(seqs, 0, max_len);
+  Batch b;
+  b.tokens = p.tokens;
+  b.lengths = p.lengths;
+  b.labels = from_vector(labels, {int64_t(labels.size())});
+  for (const auto& s : seqs) b.num_tokens += std::min<int64_t>(int64_t(s.size()), max_len);
+  return b;
+}
+
+BucketSampler::BucketSampler(std::vector<int64_t> lengths, int64_t batch_size, int64_t window, uint64_t seed)
+    : lengths_(std::move(lengths)), batch_size_(batch_size), window_(window), seed_(seed) {
+  check(batch_size > 0 && window > 0, "BucketSampler: batch size {} and window {} must be > 0", batch_size, window);
+  check(int64_t(lengths_.size()) >= batch_size, "BucketSampler: {} texts are fewer than one batch of {}",
+        lengths_.size(), batch_size);
+  num_batches_ = int64_t(lengths_.size()) / batch_size;
+}
+
+std::vector<std::vector<int64_t>> BucketSampler::epoch_batches(uint64_t epoch) const {
+  const int64_t n = int64_t(lengths_.size());
+  std::vector<int64_t> order = data::epoch_permutation(n, seed_, epoch);
+  const int64_t span = window_ * batch_size_;
+  for (int64_t w = 0; w < n; w += span) {
+    auto first = order.begin() + w, last = order.begin() + std::min(n, w + span);
+    std::stable_sort(first, last, [&](int64_t a, int64_t b) { return lengths_[size_t(a)] < lengths_[size_t(b)]; });
+  }
+  std::vector<std::vector<int64_t>> batches(static_cast<size_t>(num_batches_));
+  for (int64_t b = 0; b < num_batches_; ++b)
+    batches[size_t(b)].assign(order.begin() + b * batch_size_, order.begin() + (b + 1) * batch_size_);
+  // Fisher-Yates over the batches: i = k-1 down to 1 swaps batch i with batch j, j uniform in [0, i].
+  for (int64_t i = num_batches_ - 1; i > 0; --i) {
+    const auto j = int64_t(data::philox_below(seed_, 1 + epoch, uint64_t(i), uint64_t(i + 1)));
+    std::swap(batches[size_t(i)], batches[size_t(j)]);
+  }
+  return batches;
+}
+
+std::vector<int64_t> BucketSampler::batch(int64_t step) const {
+  check(step >= 0, "BucketSampler: step {} must be >= 0", step);
+  const int64_t epoch = step / num_batches_;
+  std::lock_guard lock(mu_);
+  if (epoch != cached_epoch_) {
+    cached_ = epoch_batches(uint64_t(epoch));
+    cached_epoch_ = epoch;
+  }
+  return cached_[size_t(step % num_batches_)];
+}
+
+std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set, const BucketSampler& sampler,
+                                                           int64_t steps, int64_t max_len, int prefetch) {
+  check(steps > 0, "textclf make_train_loader: steps must be > 0, got {}", steps);
+  data::LoaderOptions o;
+  o.batch_size = 1;
+  o.shuffle = false;
+  o.prefetch = prefetch;
+  return std::make_unique<data::DataLoader<Batch>>(steps, o, [&set, &sampler, max_len](std::span<const int64_t> s) {
+    std::vector<int64_t> idx = sampler.batch(s[0]);
+    return make_batch(set, idx, max_len);
+  });
+}
+
+// ---- training and evaluation --------------------------------------------------------------------
+
+StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
+                      double label_smoothing) {
+  model.train();
+  Tensor logits = model.forward(b.tokens, b.lengths);  // (B, K)
+  Tensor loss = cross_entropy(logits, b.labels, "mean", -100, label_smoothing);
+  opt.zero_grad();
+  loss.backward();
+  StepResult r;
+  r.loss = loss.item<double>();
+  if (clip > 0) r.grad_norm = optim::clip_grad_norm(model.parameters(), clip);
+  opt.step();
+  return r;
+}
+
+EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vector<std::string>& classes,
+                    int64_t batch_tokens, int64_t limit) {
+  check(batch_tokens > 0, "textclf evaluate: batch_tokens must be > 0, got {}", batch_tokens);
+  EvalResult r(classes);
+  const int64_t n = limit > 0 ? std::min(limit, set.size()) : set.size();
+  if (n == 0) {
+    r.loss = r.accuracy = std::numeric_limits<double>::quiet_NaN();
+    return r;
+  }
+  // longest first: each batch pads to its first text, and similar lengths pad little
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return set.ids[size_t(a)].size() > set.ids[size_t(b)].size(); });
+  const bool was_training = model.is_training();
+  model.eval();
+  NoGradGuard no_grad;
+  double loss_sum = 0;
+  for (int64_t begin = 0; begin < n;) {
+    const int64_t T = int64_t(set.ids[size_t(order[size_t(begin)])].size());
+    const int64_t count = std::clamp<int64_t>(batch_tokens / std::max<int64_t>(T, 1), 1, n - begin);
+    std::span<const int64_t> idx(order.data() + begin, size_t(count));
+    Batch b = make_batch(set, idx, model.cfg.max_len);
+    Tensor logits = model.forward(b.tokens, b.lengths);
+    loss_sum += cross_entropy(logits, b.labels, "sum").item<double>();
+    std::vector<int64_t> pred = argmax(logits, 1).to_vector<int64_t>();
+    std::vector<int64_t> truth = b.labels.to_vector<int64_t>();
+    r.confusion.add(truth, pred);
+    begin += count;
+  }
+  model.train(was_training);
+  r.loss = loss_sum / double(n);
+  r.accuracy = r.confusion.accuracy();
+  return r;
+}
+
+std::vector<Heatmap> attention_heatmaps(TextClassifier& model, const TextTokenizer& tok,
+                                        const std::vector<int64_t>& ids, int64_t* predicted) {
+  check(!ids.empty() && int64_t(ids.size()) <= model.cfg.max_len,
+        "textclf attention_heatmaps: expected 1..{} tokens, got {}", model.cfg.max_len, ids.size());
+  const int64_t T = int64_t(ids.size());
+  const bool was_training = model.is_training(), had_weights = model.need_weights;
+  model.eval();
+  model.need_weights = true;
+  NoGradGuard no_grad;
+  Tensor logits = model.forward(from_vector(ids, {1, T}), from_vector(std::vector<int64_t>{T}, {1}));
+  if (predicted) *predicted = argmax(logits, 1).to_vector<int64_t>()[0];
+  std::vector<std::string> labels;
+  for (int64_t id : ids) labels.push_back(tok.label(id));
+  std::vector<Heatmap> panels;
+  for (size_t l = 0; l < model.blocks->size(); ++l) {
+    const Tensor& w = (*model.blocks)[l].attn_weights;  // (1, H, T, T)
+    check(w.defined() && w.ndim() == 4, "textclf attention_heatmaps: block {} kept no attention weights", l);
+    for (int64_t h = 0; h < w.size(1); ++h)
+      panels.push_back(heatmap_from_tensor(w.select(0, 0).select(0, h), fmt::format("layer {}, head {}", l, h),
+                                           labels, labels));
+  }
+  model.need_weights = had_weights;
+  for (size_t l = 0; l < model.blocks->size(); ++l) (*model.blocks)[l].attn_weights = Tensor();
+  model.train(was_training);
+  return panels;
+}
+
+int64_t pick_heatmap_sample(const EncodedSet& set, int64_t lo, int64_t hi) {
+  int64_t shortest = -1;
+  for (int64_t i = 0; i < set.size(); ++i) {
+    const auto len = int64_t(set.ids[size_t(i)].size());
+    if (len >= lo && len <= hi) return i;
+    if (shortest < 0 || len < int64_t(set.ids[size_t(shortest)].size())) shortest = i;
+  }
+  return shortest;
+}
+
+// ---- naive Bayes ---------------------------------------------------------------------------------
+
+namespace {
+
+// FNV-1a, 64 bit, over the bytes of one n-gram.
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Byte offsets where each codepoint of valid UTF-8 starts, plus the end.
+std::vector<size_t> codepoint_starts(std::string_view s) {
+  std::vector<size_t> starts;
+  starts.reserve(s.size() + 1);
+  for (size_t i = 0; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) starts.push_back(i);
+  starts.push_back(s.size());
+  return starts;
+}
+
+}  // namespace
+
+std::vector<uint64_t> CharNgramNB::ngrams(std::string_view text) const {
+  std::vector<size_t> starts = codepoint_starts(text);
+  const size_t cps = starts.size() - 1;
+  std::vector<uint64_t> out;
+  for (int n = o_.min_n; n <= o_.max_n; ++n)
+    for (size_t i = 0; i + size_t(n) <= cps; ++i)
+      out.push_back(fnv1a(text.substr(starts[i], starts[i + size_t(n)] - starts[i])));
+  return out;
+}
+
+void CharNgramNB::fit(const data::TextDataset& train) {
+  check(o_.min_n >= 1 && o_.max_n >= o_.min_n, "CharNgramNB: n-gram range [{}, {}] is empty or starts below 1",
+        o_.min_n, o_.max_n);
+  check(o_.alpha > 0, "CharNgramNB: alpha must be > 0, got {}", o_.alpha);
+  check(train.size() > 0 && train.num_classes() > 0, "CharNgramNB: the training set is empty");
+  classes_ = train.classes;
+  const size_t K = classes_.size();
+  id_.clear();
+  counts_.clear();
+  total_.assign(K, 0.0);
+  std::vector<double> docs(K, 0.0);
+  for (const auto& ex : train.examples) {
+    docs[size_t(ex.label)] += 1;
+    for (uint64_t g : ngrams(ex.text)) {
+      auto [it, fresh] = id_.try_emplace(g, uint32_t(id_.size()));
+      if (fresh) counts_.resize(counts_.size() + K, 0);
+      counts_[size_t(it->second) * K + size_t(ex.label)] += 1;
+      total_[size_t(ex.label)] += 1;
+    }
+  }
+  log_prior_.resize(K);
+  for (size_t c = 0; c < K; ++c)
+    log_prior_[c] = docs[c] > 0 ? std::log(docs[c] / double(train.size())) : -std::numeric_limits<double>::infinity();
+}
+
+void CharNgramNB::set_alpha(double alpha) {
+  check(alpha > 0, "CharNgramNB: alpha must be > 0, got {}", alpha);
+  o_.alpha = alpha;
+}
+
+std::vector<double> CharNgramNB::log_posterior(std::string_view text) const {
+  check(!classes_.empty(), "CharNgramNB: log_posterior before fit");
+  const size_t K = classes_.size();
+  const double V = double(id_.size()), a = o_.alpha, log_a = std::log(a);
+  // sum_g log(count_c(g) + alpha) = m log(alpha) + sum over nonzero counts of log(1 + count / alpha)
+  std::vector<double> score(K, 0.0);
+  double m = 0;  // n-grams of the text that training saw
+  for (uint64_t g : ngrams(text)) {
+    auto it = id_.find(g);
+    if (it == id_.end()) continue;
+    m += 1;
+    const uint32_t* row = counts_.data() + size_t(it->second) * K;
+    for (size_t c = 0; c < K; ++c)
+      if (row[c]) score[c] += std::log1p(double(row[c]) / a);
+  }
+  double mx = -std::numeric_limits<double>::infinity();
+  for (size_t c = 0; c < K; ++c) {
+    score[c] += log_prior_[c] + m * (log_a - std::log(total_[c] + a * V));
+    mx = std::max(mx, score[c]);
+  }
+  double z = 0;
+  for (double s : score) z += std::exp(s - mx);
+  const double log_z = mx + std::log(z);
+  for (double& s : score) s -= log_z;
+  return score;
+}
+
+int CharNgramNB::predict(std::string_view text) const {
+  std::vector<double> lp = log_posterior(text);
+  return int(std::max_element(lp.begin(), lp.end()) - lp.begin());
+}
+
+EvalResult CharNgramNB::evaluate(const data::TextDataset& ds) const {
+  check(ds.classes == classes_, "CharNgramNB: the evaluation set's {} classes differ from the training set's {}",
+        ds.classes.size(), classes_.size());
+  EvalResult r(classes_);
+  double nll = 0;
+  for (const auto& ex : ds.examples) {
+    std::vector<double> lp = log_posterior(ex.text);
+    nll -= lp[size_t(ex.label)];
+    r.confusion.add(ex.label, int64_t(std::max_element(lp.begin(), lp.end()) - lp.begin()));
+  }
+  r.accuracy = r.confusion.accuracy();
+  r.loss = ds.size() ? nll / double(ds.size()) : std::numeric_limits<double>::quiet_NaN();
+  return r;
+}
+
+}  // namespace ag::apps::textclf

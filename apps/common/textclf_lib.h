@@ -1,0 +1,226 @@
+#pragma once
+// What apps/textclf.cpp needs besides its CLI and its loop, here so that the tests reach it:
+//
+//   TextTokenizer      char (codepoint or byte) or word ids for the model, 0 = padding, saved with
+//                      the checkpoint as JSON ("tokenizer" in the checkpoint's extra metadata)
+//   encode_dataset     every text of a split -> its ids, truncated to max_len
+//   BucketSampler      the batches of a training step: a pure function of (seed, step) that groups
+//                      texts of similar length, so a batch pads little
+//   make_batch         ids -> a padded batch (tokens, lengths, labels) with data::pad_batch
+//   train_step         forward, cross-entropy, backward, clip, AdamW: one update
+//   evaluate           loss, accuracy and confusion matrix over a split, longest-first batches
+//   attention_heatmaps the per-head token-by-token weights of one text, one panel per head
+//   CharNgramNB        the baseline to beat: multinomial naive Bayes on character 1-5-grams
+//
+// Shapes, with B the batch, T the longest text in it (<= max_len), K the classes:
+//   tokens i64 (B, T) padded with 0, lengths i64 (B), labels i64 (B), logits f32 (B, K).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/common/models.h"
+#include "apps/common/plot.h"
+#include "apps/common/report.h"
+#include "data/loader.h"
+#include "data/text.h"
+#include "data/tokenizer.h"
+#include "optim/optimizer.h"
+
+namespace ag::apps::textclf {
+
+// ---- tokenizer ---------------------------------------------------------------------------------
+// Model ids put the padding at 0, so a tokenizer's own ids are shifted where they would collide:
+//   char  model id = char id + 1: 0 <pad>, 1 <unk> (codepoint mode), then the codepoints of the
+//         training text in ascending order (or the 256 bytes in byte mode, ids 1..256)
+//   word  model id = word id: 0 <pad>, 1 <unk>, then the words by frequency (data/tokenizer.h)
+// JSON form (the checkpoint's "tokenizer" entry):
+//   {"kind": "char", "tokenizer": <CharTokenizer::to_json() object>}
+//   {"kind": "word", "tokenizer": <WordTokenizer::to_json() object>}
+class TextTokenizer {
+ public:
+  enum class Kind { char_level, word_level };
+
+  // Char: the codepoints of `train_texts`. Word: the words seen at least min_freq times, at most
+  // max_words ids in all.
+  static TextTokenizer build_char(const std::vector<std::string>& train_texts);
+  static TextTokenizer build_word(const std::vector<std::string>& train_texts, int min_freq, int max_words);
+
+  Kind kind() const { return kind_; }
+  std::string kind_name() const { return kind_ == Kind::char_level ? "char" : "word"; }
+  int64_t vocab_size() const;  // model ids 0..vocab_size-1, padding included
+
+  // The model ids of `text`, at most max_len of them (max_len > 0).
+  std::vector<int64_t> encode(std::string_view text, int64_t max_len) const;
+  // What a model id stands for, for plot labels: the character (a space shown as "␣", a newline
+  // as "↵", a tab as "→") or the word; "<pad>", "<unk>".
+  std::string label(int64_t id) const;
+
+  std::string to_json() const;
+  // Raises ag::Error starting with `what` on anything malformed.
+  static TextTokenizer from_json(const std::string& json, const std::string& what = "textclf tokenizer");
+
+ private:
+  Kind kind_ = Kind::char_level;
+  data::CharTokenizer chars_;
+  data::WordTokenizer words_;
+};
+
+// ---- the model's config in checkpoints ------------------------------------------------------
+nlohmann::json config_to_json(const TextClassifierConfig& c);
+// Every field is required and checked; ag::Error "textclf config: ..." otherwise.
+TextClassifierConfig config_from_json(const nlohmann::json& j);
+
+// ---- data ----------------------------------------------------------------------------------------
+struct EncodedSet {
+  std::vector<std::vector<int64_t>> ids;  // per text, 1..max_len model ids (an empty text: one <unk>)
+  std::vector<int64_t> labels;            // per text, in [0, K)
+  int64_t size() const { return int64_t(ids.size()); }
+  int64_t tokens() const;                 // sum of the lengths
+};
+EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len);
+
+// Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that
+// --eval-only rebuilds the same split.
+//   fortunes  language identification on data::load_fortunes(root), split 80/10/10 by split_seed
+//   imdb      <root>/train and <root>/test of an aclImdb folder; validation = 10% of train
+//   tsv       tsv_file split 80/10/10, or tsv_file for train + validation (10%) and tsv_test for test
+struct DataOptions {
+  std::string dataset = "fortunes";  // fortunes | imdb | tsv
+  std::string root;                  // fortunes: data::kFortuneRoot; imdb: the aclImdb folder
+  std::string tsv_file, tsv_test;
+  uint64_t split_seed = 1;
+  std::string tokenizer = "auto";    // char | word | auto (word for imdb, char otherwise)
+  int64_t max_len = 128;             // tokens per text; longer texts keep their beginning
+  int min_freq = 2, max_words = 30000;  // word tokenizer
+};
+nlohmann::json data_to_json(const DataOptions& d);
+DataOptions data_from_json(const nlohmann::json& j);  // ag::Error "textclf config: ..." when malformed
+// "char" or "word": what `auto` means for the dataset; ag::Error on an unknown value.
+std::string resolve_tokenizer(const DataOptions& d);
+// Empty when the data is there; otherwise what to install or where to put it (the app exits 2).
+std::string missing_data(const DataOptions& d);
+// The train / valid / test split the options describe (ag::Error on malformed data).
+data::TextSplit load_split(const DataOptions& d);
+
+// The Debian packages of the fortune table (data/text.h fortune_sources) whose files are missing
+// under `root`, each once, in table order. Empty when everything is installed.
+std::vector<std::string> missing_fortune_packages(const std::string& root);
+
+// A training batch: data::pad_batch's tokens and lengths, plus the labels.
+struct Batch {
+  Tensor tokens, lengths, labels;  // i64 (B, T), (B), (B)
+  int64_t num_tokens = 0;          // valid tokens (sum of lengths)
+};
+Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_t max_len);
+
+// Length bucketing without giving up randomness. Epoch e of step s = e * num_batches() + b:
+//   1. order = data::epoch_permutation(N, seed, e)               a fresh shuffle
+//   2. cut order into windows of `window` batches (window * batch_size texts); sort each window
+//      by length (stable: ties keep the shuffled order)           neighbours have similar lengths
+//   3. cut into batches of batch_size; the last partial batch is dropped
+//   4. shuffle the batches of the epoch (Fisher-Yates, draws data::philox_below(seed, 1 + e, i, k))
+//                                                                  so lengths do not come in runs
+// batch(s) is a pure function of (lengths, batch_size, window, seed, s): the same on every
+// machine and thread count, which makes a resumed run see exactly what an unbroken one would.
+// window = 1 is plain shuffled batching. Thread-safe (one epoch's plan is cached under a mutex).
+class BucketSampler {
+ public:
+  BucketSampler(std::vector<int64_t> lengths, int64_t batch_size, int64_t window, uint64_t seed);
+  int64_t num_batches() const { return num_batches_; }  // per epoch: N / batch_size
+  std::vector<int64_t> batch(int64_t step) const;
+  std::vector<std::vector<int64_t>> epoch_batches(uint64_t epoch) const;  // the plan of one epoch
+
+ private:
+  std::vector<int64_t> lengths_;
+  int64_t batch_size_, window_, num_batches_;
+  uint64_t seed_;
+  mutable std::mutex mu_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<std::vector<int64_t>> cached_;
+};
+
+// The training batches of steps 0..steps-1 as a prefetching DataLoader: item s of its one
+// unshuffled epoch is the batch of step s (sampler.batch(s)), so loader.seek(start) resumes a run
+// at `start`. `set` and `sampler` must outlive the loader.
+std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set, const BucketSampler& sampler,
+                                                           int64_t steps, int64_t max_len, int prefetch = 2);
+
+// ---- training and evaluation --------------------------------------------------------------------
+struct StepResult {
+  double loss = 0;       // mean cross-entropy of the batch (with label smoothing, if any)
+  double grad_norm = 0;  // before clipping
+};
+// One update: model.train(), logits, cross_entropy, zero_grad, backward, clip (clip > 0), step.
+StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
+                      double label_smoothing = 0.0);
+
+struct EvalResult {
+  double loss = 0;      // mean cross-entropy (no smoothing)
+  double accuracy = 0;  // in [0, 1]
+  ConfusionMatrix confusion;
+  explicit EvalResult(std::vector<std::string> classes) : confusion(std::move(classes)) {}
+};
+// In eval mode under NoGradGuard (the model's train/eval state is restored afterwards); batches
+// of texts of similar length (sorted, longest first), at most `batch_tokens` padded tokens each.
+// `limit` > 0 evaluates only the first `limit` texts.
+EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vector<std::string>& classes,
+                    int64_t batch_tokens = 16384, int64_t limit = 0);
+
+// Per-head attention weights of one text: one panel per (layer, head) titled "layer l, head h",
+// rows = queries, columns = keys, both labelled by the tokens. `predicted` gets the model's class.
+std::vector<Heatmap> attention_heatmaps(TextClassifier& model, const TextTokenizer& tok,
+                                        const std::vector<int64_t>& ids, int64_t* predicted = nullptr);
+
+// A test text for the heatmap: the first of `set` whose length lies in [lo, hi] (so that a
+// person can read the labels), else the shortest. -1 when the set is empty.
+int64_t pick_heatmap_sample(const EncodedSet& set, int64_t lo = 24, int64_t hi = 48);
+
+// ---- the baseline: character n-gram naive Bayes ---------------------------------------------------
+// Features: every substring of n consecutive codepoints of the text, n = min_n..max_n (the bytes of
+// valid UTF-8, identified by a 64-bit FNV-1a hash; a collision among the ~10^6 distinct n-grams of
+// the fortunes has probability ~10^-7). Multinomial naive Bayes with add-alpha smoothing, in log space:
+//   log P(c | x)  =  log prior_c + sum_g n_g(x) log theta_{c,g}  - log Z(x)
+//   prior_c       = docs of class c / docs
+//   theta_{c,g}   = (count_c(g) + alpha) / (total_c + alpha V)      V = distinct n-grams in training
+// where count_c(g) is how often g occurs in the training texts of class c and total_c = sum_g count_c(g).
+// n-grams never seen in training are left out (as scikit-learn's vectorizer does).
+struct NaiveBayesOptions {
+  int min_n = 1, max_n = 5;
+  double alpha = 0.1;
+};
+
+class CharNgramNB {
+ public:
+  explicit CharNgramNB(NaiveBayesOptions o = {}) : o_(o) {}
+  void fit(const data::TextDataset& train);
+  // Normalised log posteriors log P(c | text), K values (their exps sum to 1).
+  std::vector<double> log_posterior(std::string_view text) const;
+  int predict(std::string_view text) const;  // argmax (the lowest class on a tie)
+  // Accuracy and confusion matrix over `ds` (its classes must be the training set's).
+  EvalResult evaluate(const data::TextDataset& ds) const;
+
+  void set_alpha(double alpha);  // refit-free: only theta's smoothing changes
+  double alpha() const { return o_.alpha; }
+  int64_t vocabulary() const { return int64_t(id_.size()); }
+  const std::vector<std::string>& classes() const { return classes_; }
+
+  // The n-gram hashes of a text, with repeats (exposed for the tests).
+  std::vector<uint64_t> ngrams(std::string_view text) const;
+
+ private:
+  NaiveBayesOptions o_;
+  std::vector<std::string> classes_;
+  std::unordered_map<uint64_t, uint32_t> id_;  // n-gram hash -> row of counts_
+  std::vector<uint32_t> counts_;               // (V, K) row-major: count_c(g)
+  std::vector<double> total_, log_prior_;      // (K)
+};
+
+}  // namespace ag::apps::textclf

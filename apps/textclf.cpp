@@ -1,0 +1,262 @@
+// textclf: an attention text classifier. Default task: which of 8 languages (en de es it pt ru cs
+// pl) a fortune cookie is written in, from Debian's fortune packages (~91k texts, split 80/10/10).
+// Also the aclImdb reviews (--dataset imdb --data-dir <aclImdb>) and any label<TAB>text file
+// (--dataset tsv --tsv-file f).
+//
+// The model (apps/common/models.h TextClassifier), B texts of at most T tokens, K classes:
+//   tokens (B, T) i64, padded with 0 after lengths[b] valid tokens (characters by default)
+//   h = tok(tokens) + pos(0..T-1)                        (B, T, d)  learned embeddings
+//   h = h + attn(ln1(h), keys t < lengths[b])            (B, T, d)  4 heads of d/4 dims, padded keys
+//   h = h + mlp(ln2(h))                                  (B, T, d)  never attended to; x n_layers
+//   pooled_b = sum_{t < len_b} norm(h)_bt / len_b        (B, d)     mean over the valid tokens
+//   logits = head(dropout(pooled))                       (B, K)
+//   loss = cross_entropy(logits, label)
+// Attention, per head: softmax(q k^T / sqrt(d/4) + mask) v, where the mask is -inf on padded keys.
+//
+// Batches group texts of similar length (BucketSampler: sorted within windows of 16 shuffled
+// batches), so little of each batch is padding. The baseline to beat is a character 1-5-gram
+// multinomial naive Bayes on the same split (--baseline, on by default for the fortunes).
+//
+// Writes to the run directory (default runs/textclf): checkpoint (with config and tokenizer),
+// metrics.jsonl, TensorBoard events, curves.svg, attention.svg (every head's weights on one test
+// text, tokens on both axes), report.json.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/ranges.h>
+
+#include "apps/common/run.h"
+#include "apps/common/textclf_lib.h"
+#include "attograd.h"
+#include "nn/checkpoint.h"
+#include "optim/adam.h"
+
+using namespace ag;
+using namespace ag::apps;
+using namespace ag::apps::textclf;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The baseline, fitted on train and measured on valid and test: returns the test accuracy.
+std::pair<double, double> naive_bayes_baseline(const data::TextSplit& split, double alpha) {
+  auto t0 = std::chrono::steady_clock::now();
+  CharNgramNB nb({.min_n = 1, .max_n = 5, .alpha = alpha});
+  nb.fit(split.train);
+  EvalResult val = nb.evaluate(split.valid), test = nb.evaluate(split.test);
+  fmt::print(stderr, "baseline: character 1-5-gram naive Bayes (alpha {}, {} n-grams): val {:.2f}%, test {:.2f}% ({:.1f} s)\n",
+             alpha, nb.vocabulary(), 100 * val.accuracy, 100 * test.accuracy, seconds_since(t0));
+  return {val.accuracy, test.accuracy};
+}
+
+// attention.svg: every head of every layer on one test text, tokens on both axes.
+void write_attention_svg(TextClassifier& model, const TextTokenizer& tok, const EncodedSet& test,
+                         const data::TextDataset& raw, const std::string& path) {
+  const int64_t i = pick_heatmap_sample(test);
+  if (i < 0) return;
+  int64_t predicted = -1;
+  std::vector<Heatmap> panels = attention_heatmaps(model, tok, test.ids[size_t(i)], &predicted);
+  HeatmapOptions ho;
+  ho.columns = int(model.cfg.n_heads);
+  ho.cell = 14;
+  ho.title = fmt::format("attention weights (query rows, key columns) of test text {}: true {}, predicted {}", i,
+                         raw.classes[size_t(test.labels[size_t(i)])], raw.classes[size_t(predicted)]);
+  write_file_atomic(path, svg_heatmaps(panels, ho));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App cli{"textclf: an attention text classifier (default: language identification on Debian's fortunes)"};
+  RunOptions o;
+  // Defaults measured on the fortunes, 2 idle cores: 6500 steps (5.7 epochs) take 4:22 at ~40 ms a
+  // step and reach 97.1% test accuracy (the naive Bayes baseline: 99.5%); d_model 128 / MLP 512
+  // reaches 97.2% in 2800 steps of the same time. The model underfits (train loss ~ val loss), so
+  // dropout only slows it (0.1 with 64 characters: 93.7% validation accuracy after 600 steps;
+  // 0 with 128 characters: 95.2% after 500) and is off by default.
+  o.steps = 6500;
+  o.batch = 64;
+  o.lr = 3e-3;
+  o.warmup = 0.05;
+  o.weight_decay = 0.05;
+  o.clip = 1.0;
+  o.dropout = 0.0;
+  add_run_options(cli, o);
+
+  DataOptions d;
+  TextClassifierConfig mc;
+  mc.d_model = 64, mc.n_heads = 4, mc.n_layers = 2, mc.mlp_hidden = 256;
+  int64_t bucket_window = 16, eval_samples = 2000, eval_batch_tokens = 16384;
+  double label_smoothing = 0.0, nb_alpha = 0.1;
+  std::string baseline = "auto";
+  cli.add_option("--dataset", d.dataset, "fortunes (8-language ID), imdb (aclImdb folder in --data-dir) or tsv")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fortunes", "imdb", "tsv"}));
+  cli.add_option("--tsv-file", d.tsv_file, "label<TAB>text file for --dataset tsv (split 80/10/10 unless --tsv-test)");
+  cli.add_option("--tsv-test", d.tsv_test, "a separate test TSV for --dataset tsv");
+  cli.add_option("--split-seed", d.split_seed, "seed of the train/validation/test split")->capture_default_str();
+  cli.add_option("--tokenizer", d.tokenizer, "char, word, or auto (word for imdb, char otherwise)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "char", "word"}));
+  cli.add_option("--max-len", d.max_len, "tokens per text (longer texts keep their beginning)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  cli.add_option("--min-freq", d.min_freq, "word tokenizer: minimum count of a word")->capture_default_str();
+  cli.add_option("--max-words", d.max_words, "word tokenizer: vocabulary size with <pad> and <unk>")->capture_default_str();
+  cli.add_option("--d-model", mc.d_model, "model width (attention dim)")->capture_default_str()->check(CLI::PositiveNumber);
+  cli.add_option("--heads", mc.n_heads, "attention heads")->capture_default_str()->check(CLI::PositiveNumber);
+  cli.add_option("--layers", mc.n_layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
+  cli.add_option("--mlp", mc.mlp_hidden, "MLP hidden width")->capture_default_str()->check(CLI::PositiveNumber);
+  cli.add_option("--label-smoothing", label_smoothing, "cross-entropy label smoothing")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.5));
+  cli.add_option("--bucket-window", bucket_window, "batches sorted by length together (1: no bucketing)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cli.add_option("--eval-samples", eval_samples, "validation texts per evaluation during training (0: all)")
+      ->capture_default_str();
+  cli.add_option("--eval-batch-tokens", eval_batch_tokens, "padded tokens per evaluation batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cli.add_option("--baseline", baseline, "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cli.add_option("--nb-alpha", nb_alpha, "naive Bayes add-alpha smoothing")->capture_default_str()->check(CLI::PositiveNumber);
+  CLI11_PARSE(cli, argc, argv);
+
+  try {
+    apply_run_options(o, "textclf");
+    Generator gen(o.seed);
+
+    // ---- --eval-only: model, tokenizer and data settings come from the checkpoint --------------
+    std::optional<TextTokenizer> saved_tok;
+    if (o.eval_only) {
+      CheckpointInfo info = read_checkpoint_info(o.checkpoint);
+      check(info.config.contains("model") && info.config.contains("data"),
+            "textclf: '{}' holds no textclf config (model and data)", o.checkpoint);
+      check(info.extra.count("tokenizer") > 0, "textclf: '{}' holds no tokenizer", o.checkpoint);
+      mc = config_from_json(info.config["model"]);
+      DataOptions from_ckpt = data_from_json(info.config["data"]);
+      if (!o.data_dir.empty()) from_ckpt.root = o.data_dir;
+      d = from_ckpt;
+      saved_tok = TextTokenizer::from_json(info.extra["tokenizer"], o.checkpoint + ": tokenizer");
+    } else if (!o.data_dir.empty()) {
+      d.root = o.data_dir;
+    }
+    if (d.dataset == "imdb" && d.root.empty()) d.root = "aclImdb";
+
+    if (std::string missing = missing_data(d); !missing.empty()) {
+      fmt::print(stderr, "textclf: {}\n", missing);
+      return kExitNoData;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    data::TextSplit split = load_split(d);
+    const std::vector<std::string>& classes = split.train.classes;
+    fmt::print(stderr, "data: {} with {} classes ({}): {} train, {} validation, {} test texts ({:.1f} s)\n", d.dataset,
+               classes.size(), fmt::join(classes, " "), split.train.size(), split.valid.size(), split.test.size(),
+               seconds_since(t0));
+    for (const auto& s : split.train.skipped) fmt::print(stderr, "  skipped {}\n", s);
+
+    t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> train_texts;
+    for (const auto& ex : split.train.examples) train_texts.push_back(ex.text);
+    const std::string tok_kind = resolve_tokenizer(d);
+    TextTokenizer tok = saved_tok ? *saved_tok
+                        : tok_kind == "char" ? TextTokenizer::build_char(train_texts)
+                                             : TextTokenizer::build_word(train_texts, d.min_freq, d.max_words);
+    EncodedSet train = encode_dataset(split.train, tok, d.max_len), valid = encode_dataset(split.valid, tok, d.max_len),
+               test = encode_dataset(split.test, tok, d.max_len);
+    fmt::print(stderr, "tokens: {} tokenizer, vocabulary {}, max length {}: {:.1f} tokens per training text ({:.1f} s)\n",
+               tok.kind_name(), tok.vocab_size(), d.max_len, double(train.tokens()) / double(train.size()),
+               seconds_since(t0));
+
+    if (!o.eval_only) {
+      mc.vocab = tok.vocab_size();
+      mc.max_len = d.max_len;
+      mc.classes = int64_t(classes.size());
+      mc.dropout = o.dropout;
+    }
+    TextClassifier model(mc, &gen);
+    optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+    const nlohmann::json config = {{"model", config_to_json(mc)}, {"data", data_to_json(d)},
+                                   {"label_smoothing", label_smoothing}, {"bucket_window", bucket_window},
+                                   {"batch", o.batch},         {"seed", o.seed}};  // what fixes the batches
+
+    if (o.eval_only) {
+      check(mc.vocab == tok.vocab_size(), "textclf: '{}': the model's vocabulary {} differs from its tokenizer's {}",
+            o.checkpoint, mc.vocab, tok.vocab_size());
+      nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
+      t0 = std::chrono::steady_clock::now();
+      EvalResult r = evaluate(model, test, classes, eval_batch_tokens);
+      fmt::print("{}: test accuracy {:.2f}%, loss {:.4f} on {} texts ({:.1f} s)\n{}", o.checkpoint, 100 * r.accuracy,
+                 r.loss, test.size(), seconds_since(t0), r.confusion.to_text());
+      std::filesystem::create_directories(o.out_dir);
+      write_attention_svg(model, tok, test, split.test, o.out_dir + "/attention.svg");
+      fmt::print("attention heatmap: {}/attention.svg\n", o.out_dir);
+      return 0;
+    }
+
+    const bool want_baseline = baseline == "on" || (baseline == "auto" && d.dataset == "fortunes");
+    std::optional<std::pair<double, double>> nb;
+    if (want_baseline) nb = naive_bayes_baseline(split, nb_alpha);
+
+    Run run("textclf", o, model, opt, gen, config, {{"tokenizer", tok.to_json()}});
+    std::vector<int64_t> lengths;
+    for (const auto& ids : train.ids) lengths.push_back(int64_t(ids.size()));
+    BucketSampler sampler(lengths, o.batch, bucket_window, o.seed);
+    auto sched = make_schedule(o);
+    int64_t step = run.resume();
+    run.print(fmt::format("model: d_model {}, {} heads, {} layers, MLP {}, dropout {}; AdamW lr {} ({} schedule), "
+                          "batch {}, {} steps ({:.2f} epochs)",
+                          mc.d_model, mc.n_heads, mc.n_layers, mc.mlp_hidden, mc.dropout, o.lr, o.schedule, o.batch,
+                          o.steps, double(o.steps) / double(sampler.num_batches())));
+    if (step < o.steps) {
+      auto loader = make_train_loader(train, sampler, o.steps, d.max_len);
+      loader->seek(step);
+      for (; step < o.steps && !run.stop_requested(); ++step) {
+        sched->set_lr(opt, step);
+        Batch b = loader->next_step();
+        StepResult r = train_step(model, opt, b, o.clip, label_smoothing);
+        run.step_done(step + 1, r.loss, b.labels.size(0), b.num_tokens);
+        if (run.eval_due(step + 1)) {
+          EvalResult v = evaluate(model, valid, classes, eval_batch_tokens, eval_samples);
+          run.log_eval(step + 1, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
+        }
+        if (run.checkpoint_due(step + 1)) run.save(step + 1);
+      }
+    }
+    run.save(step);
+
+    // ---- the final evaluation: the whole validation and test splits ---------------------------
+    t0 = std::chrono::steady_clock::now();
+    EvalResult v = evaluate(model, valid, classes, eval_batch_tokens);
+    EvalResult t = evaluate(model, test, classes, eval_batch_tokens);
+    run.print(fmt::format("final: validation accuracy {:.2f}% (loss {:.4f}), test accuracy {:.2f}% (loss {:.4f}) ({:.1f} s)",
+                          100 * v.accuracy, v.loss, 100 * t.accuracy, t.loss, seconds_since(t0)));
+    write_attention_svg(model, tok, test, split.test, run.path("attention.svg"));
+
+    RunReport report;
+    report.accuracy = t.accuracy;
+    report.confusion = t.confusion;
+    report.extra = {{"test_loss", t.loss}, {"val_accuracy", v.accuracy}, {"val_loss", v.loss}};
+    if (nb) {
+      report.extra.emplace_back("baseline_nb_val_accuracy", nb->first);
+      report.extra.emplace_back("baseline_nb_test_accuracy", nb->second);
+    }
+    run.finish(report);
+    if (nb)
+      fmt::print("test accuracy {:.2f}% vs the naive Bayes baseline's {:.2f}%: {}\n", 100 * t.accuracy, 100 * nb->second,
+                 t.accuracy > nb->second ? "the transformer wins" : "the baseline wins");
+    fmt::print("attention heatmap: {}\n", run.path("attention.svg"));
+  } catch (const Error& e) {
+    fmt::print(stderr, "textclf: {}\n", e.what());
+    return kExitError;
+  }
+  return 0;
+}

@@ -1,0 +1,337 @@
+// apps/common/textclf_lib: the naive Bayes baseline against hand-computed posteriors, the
+// tokenizer's model ids and its round trip through a checkpoint, length bucketing (deterministic,
+// a partition, less padding), the prefetching loader's resume, evaluation, heatmaps, and a tiny
+// training run on a synthetic TSV whose accuracy rises.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "apps/common/textclf_lib.h"
+#include "nn/checkpoint.h"
+#include "optim/adam.h"
+#include "tests/helpers.h"
+
+using namespace ag;
+using namespace ag::apps;
+using namespace ag::apps::textclf;
+using ag::test::TempDir;
+
+namespace {
+
+data::TextDataset tiny_nb_set() {
+  data::TextDataset ds;
+  ds.classes = {"a", "b"};
+  ds.examples = {{"ab", 0}, {"bb", 1}};
+  return ds;
+}
+
+// Two "languages" over overlapping alphabets: class 0 draws from "abcde", class 1 from "cdefg";
+// lengths 6..20. Written as a TSV, the way a user would bring their own data.
+std::string synthetic_tsv(int n, uint64_t seed) {
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    const int label = i % 2;
+    const char* alphabet = label == 0 ? "abcde" : "cdefg";
+    const auto len = int64_t(6 + data::philox_below(seed, 0, uint64_t(i), 15));
+    out += label == 0 ? "zero\t" : "one\t";
+    for (int64_t t = 0; t < len; ++t)
+      out += alphabet[data::philox_below(seed, 1 + uint64_t(i), uint64_t(t), 5)];
+    out += '\n';
+  }
+  return out;
+}
+
+TextClassifierConfig tiny_config(int64_t vocab, int64_t classes) {
+  TextClassifierConfig c;
+  c.vocab = vocab, c.max_len = 24, c.classes = classes;
+  c.d_model = 16, c.n_heads = 2, c.n_layers = 1, c.mlp_hidden = 32, c.dropout = 0.0;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("textclf: naive Bayes posteriors equal the hand computation") {
+  // Unigrams, alpha 1. Training: class a "ab" (a:1, b:1, total 2), class b "bb" (b:2, total 2);
+  // V = 2 distinct unigrams, priors 1/2 each. theta = (count + 1) / (2 + 1 * 2):
+  //   theta_a(a) = 2/4, theta_a(b) = 2/4, theta_b(a) = 1/4, theta_b(b) = 3/4
+  //   "a":  P(a) = (1/2) / (1/2 + 1/4) = 2/3
+  //   "ab": P(a) = (1/2 * 1/2) / (1/4 + 1/4 * 3/4) = (4/16) / (7/16) = 4/7
+  //   "ac": 'c' was never seen and is left out, so as "a": 2/3
+  CharNgramNB nb({.min_n = 1, .max_n = 1, .alpha = 1.0});
+  nb.fit(tiny_nb_set());
+  CHECK(nb.vocabulary() == 2);
+  auto p = [&](const char* text) { return std::exp(nb.log_posterior(text)[0]); };
+  CHECK(p("a") == doctest::Approx(2.0 / 3.0).epsilon(1e-12));
+  CHECK(p("ab") == doctest::Approx(4.0 / 7.0).epsilon(1e-12));
+  CHECK(p("ac") == doctest::Approx(2.0 / 3.0).epsilon(1e-12));
+  CHECK(std::exp(nb.log_posterior("ab")[1]) == doctest::Approx(3.0 / 7.0).epsilon(1e-12));
+  CHECK(nb.predict("b") == 1);  // theta_b(b) = 3/4 > theta_a(b) = 1/2
+  // alpha 1/2: theta_a(a) = 1.5 / 3 = 1/2, theta_b(a) = 0.5 / 3 = 1/6 -> P(a | "a") = 3/4
+  nb.set_alpha(0.5);
+  CHECK(p("a") == doctest::Approx(0.75).epsilon(1e-12));
+  // a text of nothing known: the priors
+  CHECK(p("zz") == doctest::Approx(0.5).epsilon(1e-12));
+}
+
+TEST_CASE("textclf: naive Bayes n-grams are codepoints and the classifier separates scripts") {
+  CharNgramNB nb({.min_n = 1, .max_n = 2, .alpha = 0.1});
+  // "héllo": 5 codepoints (é is two bytes) -> 5 unigrams + 4 bigrams, "hé" counted once
+  CHECK(nb.ngrams("h\xc3\xa9llo").size() == 9);
+  CHECK(nb.ngrams("").empty());
+  data::TextDataset ds;
+  ds.classes = {"latin", "cyrillic"};
+  ds.examples = {{"hello world", 0}, {"good morning", 0}, {"\xd0\xbf\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", 1},
+                 {"\xd0\xb4\xd0\xbe\xd0\xb1\xd1\x80\xd0\xbe\xd0\xb5 \xd1\x83\xd1\x82\xd1\x80\xd0\xbe", 1}};
+  nb.fit(ds);
+  CHECK(nb.predict("word") == 0);
+  CHECK(nb.predict("\xd0\xbc\xd0\xb8\xd1\x80") == 1);  // "мир"
+  EvalResult r = nb.evaluate(ds);
+  CHECK(r.accuracy == 1.0);
+  CHECK(r.confusion.at(1, 1) == 2);
+  double sum = 0;
+  for (double lp : nb.log_posterior("world")) sum += std::exp(lp);
+  CHECK(sum == doctest::Approx(1.0).epsilon(1e-12));
+  AG_CHECK_ERROR(CharNgramNB({.min_n = 3, .max_n = 2}).fit(ds), "CharNgramNB", "[3, 2]");
+  AG_CHECK_ERROR(nb.set_alpha(0.0), "CharNgramNB", "alpha");
+  data::TextDataset other = ds;
+  other.classes = {"x", "y", "z"};
+  AG_CHECK_ERROR(nb.evaluate(other), "CharNgramNB", "3 classes differ", "2");
+}
+
+TEST_CASE("textclf: char tokenizer ids keep 0 for padding") {
+  TextTokenizer tok = TextTokenizer::build_char({"ba", "ab c"});
+  // codepoints ' ' a b c -> char ids 1..4 (0 <unk>) -> model ids 2..5 (0 <pad>, 1 <unk>)
+  CHECK(tok.vocab_size() == 6);
+  CHECK(tok.encode("abc z", 10) == std::vector<int64_t>{3, 4, 5, 2, 1});
+  CHECK(tok.encode("abc z", 2) == std::vector<int64_t>{3, 4});
+  CHECK(tok.label(0) == "<pad>");
+  CHECK(tok.label(1) == "<unk>");
+  CHECK(tok.label(2) == "\u2423");
+  CHECK(tok.label(4) == "b");
+  AG_CHECK_ERROR(tok.label(6), "TextTokenizer", "id 6", "[0, 6)");
+  AG_CHECK_ERROR(TextTokenizer::from_json("{\"kind\": \"bpe\", \"tokenizer\": {}}"), "unknown kind 'bpe'");
+  AG_CHECK_ERROR(TextTokenizer::from_json("not json"), "textclf tokenizer", "malformed JSON");
+
+  TextTokenizer words = TextTokenizer::build_word({"the cat", "the dog"}, 1, 100);
+  // <pad> <unk> the cat dog ("cat" < "dog" among the ties)
+  CHECK(words.vocab_size() == 5);
+  CHECK(words.encode("The bird, the cat", 4) == std::vector<int64_t>{2, 1, 1, 2});
+  CHECK(words.label(3) == "cat");
+}
+
+TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
+  TempDir tmp("textclf_ckpt");
+  for (bool word : {false, true}) {
+    std::vector<std::string> texts = {"Hallo Welt!", "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 world"};
+    TextTokenizer tok = word ? TextTokenizer::build_word(texts, 1, 50) : TextTokenizer::build_char(texts);
+    Generator gen(3);
+    TextClassifierConfig cfg = tiny_config(tok.vocab_size(), 3);
+    TextClassifier model(cfg, &gen);
+    optim::AdamW opt(model.parameters(), {});
+    const std::string path = tmp.file(word ? "word.safetensors" : "char.safetensors");
+    nn::save_checkpoint(path, model, opt, 7, gen,
+                        {{"tokenizer", tok.to_json()}, {"config", config_to_json(cfg).dump()}});
+
+    // what --eval-only does: config and tokenizer from the metadata, then the weights
+    Generator gen2(99);
+    TextClassifier probe(cfg, &gen2);
+    nn::Checkpoint c = nn::load_checkpoint(path, probe, nullptr, nullptr);
+    CHECK(c.step == 7);
+    TextTokenizer tok2 = TextTokenizer::from_json(c.extra.at("tokenizer"));
+    TextClassifierConfig cfg2 = config_from_json(nlohmann::json::parse(c.extra.at("config")));
+    CHECK(config_to_json(cfg2) == config_to_json(cfg));
+    CHECK(tok2.kind() == tok.kind());
+    CHECK(tok2.vocab_size() == tok.vocab_size());
+    for (const auto& t : texts) CHECK(tok2.encode(t, 24) == tok.encode(t, 24));
+    TextClassifier restored(cfg2, &gen2);
+    nn::load_checkpoint(path, restored, nullptr, nullptr);
+    model.eval(), restored.eval();
+    std::vector<int64_t> ids = tok2.encode(texts[1], 24);
+    Tensor x = from_vector(ids, {1, int64_t(ids.size())});
+    Tensor len = from_vector(std::vector<int64_t>{int64_t(ids.size())}, {1});
+    NoGradGuard no_grad;
+    CHECK(max(abs(model.forward(x, len) - restored.forward(x, len))).item<float>() == 0.0f);
+  }
+  AG_CHECK_ERROR(config_from_json(nlohmann::json{{"vocab", 10}}), "textclf config", "max_len");
+  nlohmann::json bad = config_to_json(tiny_config(10, 2));
+  bad["dropout"] = 1.5;
+  AG_CHECK_ERROR(config_from_json(bad), "textclf config", "dropout", "1.5");
+}
+
+TEST_CASE("textclf: bucketed batches are deterministic, a partition, and pad less") {
+  std::vector<int64_t> lengths(1000);
+  for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = int64_t(1 + data::philox_below(5, 9, i, 200));
+  BucketSampler a(lengths, 32, 8, 11), b(lengths, 32, 8, 11), other_seed(lengths, 32, 8, 12);
+  BucketSampler plain(lengths, 32, 1, 11);
+  CHECK(a.num_batches() == 31);  // 1000 / 32, the last partial batch dropped
+  // a pure function of the step: asked in another order, from another object
+  for (int64_t s : {40, 3, 0, 61, 31, 30})
+    CHECK(a.batch(s) == b.batch(s));
+  CHECK(a.batch(0) != other_seed.batch(0));
+  CHECK(a.epoch_batches(0) != a.epoch_batches(1));
+  // each epoch: 31 batches of 32 distinct indices
+  std::set<int64_t> seen;
+  for (const auto& batch : a.epoch_batches(1)) {
+    CHECK(batch.size() == 32);
+    seen.insert(batch.begin(), batch.end());
+  }
+  CHECK(seen.size() == 31 * 32);
+  // padding: sum over batches of (longest * size - sum of lengths); windows of 8 batches sort
+  auto padding = [&](const BucketSampler& s) {
+    int64_t pad = 0;
+    for (const auto& batch : s.epoch_batches(0)) {
+      int64_t mx = 0, sum = 0;
+      for (int64_t i : batch) mx = std::max(mx, lengths[size_t(i)]), sum += lengths[size_t(i)];
+      pad += mx * int64_t(batch.size()) - sum;
+    }
+    return pad;
+  };
+  CHECK(padding(a) * 4 < padding(plain));
+  AG_CHECK_ERROR(BucketSampler(std::vector<int64_t>(5, 1), 8, 1, 0), "BucketSampler", "5 texts", "batch of 8");
+}
+
+TEST_CASE("textclf: the training loader resumes at any step with the same batches") {
+  TextTokenizer tok = TextTokenizer::build_char({"abcdefg"});
+  data::TextDataset ds;
+  ds.classes = {"zero", "one"};
+  for (int i = 0; i < 20; ++i) ds.examples.push_back({std::string(size_t(1 + i % 13), char('a' + i % 7)), i % 2});
+  EncodedSet set = encode_dataset(ds, tok, 8);
+  CHECK(set.ids[12] == std::vector<int64_t>(8, tok.encode("f", 8)[0]));  // 13 characters truncated to 8
+  std::vector<int64_t> lengths;
+  for (const auto& ids : set.ids) lengths.push_back(int64_t(ids.size()));
+  BucketSampler sampler(lengths, 6, 2, 4);
+  auto full = make_train_loader(set, sampler, 15, 8, 2);
+  full->seek(0);
+  std::vector<Batch> all;
+  for (int s = 0; s < 15; ++s) all.push_back(full->next_step());
+  auto resumed = make_train_loader(set, sampler, 15, 8, 0);
+  resumed->seek(9);
+  for (int s = 9; s < 15; ++s) {
+    Batch b = resumed->next_step();
+    CHECK(b.tokens.to_vector<int64_t>() == all[size_t(s)].tokens.to_vector<int64_t>());
+    CHECK(b.labels.to_vector<int64_t>() == all[size_t(s)].labels.to_vector<int64_t>());
+    CHECK(b.num_tokens == sum(b.lengths).item<int64_t>());
+  }
+  // a batch pads to its longest text, and labels follow the texts
+  Batch b = make_batch(set, std::vector<int64_t>{0, 12}, 8);
+  CHECK(b.tokens.shape() == Shape{2, 8});
+  CHECK(b.lengths.to_vector<int64_t>() == std::vector<int64_t>{1, 8});
+  CHECK(b.labels.to_vector<int64_t>() == std::vector<int64_t>{0, 0});
+  AG_CHECK_ERROR(make_batch(set, std::vector<int64_t>{20}, 8), "make_batch", "index 20", "[0, 20)");
+}
+
+TEST_CASE("textclf: missing fortune packages are named") {
+  TempDir tmp("textclf_fortunes");
+  std::filesystem::create_directories(tmp.dir / "de");
+  std::vector<std::string> missing = missing_fortune_packages(tmp.dir.string());
+  CHECK(std::find(missing.begin(), missing.end(), "fortunes-de") == missing.end());
+  for (const char* p : {"fortunes", "fortunes-min", "fortunes-pl", "fortunes-ru"})
+    CHECK_MESSAGE(std::find(missing.begin(), missing.end(), p) != missing.end(), p);
+  CHECK(missing.size() == 8);  // every package of the table but fortunes-de, each once
+  for (const auto& src : data::fortune_sources()) {
+    std::string rel = src.path;
+    if (rel.back() == '/') std::filesystem::create_directories(tmp.dir / rel);
+    else test::write_bytes(tmp.file(rel), "x\n%\n");
+  }
+  CHECK(missing_fortune_packages(tmp.dir.string()).empty());
+}
+
+TEST_CASE("textclf: data options pick the tokenizer, name missing data and split a TSV") {
+  TempDir tmp("textclf_data");
+  DataOptions d;
+  CHECK(resolve_tokenizer(d) == "char");
+  d.dataset = "imdb";
+  CHECK(resolve_tokenizer(d) == "word");
+  d.tokenizer = "char";
+  CHECK(resolve_tokenizer(d) == "char");
+  d.tokenizer = "bpe";
+  AG_CHECK_ERROR(resolve_tokenizer(d), "textclf", "unknown tokenizer 'bpe'");
+  d.tokenizer = "auto";
+  d.root = tmp.file("nowhere");
+  CHECK(missing_data(d).find("no aclImdb folder at") != std::string::npos);
+  CHECK(missing_data(d).find("train/pos") != std::string::npos);
+  d.dataset = "fortunes";
+  CHECK(missing_data(d).find("sudo apt-get install fortunes fortunes-min") != std::string::npos);
+  d.dataset = "tsv";
+  CHECK(missing_data(d).find("--tsv-file") != std::string::npos);
+  d.tsv_file = tmp.file("train.tsv");
+  CHECK(missing_data(d).find("no TSV file at") != std::string::npos);
+
+  // a TSV with a separate test file: validation is 10% of the training file
+  test::write_bytes(d.tsv_file, synthetic_tsv(100, 3));
+  test::write_bytes(tmp.file("test.tsv"), "zero\tabc\none\tefg\nzero\tbad\n");
+  d.tsv_test = tmp.file("test.tsv");
+  CHECK(missing_data(d).empty());
+  data::TextSplit s = load_split(d);
+  CHECK(s.train.size() == 90);
+  CHECK(s.valid.size() == 10);
+  CHECK(s.test.size() == 3);
+  CHECK(s.test.classes == s.train.classes);
+  CHECK(s.test.examples[1].label == 0);  // "one" sorts first
+  test::write_bytes(d.tsv_test, "two\tabc\n");
+  AG_CHECK_ERROR(load_split(d), "two", "test.tsv");
+
+  DataOptions back = data_from_json(data_to_json(d));
+  CHECK(data_to_json(back) == data_to_json(d));
+  nlohmann::json bad = data_to_json(d);
+  bad.erase("max_len");
+  AG_CHECK_ERROR(data_from_json(bad), "textclf config", "malformed data entry");
+}
+
+TEST_CASE("textclf: a 30-step run on a synthetic TSV learns, and the heatmap has one panel per head") {
+  TempDir tmp("textclf_run");
+  test::write_bytes(tmp.file("train.tsv"), synthetic_tsv(400, 21));
+  data::TextDataset all = data::load_tsv(tmp.file("train.tsv"));
+  CHECK(all.classes == std::vector<std::string>{"one", "zero"});
+  data::TextSplit split = data::split_dataset(all, 1, 0.0, 0.25);
+  std::vector<std::string> texts;
+  for (const auto& ex : split.train.examples) texts.push_back(ex.text);
+  TextTokenizer tok = TextTokenizer::build_char(texts);
+  TextClassifierConfig cfg = tiny_config(tok.vocab_size(), 2);
+  EncodedSet train = encode_dataset(split.train, tok, cfg.max_len), test = encode_dataset(split.test, tok, cfg.max_len);
+  Generator gen(1);
+  TextClassifier model(cfg, &gen);
+  optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
+  std::vector<int64_t> lengths;
+  for (const auto& s : train.ids) lengths.push_back(int64_t(s.size()));
+  BucketSampler sampler(lengths, 16, 4, 1);
+  EvalResult before = evaluate(model, test, all.classes, 64);
+  auto loader = make_train_loader(train, sampler, 30, cfg.max_len);
+  loader->seek(0);
+  double first_loss = 0, last_loss = 0;
+  for (int s = 0; s < 30; ++s) {
+    StepResult r = train_step(model, opt, loader->next_step(), 1.0);
+    if (s < 5) first_loss += r.loss / 5;
+    if (s >= 25) last_loss += r.loss / 5;
+  }
+  EvalResult after = evaluate(model, test, all.classes, 64);
+  INFO("accuracy " << before.accuracy << " -> " << after.accuracy << ", loss " << first_loss << " -> " << last_loss);
+  CHECK(after.confusion.total() == 100);
+  CHECK(after.accuracy >= 0.9);
+  CHECK(after.accuracy > before.accuracy + 0.2);
+  CHECK(last_loss < 0.5 * first_loss);
+  // evaluate in small batches gives the same numbers (padding never leaks)
+  EvalResult small = evaluate(model, test, all.classes, 20);
+  CHECK(small.loss == doctest::Approx(after.loss).epsilon(1e-5));
+  CHECK(small.accuracy == after.accuracy);
+
+  int64_t i = pick_heatmap_sample(test, 10, 12);
+  REQUIRE(i >= 0);
+  const auto T = int64_t(test.ids[size_t(i)].size());
+  CHECK((T >= 10 && T <= 12));
+  int64_t predicted = -1;
+  std::vector<Heatmap> panels = attention_heatmaps(model, tok, test.ids[size_t(i)], &predicted);
+  CHECK((predicted == 0 || predicted == 1));
+  REQUIRE(panels.size() == 2);  // 1 layer x 2 heads
+  CHECK(panels[1].title == "layer 0, head 1");
+  CHECK(panels[0].rows == T);
+  CHECK(panels[0].col_labels.size() == size_t(T));
+  for (int r = 0; r < panels[0].rows; ++r) {  // every query's weights sum to 1
+    double row = 0;
+    for (int c = 0; c < panels[0].cols; ++c) row += panels[0].values[size_t(r * panels[0].cols + c)];
+    CHECK(row == doctest::Approx(1.0).epsilon(1e-5));
+  }
+  CHECK_FALSE(model.need_weights);
+  CHECK(svg_heatmaps(panels).find("layer 0, head 1") != std::string::npos);
+}
