@@ -173,7 +173,7 @@ DataOptions data_from_json(const nlohmann::json& j) {
 std::string resolve_tokenizer(const DataOptions& d) {
   check(d.dataset == "fortunes" || d.dataset == "imdb" || d.dataset == "tsv",
         "textclf: unknown dataset '{}' (expected fortunes, imdb or tsv)", d.dataset);
-  if (d.tokenizer == "auto") return d.dataset == "imdb" ? "word" : "char";
+  if (d.tokenizer == "auto") return d.dataset == "tsv" ? "char" : "word";
   check(d.tokenizer == "char" || d.tokenizer == "word", "textclf: unknown tokenizer '{}' (expected char, word or auto)",
         d.tokenizer);
   return d.tokenizer;

@@ -97,7 +97,7 @@ struct DataOptions {
   std::string root;                  // fortunes: data::kFortuneRoot; imdb: the aclImdb folder
   std::string tsv_file, tsv_test;
   uint64_t split_seed = 1;
-  std::string tokenizer = "auto";    // char | word | auto (word for imdb, char otherwise)
+  std::string tokenizer = "auto";    // char | word | auto (word for fortunes and imdb, char for tsv)
   int64_t max_len = 128;             // tokens per text; longer texts keep their beginning
   int min_freq = 2, max_words = 30000;  // word tokenizer
 };

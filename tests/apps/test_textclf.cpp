@@ -240,6 +240,8 @@ TEST_CASE("textclf: missing fortune packages are named") {
 TEST_CASE("textclf: data options pick the tokenizer, name missing data and split a TSV") {
   TempDir tmp("textclf_data");
   DataOptions d;
+  CHECK(resolve_tokenizer(d) == "word");  // fortunes
+  d.dataset = "tsv";
   CHECK(resolve_tokenizer(d) == "char");
   d.dataset = "imdb";
   CHECK(resolve_tokenizer(d) == "word");

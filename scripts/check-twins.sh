@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The twin check (bench/check_twins.py): each sample model and its PyTorch twin give the same
+# logits, with weights going both ways through safetensors files.
+#   scripts/check-twins.sh [build-dir]
+# Needs a Python with torch (ATTOGRAD_PYTHON, else python3, else /usr/bin/python3). The
+# safetensors package comes from a virtual environment made in <build-dir>/venv-twins (with the
+# system's packages visible, so the installed torch is used) when that Python lacks it.
+# Part 2 trains each app for a few steps (tiny sizes) into <build-dir>/twin-runs and loads those
+# checkpoints into the twins.
+set -euo pipefail
+build=${1:-build}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+py=""
+for cand in "${ATTOGRAD_PYTHON:-}" python3 /usr/bin/python3; do
+  [[ -n "$cand" ]] && "$cand" -c "import torch" 2>/dev/null && { py=$cand; break; }
+done
+[[ -n "$py" ]] || { echo "check-twins: no Python with torch found (set ATTOGRAD_PYTHON)" >&2; exit 2; }
+if ! "$py" -c "import safetensors.torch" 2>/dev/null; then
+  venv="$build/venv-twins"
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "check-twins: making $venv with safetensors (torch from $py)" >&2
+    "$py" -m venv --system-site-packages "$venv"
+    "$venv/bin/pip" install -q safetensors
+  fi
+  py="$venv/bin/python"
+fi
+
+cmake --build "$build" -j "$(nproc)" --target twin_logits gpt vit textclf > /dev/null
+runs="$build/twin-runs"
+rm -rf "$runs"
+common=(--steps 3 --eval-every 3 --quiet --threads 2)
+"$build/gpt" "${common[@]}" --out "$runs/gpt" --d-model 32 --layers 2 --context 32 --sample-tokens 0 > /dev/null
+"$build/vit" "${common[@]}" --out "$runs/vit" --d-model 32 --layers 2 --attention-images 1 > /dev/null
+"$build/textclf" "${common[@]}" --out "$runs/textclf" --d-model 32 --layers 2 --max-len 64 --baseline off > /dev/null
+"$py" bench/check_twins.py --binary "$build/twin_logits" \
+  --checkpoint "gpt=$runs/gpt/checkpoint.safetensors" \
+  --checkpoint "vit=$runs/vit/checkpoint.safetensors" \
+  --checkpoint "textclf=$runs/textclf/checkpoint.safetensors"
