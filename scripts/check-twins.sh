@@ -30,10 +30,11 @@ fi
 cmake --build "$build" -j "$(nproc)" --target twin_logits gpt vit textclf > /dev/null
 runs="$build/twin-runs"
 rm -rf "$runs"
+mkdir -p "$runs"
 common=(--steps 3 --eval-every 3 --quiet --threads 2)
-"$build/gpt" "${common[@]}" --out "$runs/gpt" --d-model 32 --layers 2 --context 32 --sample-tokens 0 > /dev/null
-"$build/vit" "${common[@]}" --out "$runs/vit" --d-model 32 --layers 2 --attention-images 1 > /dev/null
-"$build/textclf" "${common[@]}" --out "$runs/textclf" --d-model 32 --layers 2 --max-len 64 --baseline off > /dev/null
+"$build/gpt" "${common[@]}" --out "$runs/gpt" --d-model 32 --layers 2 --context 32 --sample-tokens 0 > "$runs/gpt.log" 2>&1
+"$build/vit" "${common[@]}" --out "$runs/vit" --d-model 32 --layers 2 --attention-images 1 > "$runs/vit.log" 2>&1
+"$build/textclf" "${common[@]}" --out "$runs/textclf" --d-model 32 --layers 2 --max-len 64 --baseline off > "$runs/textclf.log" 2>&1
 "$py" bench/check_twins.py --binary "$build/twin_logits" \
   --checkpoint "gpt=$runs/gpt/checkpoint.safetensors" \
   --checkpoint "vit=$runs/vit/checkpoint.safetensors" \
