@@ -59,7 +59,8 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
 
 MultiHeadAttention::MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout, bool bias, DType dtype,
                                        Generator* gen)
-    : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0), dropout(dropout) {
+    : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0), dropout(dropout),
+      gen(gen) {
   check(d_model > 0 && n_heads > 0 && d_model % n_heads == 0,
         "MultiHeadAttention: d_model {} must be a positive multiple of n_heads {}", d_model, n_heads);
   check(dropout >= 0 && dropout < 1, "MultiHeadAttention: dropout must be in [0, 1), got {}", dropout);
@@ -79,7 +80,7 @@ AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
   o.key_padding_mask = options.key_padding_mask;
   o.window = options.window;
   o.dropout = is_training() ? dropout : 0.0;
-  o.generator = options.generator;
+  o.generator = options.generator ? options.generator : gen;
   o.return_weights = options.need_weights;
   SdpaResult r = scaled_dot_product_attention(q, k, v, o);  // (B, H, Tq, hs)
   // (B, H, Tq, hs) -> (B, Tq, H, hs) -> (B, Tq, d): the heads side by side, then the output projection

@@ -68,7 +68,7 @@ struct AttentionOptions {
   int64_t window = -1;         // >= 0: local attention (see SdpaOptions)
   bool need_weights = false;   // also return the per-head weights (B, H, Tq, Tk)
   KVCache* cache = nullptr;    // self-attention only: append this call's k, v and attend over all
-  Generator* generator = nullptr;  // for dropout; null: the default generator
+  Generator* generator = nullptr;  // for dropout; null: the module's (see MultiHeadAttention)
 };
 
 struct AttentionResult {
@@ -81,6 +81,8 @@ struct MultiHeadAttention : Module {
   double dropout;
   std::shared_ptr<Linear> qkv;   // d -> 3d
   std::shared_ptr<Linear> proj;  // d -> d
+  Generator* gen;                // attention dropout draws from it (null: the default generator),
+                                 // as nn::Dropout does, unless AttentionOptions::generator is set
 
   MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout = 0.0, bool bias = true,
                      DType dtype = DType::f32, Generator* gen = nullptr);

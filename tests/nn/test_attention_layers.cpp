@@ -168,9 +168,15 @@ TEST_CASE("MultiHeadAttention: dropout acts in training only, errors") {
   CHECK(nodrop.load_state_dict(mha.state_dict()).ok());
   check_close(y_eval, nodrop.forward(x).out, 0, 0);  // eval: no dropout at all
   mha.train();
+  const Generator at = g;  // the module's generator, where the next dropout mask starts
   Tensor y_train = mha.forward(x).out;
   double diff = max(abs(y_train - y_eval)).to_vector<double>()[0];
   CHECK(diff > 1e-3);
+  // the mask comes from the module's generator (not the default one): rewinding it replays the
+  // mask, which is what makes a resumed training run exact
+  CHECK(g.offset() > at.offset());
+  g = at;
+  check_close(mha.forward(x).out, y_train, 0, 0);
 
   AG_CHECK_ERROR(nn::MultiHeadAttention(6, 4), "MultiHeadAttention", "6", "4");
   AG_CHECK_ERROR(mha.forward(zeros({1, 4, 6})), "MultiHeadAttention", "[B, T, 8]", "[1,4,6]");
