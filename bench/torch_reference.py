@@ -7,6 +7,7 @@ subcommand here.
 
     torch_reference.py attention --json --batch 32 --heads 4 --T 256 --d 32 --threads 2 --reps 10
     torch_reference.py block     --json --batch 32 --T 128 --d 128 --heads 4 --threads 2 --reps 20
+    torch_reference.py train     --json --configs V,G,C --threads 2 --reps 10 --warmup 3
 
 The environment is inherited from the C++ benchmark, so both sides run under the same OpenMP
 settings. Mind OMP_WAIT_POLICY: by default PyTorch's OpenMP workers spin between parallel regions
@@ -14,8 +15,9 @@ while the OpenBLAS it calls for every matmul (a pthreads build here, with its ow
 the same cores, and on a shared 2-core machine spinning threads of either program stall each other
 (10-100x slower steps measured under load); OMP_WAIT_POLICY=PASSIVE avoids both.
 
-Every subcommand reports, per variant (no mask / causal): the median wall time in ms of
-forward + backward over --reps runs after --warmup runs, and "peak_rss_mb". CPU PyTorch keeps no
+Every subcommand reports, per variant (no mask / causal; for train: the config V, G or C): the
+median wall time in ms of forward + backward (train: one whole optimizer step) over --reps runs
+after --warmup runs, and "peak_rss_mb". CPU PyTorch keeps no
 allocator statistics, so that is the closest measure of the peak memory one step holds beyond
 its inputs: how much the process's max resident set size (getrusage ru_maxrss, a high-water mark)
 grew over the warm-up and timed runs, the mark being reset (malloc_trim, then "5" into
@@ -138,6 +140,65 @@ def cmd_block(args):
             "results": out}
 
 
+# train: one optimizer step of each sample model's twin (bench/bench_train.cpp has the configs).
+TRAIN_CONFIGS = {
+    "V": ("ViT", dict(image_size=28, channels=1, patch=4, classes=10, d_model=64, n_heads=4, n_layers=4,
+                      mlp_hidden=256, dropout=0.0), 128),
+    "G": ("GPT", dict(vocab=96, context=128, d_model=128, n_heads=4, n_layers=4, mlp_hidden=512, dropout=0.0), 32),
+    "C": ("TextClassifier", dict(vocab=20000, max_len=256, classes=2, d_model=128, n_heads=4, n_layers=2,
+                                 mlp_hidden=512, dropout=0.0), 32),
+}
+
+
+def train_batch(key, cfg, B, gen, lengths):
+    """Synthetic data of the right shapes from `gen`: returns (forward inputs, targets)."""
+    if key == "V":
+        x = torch.randn(B, cfg["channels"], cfg["image_size"], cfg["image_size"], generator=gen)
+        return (x,), torch.randint(0, cfg["classes"], (B,), generator=gen)
+    if key == "G":
+        T, V = cfg["context"], cfg["vocab"]
+        idx = torch.randint(0, V, (B, T), generator=gen)
+        return (idx,), torch.randint(0, V, (B * T,), generator=gen)
+    T = cfg["max_len"]
+    if lengths is None:
+        lengths = torch.randint(T // 4, T + 1, (B,), generator=gen)
+    tokens = torch.randint(1, cfg["vocab"], (B, T), generator=gen)
+    tokens = tokens * (torch.arange(T)[None, :] < lengths[:, None])  # 0 = padding after each length
+    return (tokens, lengths), torch.randint(0, cfg["classes"], (B,), generator=gen)
+
+
+def cmd_train(args):
+    keys = [k.strip().upper() for k in args.configs.split(",") if k.strip()]
+    lengths = None
+    if args.lengths:
+        lengths = torch.tensor([int(v) for v in args.lengths.split(",")], dtype=torch.int64)
+    out = {}
+    for key in keys:
+        name, cfg, B = TRAIN_CONFIGS[key]
+        if key == "C" and lengths is not None and lengths.numel() != B:
+            raise SystemExit(f"train: --lengths has {lengths.numel()} values, config C has batch {B}")
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(0)
+        model = getattr(torch_models, name)(**cfg)
+        model.train()
+        inputs, target = train_batch(key, cfg, B, gen, lengths)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+
+        def step():
+            logits = model(*inputs)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        out[key] = measure(step, args.reps, args.warmup)
+        out[key]["config"] = name
+    return {"impl": "torch_models twins, torch.optim.AdamW (default impl), clip_grad_norm_, attention: "
+                    + ("F.scaled_dot_product_attention" if has_sdpa() else "math"),
+            "results": out}
+
+
 def attention_args(s):
     s.add_argument("--batch", type=int, default=32)
     s.add_argument("--heads", type=int, default=4)
@@ -153,9 +214,15 @@ def block_args(s):
     s.add_argument("--hidden", type=int, default=0, help="MLP width; 0: 4 d")
 
 
+def train_args(s):
+    s.add_argument("--configs", default="V,G,C", help="comma-separated subset of V (ViT), G (GPT), C (TextClassifier)")
+    s.add_argument("--lengths", default="", help="config C: the B lengths, comma-separated (default: random)")
+
+
 # name: (function returning {"impl": str, "results": {variant: measure(...)}}, its own options).
 # A new benchmark adds one entry here.
-SUBCOMMANDS = {"attention": (cmd_attention, attention_args), "block": (cmd_block, block_args)}
+SUBCOMMANDS = {"attention": (cmd_attention, attention_args), "block": (cmd_block, block_args),
+               "train": (cmd_train, train_args)}
 
 
 def main():
@@ -173,6 +240,10 @@ def main():
         p.error("--threads, --reps and --warmup must be >= 1")
     if args.cmd == "block" and args.d % args.heads != 0:
         p.error(f"--heads {args.heads} must divide --d {args.d}")
+    if args.cmd == "train":
+        bad = [k for k in args.configs.split(",") if k.strip().upper() not in TRAIN_CONFIGS]
+        if bad or not args.configs.strip():
+            p.error(f"--configs: unknown config(s) {bad} (expected V, G or C)")
     torch.set_num_threads(args.threads)
     warm_up_library()
     result = {"cmd": args.cmd, "torch": torch.__version__, "threads": torch.get_num_threads(),

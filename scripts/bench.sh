@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs every benchmark of bench/ from a build directory (default: build) and prints their tables.
-# bench_attention and bench_block add a PyTorch column when a Python with torch is found
+# bench_attention, bench_block and bench_train add a PyTorch column when a Python with torch is found
 # ($ATTOGRAD_PYTHON, python3, /usr/bin/python3); on a shared machine run with OMP_WAIT_POLICY=passive.
 set -euo pipefail
 build=${1:-build}
-for b in bench_matmul bench_ops bench_alloc bench_attention bench_block bench_checkpoint; do
+for b in bench_matmul bench_ops bench_alloc bench_attention bench_block bench_checkpoint bench_train; do
   echo "== $b"
   "$build/$b"
   echo
