@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -330,8 +331,12 @@ void TrainingCurves::write(const std::string& path, int columns) const { write_f
 
 // ---- colour scale --------------------------------------------------------------------------
 namespace {
-// A vertical bar at (x, y) of height h: vmax at the top, vmin at the bottom.
-std::string colour_bar(double x, double y, double h, double vmin, double vmax, const std::string& id) {
+// A vertical bar at (x, y) of height h: vmax at the top, vmin at the bottom. Its gradient's id
+// gets a number unique in the process, so figures pasted into one document (a grid of overlays)
+// never repeat an XML id.
+std::string colour_bar(double x, double y, double h, double vmin, double vmax, const std::string& name) {
+  static std::atomic<int64_t> next{0};
+  const std::string id = fmt::format("{}_{}", name, next++);
   std::string svg = fmt::format("<defs><linearGradient id=\"{}\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">", id);
   for (int k = 0; k <= 10; ++k)
     svg += fmt::format("<stop offset=\"{:.1f}\" stop-color=\"{}\"/>", k / 10.0, colormap(k / 10.0));
