@@ -64,10 +64,7 @@ LMData make_lm_data(const std::string& text, double valid_fraction) {
   return d;
 }
 
-nlohmann::json gpt_config_to_json(const GPTConfig& c) {
-  return {{"vocab", c.vocab},       {"context", c.context},   {"d_model", c.d_model}, {"n_heads", c.n_heads},
-          {"n_layers", c.n_layers}, {"mlp_hidden", c.mlp_hidden}, {"dropout", c.dropout}};
-}
+nlohmann::json gpt_config_to_json(const GPTConfig& c) { return c; }  // the keys of models.h's to_json
 
 GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   GPTConfig c;

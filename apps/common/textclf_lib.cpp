@@ -97,11 +97,7 @@ TextTokenizer TextTokenizer::from_json(const std::string& json, const std::strin
 
 // ---- config ----------------------------------------------------------------------------------------
 
-nlohmann::json config_to_json(const TextClassifierConfig& c) {
-  return {{"vocab", c.vocab},           {"max_len", c.max_len}, {"classes", c.classes},
-          {"d_model", c.d_model},       {"n_heads", c.n_heads}, {"n_layers", c.n_layers},
-          {"mlp_hidden", c.mlp_hidden}, {"dropout", c.dropout}};
-}
+nlohmann::json config_to_json(const TextClassifierConfig& c) { return c; }  // the keys of models.h's to_json
 
 TextClassifierConfig config_from_json(const nlohmann::json& j) {
   check(j.is_object(), "textclf config: expected a JSON object, got {}", j.dump());
