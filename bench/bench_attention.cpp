@@ -3,7 +3,9 @@
 // when a Python with torch is found), forward + backward, in one run: median time and the peak
 // memory each holds beyond its inputs.
 //
-//   bench_attention [--batch 32] [--heads 4] [--T 256] [--d 32] [--reps 10] [--script PATH]
+//   bench_attention [--batch 32] [--heads 4] [--T 256] [--d 32] [--reps 10] [--script PATH] [--json]
+//
+// --json prints one JSON line of our side only (no PyTorch run, no table), for bench/compare_pytorch.
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 
@@ -22,13 +24,18 @@ int main(int argc, char** argv) {
   int64_t B = 32, H = 4, T = 256, D = 32;
   int reps = 10;
   std::string script;
+  bool json = false;
+  int threads = 0;
   app.add_option("--batch", B, "batch")->check(CLI::PositiveNumber);
   app.add_option("--heads", H, "heads")->check(CLI::PositiveNumber);
   app.add_option("--T", T, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--d", D, "head size")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--script", script, "bench/torch_reference.py (default: found next to this source)");
+  app.add_flag("--json", json, "print one JSON line of attograd's results only (no PyTorch run, no table)");
+  app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (threads > 0) set_num_threads(threads);
 
   Generator gen(0);
   Tensor q = randn({B, H, T, D}, DType::f32, &gen).set_requires_grad(true);
@@ -62,10 +69,12 @@ int main(int argc, char** argv) {
     return std::pair{secs, double(alloc_stats().peak_bytes_in_use - base)};
   };
 
-  fmt::print("attograd bench_attention: B {} H {} T {} d {}, f32, forward+backward, {} threads, OMP_WAIT_POLICY {}, "
+  if (!json)
+    fmt::print("attograd bench_attention: B {} H {} T {} d {}, f32, forward+backward, {} threads, OMP_WAIT_POLICY {}, "
              "OpenBLAS core {}\n",
              B, H, T, D, num_threads(), bench::omp_wait_policy(), openblas_get_corename());
-  fmt::print("(one q/k/v tensor: {:.1f} MB; one T x T score tensor: {:.1f} MB)\n\n", B * H * T * D * 4 / 1e6,
+  if (!json)
+    fmt::print("(one q/k/v tensor: {:.1f} MB; one T x T score tensor: {:.1f} MB)\n\n", B * H * T * D * 4 / 1e6,
              B * H * T * T * 4 / 1e6);
   struct Row {
     double fused_s, fused_bytes, unfused_s, unfused_bytes;
@@ -75,6 +84,19 @@ int main(int argc, char** argv) {
     auto [tf, mf] = measure(fused, causal);
     auto [tu, mu] = measure(unfused, causal);
     rows.push_back({tf, mf, tu, mu});
+  }
+  if (json) {
+    nlohmann::json j;
+    j["threads"] = num_threads();
+    for (bool causal : {false, true}) {
+      const Row& r = rows[causal];
+      j["results"][causal ? "causal" : "none"] = {{"ms", r.fused_s * 1e3},
+                                                  {"peak_mb", r.fused_bytes / 1e6},
+                                                  {"unfused_ms", r.unfused_s * 1e3},
+                                                  {"unfused_peak_mb", r.unfused_bytes / 1e6}};
+    }
+    fmt::print("{}\n", j.dump());
+    return 0;
   }
 
   // PyTorch, same shapes, thread count and repetitions, after ours (so the two never overlap)

@@ -3,7 +3,11 @@
 // cache (a full causal forward over the growing prefix at every step). All three must generate
 // the same tokens; the bench checks it.
 //
-//   bench_decode [--tokens 256] [--reps 3] [--layers 4] [--d 128] [--heads 4] [--mlp 512] [--vocab 96]
+//   bench_decode [--tokens 256] [--reps 3] [--layers 4] [--d 128] [--heads 4] [--mlp 512] [--vocab 96] [--json]
+//
+// --json prints one JSON line (no table) with the no-cache and preallocated-cache rows only, for
+// bench/compare_pytorch (whose PyTorch side, bench/torch_reference.py generate, is the same model
+// with a hand-written cache).
 //
 // Per generated token t, the attention of each layer reads the t cached positions either way; the
 // caches differ in what they copy: cat() copies all t positions of k and v into a new tensor
@@ -107,6 +111,8 @@ int main(int argc, char** argv) {
   CLI::App app{"attograd: greedy decoding with and without a KV cache"};
   int64_t n = 256, layers = 4, d = 128, heads = 4, mlp = 512, vocab = 96;
   int reps = 3;
+  bool json = false;
+  int threads = 0;
   app.add_option("--tokens", n, "tokens to generate after a 1-token prompt")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed generations per cached variant (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--layers", layers, "transformer blocks")->check(CLI::PositiveNumber);
@@ -114,17 +120,35 @@ int main(int argc, char** argv) {
   app.add_option("--heads", heads, "attention heads")->check(CLI::PositiveNumber);
   app.add_option("--mlp", mlp, "MLP hidden width")->check(CLI::PositiveNumber);
   app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::PositiveNumber);
+  app.add_flag("--json", json, "print one JSON line: tokens/s with and without the cache (no table)");
+  app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (threads > 0) set_num_threads(threads);
 
   Generator gen(0);
   Gpt m(vocab, n + 1, d, heads, mlp, layers, &gen);
   m.ln_f.eval();
   for (auto& b : m.blocks) b->eval();
 
-  fmt::print("attograd bench_decode: vocab {} d {} heads {} layers {} mlp {}, f32, greedy, 1-token prompt, {} "
+  if (!json)
+    fmt::print("attograd bench_decode: vocab {} d {} heads {} layers {} mlp {}, f32, greedy, 1-token prompt, {} "
              "tokens, {} threads, median of {} (no cache: 1 run)\n",
              vocab, d, heads, layers, mlp, n, num_threads(), reps);
   const std::vector<int64_t> reference = generate(m, n, Mode::prealloc);
+  if (json) {
+    nlohmann::json j;
+    j["threads"] = num_threads();
+    for (Mode mode : {Mode::prealloc, Mode::no_cache}) {
+      bool same = true;
+      const bool once = mode == Mode::no_cache;
+      const double secs = bench::median_seconds([&] { same = same && generate(m, n, mode) == reference; },
+                                                once ? 1 : reps, once ? 0 : 1);
+      j["results"][mode == Mode::prealloc ? "cache" : "no_cache"] = {
+          {"ms", secs * 1e3}, {"tokens_per_s", double(n) / secs}, {"same_tokens", same}};
+    }
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
   struct Row {
     const char* name;
     Mode mode;

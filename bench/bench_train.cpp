@@ -12,23 +12,33 @@
 // Per config: median ms per step of both, the ratio (PyTorch ms / attograd ms), our peak memory
 // (alloc_stats: the peak of live tensor bytes during one step, in total and beyond what was live
 // before it; and the growth of the process's max RSS), PyTorch's max RSS growth, and the achieved
-// GFLOP/s of our step. Model FLOPs per step (matmuls only; embeddings, LayerNorm, GELU, softmax,
-// the loss and AdamW are not counted):
-//   forward = sum over Linear layers of 2 * M * K * N   (M rows, K inputs, N outputs)
-//           + per block 2 * (2 * B * T * T * d)          (q k^T and p v over all heads: H * hs = d;
-//                                                         full T x T, masked entries included)
-//   step    = 3 * forward                                (backward = two matmuls per forward matmul)
+// GFLOP/s of our step. Model FLOPs per step count the matmuls only (embeddings, LayerNorm, GELU,
+// softmax, the loss and AdamW are not counted): the GEMMs of one step, listed by step_gemms():
+//   per Linear (M rows, K inputs, N outputs)  y = x W^T, dX = dY W, dW = dY^T X    3 x 2*M*K*N
+//   per block's attention (B*H heads, hs = d/H) S = Q K^T, O = P V, and in backward dP = dO V^T,
+//                                                dV = P^T dO, dQ = dS K, dK = dS^T Q   6 x 2*T*T*hs per head
+//                                                (full T x T, masked entries included)
+//
+// --roofline adds the GEMM-bound limit of each step: every GEMM of that list timed alone at its
+// shape and transposes, at the same thread count, through ag::matmul and through OpenBLAS with its
+// own threads (the faster of the two per GEMM), summed. "GEMM-bound %" = that sum / our step time:
+// the share of the step a machine doing nothing but those matmuls at the measured sgemm speed
+// would need. --json prints one JSON line of our side only (for bench/compare_pytorch).
 //
 //   bench_train [--configs V,G,C] [--reps 10] [--warmup 3] [--threads N] [--script PATH]
+//               [--roofline] [--json]
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <malloc.h>
 #include <sys/resource.h>
 
+#include <array>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "apps/common/models.h"
@@ -68,16 +78,95 @@ struct Config {
   int64_t B, T, d, hidden, layers;
 };
 
-// Forward FLOPs of the transformer blocks: qkv, proj, fc1, fc2 and the two attention products.
-double block_flops(const Config& c) {
-  const double M = double(c.B) * double(c.T), d = double(c.d), h = double(c.hidden), T = double(c.T);
-  const double linears = 2 * M * d * (3 * d) + 2 * M * d * d + 2 * M * d * h + 2 * M * h * d;
-  const double attention = 2 * (2 * double(c.B) * T * T * d);
-  return double(c.layers) * (linears + attention);
+// One GEMM of a training step: batch x ([M,K] @ [K,N]), operands read transposed by the flags (as
+// ag::matmul gets them: a Linear's weight is stored (out, in), so y = x W^T has trans_b).
+struct GemmShape {
+  int64_t batch, M, K, N;
+  bool ta, tb;
+  double flops() const { return 2.0 * double(batch) * double(M) * double(K) * double(N); }
+};
+
+// The three GEMMs of a Linear (in -> out) over M rows: forward, dX, dW.
+void add_linear(std::vector<GemmShape>& g, int64_t M, int64_t in, int64_t out) {
+  g.push_back({1, M, in, out, false, true});   // y  = x W^T    [M,in] @ [in,out]
+  g.push_back({1, M, out, in, false, false});  // dX = dY W     [M,out] @ [out,in]
+  g.push_back({1, out, M, in, true, false});   // dW = dY^T X   [out,M] @ [M,in]
+}
+
+// Every GEMM of one training step of the transformer blocks plus the model's own Linears.
+std::vector<GemmShape> step_gemms(const Config& c, const std::vector<std::array<int64_t, 3>>& extra_linears) {
+  std::vector<GemmShape> g;
+  const int64_t M = c.B * c.T, heads = 4, hs = c.d / heads, BH = c.B * heads, T = c.T;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    add_linear(g, M, c.d, 3 * c.d);  // qkv
+    add_linear(g, M, c.d, c.d);      // proj
+    add_linear(g, M, c.d, c.hidden);  // fc1
+    add_linear(g, M, c.hidden, c.d);  // fc2
+    g.push_back({BH, T, hs, T, false, true});   // S  = Q K^T
+    g.push_back({BH, T, T, hs, false, false});  // O  = P V
+    g.push_back({BH, T, hs, T, false, true});   // dP = dO V^T
+    g.push_back({BH, T, T, hs, true, false});   // dV = P^T dO
+    g.push_back({BH, T, T, hs, false, false});  // dQ = dS K
+    g.push_back({BH, T, T, hs, true, false});   // dK = dS^T Q
+  }
+  for (const auto& [m, in, out] : extra_linears) add_linear(g, m, in, out);
+  return g;
+}
+
+double total_flops(const std::vector<GemmShape>& g) {
+  double f = 0;
+  for (const auto& s : g) f += s.flops();
+  return f;
+}
+
+// The GEMM-bound time of a step: each distinct GEMM timed alone (median of `reps`), through
+// ag::matmul and through OpenBLAS with its own threads, the faster one counted, times how often it
+// occurs. Returns seconds.
+double gemm_bound_seconds(const std::vector<GemmShape>& gemms, int reps) {
+  NoGradGuard no_grad;
+  Generator gen(7);
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>, std::pair<int, double>> seen;
+  for (const auto& s : gemms) {
+    auto key = std::make_tuple(s.batch, s.M, s.K, s.N, s.ta, s.tb);
+    auto it = seen.find(key);
+    if (it != seen.end()) {
+      ++it->second.first;
+      continue;
+    }
+    // a stored (M,K) or, transposed, (K,M); b stored (K,N) or (N,K)
+    Tensor a = randn(s.ta ? Shape{s.batch, s.K, s.M} : Shape{s.batch, s.M, s.K}, DType::f32, &gen);
+    Tensor b = randn(s.tb ? Shape{s.batch, s.N, s.K} : Shape{s.batch, s.K, s.N}, DType::f32, &gen);
+    const Tensor av = s.ta ? a.mT() : a, bv = s.tb ? b.mT() : b;
+    const double ours = bench::median_seconds([&] { matmul(av, bv); }, reps, 2);
+    std::vector<float> c(size_t(s.batch * s.M * s.N));
+    const float *pa = a.data<float>(), *pb = b.data<float>();
+    openblas_set_num_threads(num_threads());
+    const double blas = bench::median_seconds(
+        [&] {
+          for (int64_t p = 0; p < s.batch; ++p)
+            cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
+                        blasint(s.M), blasint(s.N), blasint(s.K), 1.f, pa + p * s.M * s.K,
+                        blasint(s.ta ? s.M : s.K), pb + p * s.K * s.N, blasint(s.tb ? s.K : s.N), 0.f,
+                        c.data() + p * s.M * s.N, blasint(s.N));
+        },
+        reps, 2);
+    openblas_set_num_threads(1);  // back to attograd's setting (core/parallel.cpp)
+    seen[key] = {1, std::min(ours, blas)};
+  }
+  double total = 0;
+  for (const auto& [key, v] : seen) total += v.first * v.second;
+  return total;
+}
+
+// The machine's sgemm peak as these benchmarks see it: one 1024^3 product, the faster of ag::matmul
+// and OpenBLAS with its own threads, in GFLOP/s.
+double sgemm_peak_gflops(int reps) {
+  const GemmShape big{1, 1024, 1024, 1024, false, false};
+  return big.flops() / gemm_bound_seconds({big}, reps) / 1e9;
 }
 
 struct Result {
-  double secs = 0, peak_bytes = 0, step_bytes = 0, rss_bytes = 0, flops = 0, loss = 0;
+  double secs = 0, peak_bytes = 0, step_bytes = 0, rss_bytes = 0, flops = 0, loss = 0, gemm_secs = 0;
   bool rss_reset = false;
 };
 
@@ -134,12 +223,15 @@ int main(int argc, char** argv) {
   CLI::App app{"attograd: one training step (fwd, loss, bwd, clip, AdamW) of each sample model, beside PyTorch"};
   std::string configs = "V,G,C", script;
   int reps = 10, warmup = 3, threads = 0;
+  bool roofline = false, json = false;
   app.add_option("--configs", configs, "comma-separated subset of V (ViT), G (GPT), C (TextClassifier)");
   app.add_option("--reps", reps, "timed steps (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")
       ->check(CLI::PositiveNumber);
   app.add_option("--script", script, "bench/torch_reference.py (default: found next to this source)");
+  app.add_flag("--roofline", roofline, "also time every GEMM of each step alone: the GEMM-bound limit");
+  app.add_flag("--json", json, "print one JSON line of attograd's results only (no PyTorch run, no table)");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
 
@@ -166,7 +258,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  fmt::print("attograd bench_train: one step = forward, cross-entropy, backward, clip_grad_norm 1.0, AdamW "
+  if (!json)
+    fmt::print("attograd bench_train: one step = forward, cross-entropy, backward, clip_grad_norm 1.0, AdamW "
              "(lr 1e-3, wd 0.05), zero_grad; f32, dropout 0, {} threads, OMP_WAIT_POLICY {}, OpenBLAS core {}\n",
              num_threads(), bench::omp_wait_policy(), openblas_get_corename());
 
@@ -176,6 +269,7 @@ int main(int argc, char** argv) {
     Generator gen(0);
     std::mt19937_64 rng(1234);
     Result r;
+    std::vector<GemmShape> gemms;
     if (c.key == 'V') {
       apps::ViTConfig cfg;
       cfg.patch = 4;  // image 28, channels 1, classes 10, d 64, 4 heads, 4 layers, MLP 256 are the defaults
@@ -184,8 +278,8 @@ int main(int argc, char** argv) {
       Tensor images = randn({c.B, 1, 28, 28}, DType::f32, &gen);
       Tensor labels = random_ints(rng, 0, 10, {c.B}, c.B);
       r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup);
-      const double P = 49, K = 16;  // patches; pixels per patch
-      r.flops = 3 * (block_flops(c) + 2 * double(c.B) * P * K * double(c.d) + 2 * double(c.B) * double(c.d) * 10);
+      const int64_t P = 49, K = 16;  // patches; pixels per patch
+      gemms = step_gemms(c, {{{c.B * P, K, c.d}}, {{c.B, c.d, 10}}});  // patch projection, head
     } else if (c.key == 'G') {
       apps::GPTConfig cfg;  // vocab 96, context 128, d 128, 4 heads, 4 layers, MLP 512
       cfg.dropout = 0.0;
@@ -194,7 +288,7 @@ int main(int argc, char** argv) {
       Tensor targets = random_ints(rng, 0, 96, {c.B * c.T}, c.B * c.T);
       r = run(
           model, [&] { return cross_entropy(model.forward(idx).reshape({c.B * c.T, 96}), targets); }, reps, warmup);
-      r.flops = 3 * (block_flops(c) + 2 * double(c.B * c.T) * double(c.d) * 96);
+      gemms = step_gemms(c, {{{c.B * c.T, c.d, 96}}});  // head
     } else {
       apps::TextClassifierConfig cfg;  // vocab 20000, max_len 256, 2 classes, d 128, 4 heads, 2 layers, MLP 512
       cfg.dropout = 0.0;
@@ -210,9 +304,29 @@ int main(int argc, char** argv) {
       Tensor lengths = from_vector<int64_t>(clf_lengths, {c.B});
       Tensor labels = random_ints(rng, 0, 2, {c.B}, c.B);
       r = run(model, [&] { return cross_entropy(model.forward(tokens, lengths), labels); }, reps, warmup);
-      r.flops = 3 * (block_flops(c) + 2 * double(c.B) * double(c.d) * 2);
+      gemms = step_gemms(c, {{{c.B, c.d, 2}}});  // head on the pooled tokens
     }
+    r.flops = total_flops(gemms);
+    if (roofline) r.gemm_secs = gemm_bound_seconds(gemms, std::max(reps, 5));
     results.push_back(r);
+  }
+
+  if (json) {
+    nlohmann::json j;
+    j["threads"] = num_threads();
+    j["openblas_core"] = openblas_get_corename();
+    j["max_rss_mb"] = max_rss_bytes() / 1e6;
+    if (roofline) j["sgemm_peak_gflops"] = sgemm_peak_gflops(std::max(reps, 5));
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const Result& r = results[i];
+      j["results"][std::string(1, chosen[i].key)] = {
+          {"config", chosen[i].name},  {"ms", r.secs * 1e3},          {"gflop_per_step", r.flops / 1e9},
+          {"gflops", r.flops / r.secs / 1e9}, {"peak_mb", r.peak_bytes / 1e6}, {"step_mb", r.step_bytes / 1e6},
+          {"rss_growth_mb", r.rss_bytes / 1e6}, {"loss", r.loss}, {"gemm_bound_ms", r.gemm_secs * 1e3}};
+    }
+    if (!clf_lengths.empty()) j["results"]["C"]["lengths"] = clf_lengths;
+    fmt::print("{}\n", j.dump());
+    return 0;
   }
 
   // PyTorch, same shapes, thread count and repetitions, after ours (so the two never overlap)
@@ -234,8 +348,10 @@ int main(int argc, char** argv) {
     fmt::print("PyTorch {} ({} threads), {}\n", (*torch)["torch"].get<std::string>(), (*torch)["threads"].get<int>(),
                (*torch)["impl"].get<std::string>());
 
-  fmt::print("\n{:<16} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>9}\n", "config", "ag ms", "torch ms",
+  fmt::print("\n{:<16} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10} {:>9} {:>9}", "config", "ag ms", "torch ms",
              "torch/ag", "ag GF/s", "GF/step", "ag peak", "ag step", "ag RSS+", "torch RSS+", "ag loss");
+  if (roofline) fmt::print(" {:>9} {:>7}", "GEMM ms", "bound");
+  fmt::print("\n");
   for (size_t i = 0; i < chosen.size(); ++i) {
     const Result& r = results[i];
     const double ms = r.secs * 1e3;
@@ -253,7 +369,9 @@ int main(int argc, char** argv) {
       fmt::print(" {:>9.1f}", torch->at("results").at(variants[i])["peak_rss_mb"].get<double>());
     else
       fmt::print(" {:>9}", "-");
-    fmt::print(" {:>9.4f}{}\n", r.loss, r.rss_reset ? "" : "  (RSS mark not reset)");
+    fmt::print(" {:>9.4f}", r.loss);
+    if (roofline) fmt::print(" {:>9.2f} {:>6.1f}%", r.gemm_secs * 1e3, 100 * r.gemm_secs / r.secs);
+    fmt::print("{}\n", r.rss_reset ? "" : "  (RSS mark not reset)");
   }
   fmt::print("\ntorch/ag = PyTorch ms / attograd ms per step (> 1: attograd is faster). ag GF/s = model FLOPs per\n"
              "step / our median step time; GF/step = 3 x forward matmul FLOPs (2*M*K*N per Linear, 2*B*T*T*d\n"
@@ -262,5 +380,8 @@ int main(int argc, char** argv) {
              "what was live before the step; ag RSS+ / torch RSS+ = growth of each process's max RSS over the\n"
              "warm-up and timed steps after the first (the mark reset after step 1). ag loss: the loss of\n"
              "the last step, for orientation only.\n");
+  if (roofline)
+    fmt::print("GEMM ms: the step's GEMMs timed alone (the faster of ag::matmul and OpenBLAS's own threads per\n"
+               "GEMM), summed: the GEMM-bound limit; bound = that / our step time (target >= 50%).\n");
   return 0;
 }

@@ -8,6 +8,7 @@ subcommand here.
     torch_reference.py attention --json --batch 32 --heads 4 --T 256 --d 32 --threads 2 --reps 10
     torch_reference.py block     --json --batch 32 --T 128 --d 128 --heads 4 --threads 2 --reps 20
     torch_reference.py train     --json --configs V,G,C --threads 2 --reps 10 --warmup 3
+    torch_reference.py generate  --json --tokens 256 --threads 2 --reps 3
 
 The environment is inherited from the C++ benchmark, so both sides run under the same OpenMP
 settings. Mind OMP_WAIT_POLICY: by default PyTorch's OpenMP workers spin between parallel regions
@@ -15,9 +16,11 @@ while the OpenBLAS it calls for every matmul (a pthreads build here, with its ow
 the same cores, and on a shared 2-core machine spinning threads of either program stall each other
 (10-100x slower steps measured under load); OMP_WAIT_POLICY=PASSIVE avoids both.
 
-Every subcommand reports, per variant (no mask / causal; for train: the config V, G or C): the
-median wall time in ms of forward + backward (train: one whole optimizer step) over --reps runs
-after --warmup runs, and "peak_rss_mb". CPU PyTorch keeps no
+Every subcommand reports, per variant (no mask / causal; for train: the config V, G or C; for
+generate: cache / no_cache): the median wall time in ms of forward + backward (train: one whole
+optimizer step; generate: one whole generation, with tokens_per_s) over --reps runs after
+--warmup runs, and "peak_rss_mb"; the JSON also carries "max_rss_mb", the process's whole peak
+RSS (interpreter, libraries and all), the figure to set beside another process's. CPU PyTorch keeps no
 allocator statistics, so that is the closest measure of the peak memory one step holds beyond
 its inputs: how much the process's max resident set size (getrusage ru_maxrss, a high-water mark)
 grew over the warm-up and timed runs, the mark being reset (malloc_trim, then "5" into
@@ -199,6 +202,62 @@ def cmd_train(args):
             "results": out}
 
 
+# generate: greedy decoding with the GPT twin, as bench/bench_decode.cpp does on our side: a 1-token
+# prompt (token 0), --tokens new tokens, argmax at every step; with a hand-written KV cache (each
+# block's k and v preallocated to the full length, the new position written in place, attention
+# over the filled prefix) and without one (a full causal forward over the prefix per token).
+def gpt_cached_step(model, token, t, caches):
+    """Logits (1, V) of position t for `token` (1, 1), reading and extending caches[l] = (k, v),
+    each (1, H, capacity, hs). The math of Block.forward with Attention.forward, one position."""
+    h = model.wte(token) + model.wpe.weight[t : t + 1]
+    for blk, (kc, vc) in zip(model.blocks, caches):
+        a = blk.attn
+        q, k, v = a.qkv(blk.ln1(h)).reshape(1, 1, 3, a.heads, a.hs).permute(2, 0, 3, 1, 4)
+        kc[:, :, t : t + 1] = k
+        vc[:, :, t : t + 1] = v
+        # the new query attends to every cached position 0..t: no mask needed
+        s = (q @ kc[:, :, : t + 1].transpose(-2, -1)) / math.sqrt(a.hs)
+        o = torch.softmax(s, dim=-1) @ vc[:, :, : t + 1]
+        h = h + a.proj(o.transpose(1, 2).reshape(1, 1, -1))
+        h = h + blk.mlp(blk.ln2(h))
+    return model.head(model.ln_f(h))[:, -1]
+
+
+def gpt_generate(model, n, cached):
+    seq = [0]
+    H, hs = model.blocks[0].attn.heads, model.blocks[0].attn.hs
+    caches = [(torch.zeros(1, H, n + 1, hs), torch.zeros(1, H, n + 1, hs)) for _ in model.blocks]
+    with torch.inference_mode():
+        for t in range(n):
+            if cached:
+                logits = gpt_cached_step(model, torch.tensor([[seq[-1]]]), t, caches)
+            else:
+                logits = model(torch.tensor([seq]))[:, -1]
+            seq.append(int(logits.argmax(-1)))
+    return seq[1:]
+
+
+def cmd_generate(args):
+    torch.manual_seed(0)
+    model = torch_models.GPT(vocab=args.vocab, context=args.tokens + 1, d_model=args.d, n_heads=args.heads,
+                             n_layers=args.layers, mlp_hidden=args.mlp, dropout=0.0)
+    model.eval()
+    out = {}
+    reference = gpt_generate(model, args.tokens, True)
+    for name, cached in (("cache", True), ("no_cache", False)):
+        same = True
+
+        def step():
+            nonlocal same
+            same = same and gpt_generate(model, args.tokens, cached) == reference
+
+        out[name] = measure(step, args.reps, args.warmup)
+        out[name]["tokens_per_s"] = args.tokens / (out[name]["ms"] / 1e3)
+        out[name]["same_tokens"] = same
+    return {"impl": "torch_models.GPT, greedy; cache: hand-written preallocated k/v per block; "
+                    "no_cache: full forward over the prefix", "results": out}
+
+
 def attention_args(s):
     s.add_argument("--batch", type=int, default=32)
     s.add_argument("--heads", type=int, default=4)
@@ -219,10 +278,19 @@ def train_args(s):
     s.add_argument("--lengths", default="", help="config C: the B lengths, comma-separated (default: random)")
 
 
+def generate_args(s):
+    s.add_argument("--tokens", type=int, default=256, help="new tokens after a 1-token prompt")
+    s.add_argument("--vocab", type=int, default=96)
+    s.add_argument("--d", type=int, default=128, help="model width")
+    s.add_argument("--heads", type=int, default=4)
+    s.add_argument("--layers", type=int, default=4)
+    s.add_argument("--mlp", type=int, default=512)
+
+
 # name: (function returning {"impl": str, "results": {variant: measure(...)}}, its own options).
 # A new benchmark adds one entry here.
 SUBCOMMANDS = {"attention": (cmd_attention, attention_args), "block": (cmd_block, block_args),
-               "train": (cmd_train, train_args)}
+               "train": (cmd_train, train_args), "generate": (cmd_generate, generate_args)}
 
 
 def main():
@@ -249,6 +317,7 @@ def main():
     result = {"cmd": args.cmd, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset")}
     result.update(SUBCOMMANDS[args.cmd][0](args))
+    result["max_rss_mb"] = max_rss_bytes() / 1e6
     if args.json:
         print(json.dumps(result))
     else:

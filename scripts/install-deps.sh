@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages attograd needs to build, test and run its demo.
+# Installs the Debian packages attograd needs to build, test and run its demo; with --bench also
+# what bench/compare_pytorch needs for its PyTorch side (a venv for pip's torch, tcmalloc).
 # Idempotent: prints nothing and exits 0 when everything is already installed.
 # Without root (and without passwordless sudo) it prints the exact apt-get line and exits 1.
 set -euo pipefail
@@ -17,6 +18,15 @@ PACKAGES=(
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br fortunes-ru fortunes-cs fortunes-pl  # textclf
   bible-kjv                             # gpt: the King James Bible
 )
+if [[ "${1:-}" == "--bench" ]]; then
+  PACKAGES+=(
+    python3-venv           # bench/compare_pytorch: a virtual environment for pip's newest torch
+    libtcmalloc-minimal4   # preloaded into the PyTorch processes: their fastest malloc here
+  )
+elif [[ $# -gt 0 ]]; then
+  echo "usage: scripts/install-deps.sh [--bench]" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
