@@ -3,7 +3,7 @@ BUILD   ?= build
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench clean
+.PHONY: all deps configure build demo test bench compare clean
 
 all: build
 
@@ -30,6 +30,12 @@ test: build
 
 bench: build
 	@scripts/bench.sh $(BUILD)
+
+# attograd beside PyTorch (pip's newest in a venv it creates, and Debian's python3-torch when
+# installed): training steps, scaling, attention, generation; tables also in $(BUILD)/compare_pytorch.md.
+compare: build
+	@scripts/install-deps.sh --bench
+	@bench/compare_pytorch --build $(BUILD) --markdown $(BUILD)/compare_pytorch.md
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log
