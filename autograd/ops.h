@@ -133,7 +133,8 @@ Tensor argmax(const Tensor& x, int dim, bool keepdim = false);
 // matmul(a, b)  C = A B  over the last two dims; batch dims broadcast; 1-D inputs are a row
 //               (a) or column (b) vector, as in torch.matmul.
 //   dA = g B^T,   dB = A^T g     (then sum_to over broadcast batch dims)      saves a, b
-//   [M,K] @ [K,N] -> [M,N]. Runs cblas_sgemm/dgemm; transposed views go as BLAS flags, not copies.
+//   [M,K] @ [K,N] -> [M,N]. Runs attograd's sgemm (f32, core/cpu/gemm.cpp) or cblas_dgemm (f64);
+//   transposed views go as transpose flags, not copies.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 // ====================== normalisation & losses (autograd/ops/nn.cpp) ==========================

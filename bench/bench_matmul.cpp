@@ -1,12 +1,19 @@
-// bench_matmul: ag::matmul against raw OpenBLAS, f32, on the shapes a small transformer uses.
+// bench_matmul: ag::matmul on attograd's own sgemm against OpenBLAS, f32, on the products the app
+// models run (forward, and the two backward GEMMs dX = dY W^T-style and dW = X^T dY), plus squares.
 //
-// For each shape [M,K] @ [K,N]:
+// For each shape op(A) [M,K] @ op(B) [K,N] (TN: A stored (K, M) and read transposed):
 //   raw       cblas_sgemm with OpenBLAS's own threads (openblas_set_num_threads(ag::num_threads()))
-//   ag        ag::matmul(a, b): attograd's pool splits the GEMM, OpenBLAS single-threaded inside
-//   raw NT    cblas_sgemm(NoTrans, Trans) on w (N, K): the nn.Linear layout
-//   ag a@w^T  ag::matmul(a, w.mT()): the transposed view goes to BLAS as a flag
-// Times are medians over >= 20 runs after warm-up, taken in two interleaved rounds with pauses in
-// between, so that neither side runs while the other's idle threads still spin.
+//   ag+oblas  ag::matmul with sgemm switched to OpenBLAS (set_sgemm_kernel(openblas)): attograd's
+//             pool splits the rows, OpenBLAS single-threaded inside
+//   ag        ag::matmul on attograd's own sgemm (kernel chosen at first use, printed below)
+//   ratio     ag / raw, and ag / ag+oblas
+// Then the same products on one thread (ours vs OpenBLAS, both in ag::matmul): the micro-kernel's
+// efficiency without threading effects. Times are medians over >= 20 runs after warm-up, taken in
+// two interleaved rounds with pauses in between, so that neither side runs while the other's idle
+// threads still spin. Run with OMP_WAIT_POLICY=passive; `env -u OPENBLAS_CORETYPE` lets OpenBLAS
+// pick its AVX-512 (Cooperlake/SkylakeX) kernels instead of Haswell's AVX2 ones. On a machine shared
+// with a background job, add OMP_PROC_BIND=true: unbound, a woken OpenMP worker may land on the
+// core of the thread that woke it, and the "ag" columns then run at one core's speed.
 // Usage: bench_matmul [min_reps]      (OMP_NUM_THREADS sets attograd's thread count)
 #include <cblas.h>
 
@@ -15,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -44,67 +52,98 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+struct Shape {
+  const char* model;  // which app model runs it ("" for the squares)
+  bool ta;            // A stored (K, M) and read transposed: the dW = X^T dY products
+  int64_t M, K, N;
+};
+
+// Medians in GFLOP/s of the variants, measured as described at the top.
+std::vector<double> measure(const Shape& s, std::vector<Variant>& vs, int min_reps, int nt) {
+  const double once = seconds_of(vs.back().run);
+  const int reps = std::max(min_reps, int(0.3 / std::max(once, 1e-6)));  // ~0.3 s per variant, >= min_reps
+  for (int round = 0; round < 2; ++round) {
+    for (Variant& v : vs) {
+      const bool raw = std::string(v.name) == "raw";
+      if (raw) openblas_set_num_threads(nt);  // OpenBLAS's own threading for the reference
+      for (int i = 0; i < 3; ++i) v.run();    // warm-up: caches, thread wake-up, allocator
+      for (int i = 0; i < (reps + 1) / 2; ++i) v.times.push_back(seconds_of(v.run));
+      if (raw) openblas_set_num_threads(1);  // back to attograd's setting
+      settle();
+    }
+  }
+  const double flop = 2.0 * double(s.M) * double(s.N) * double(s.K);
+  std::vector<double> g;
+  for (const Variant& v : vs) g.push_back(flop / median(v.times) * 1e-9);
+  return g;
+}
+
+std::string shape_name(const Shape& s) {
+  char name[80];
+  std::snprintf(name, sizeof name, "%s %s[%lld,%lld]@[%lld,%lld]", s.model, s.ta ? "TN " : "", (long long)s.M,
+                (long long)s.K, (long long)s.K, (long long)s.N);
+  return name;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  using ag::cpu::GemmKernel;
   const int min_reps = argc > 1 ? std::max(20, std::atoi(argv[1])) : 20;
   const int nt = ag::num_threads();
-  std::printf("attograd threads: %d (OpenBLAS %s, core %s; single-threaded inside attograd's pool)\n", nt,
+  const GemmKernel ours = ag::cpu::sgemm_kernel();
+  std::printf("attograd threads: %d; our sgemm kernel: %s; OpenBLAS %s, core %s\n", nt, ag::cpu::gemm_kernel_name(ours),
               openblas_get_config(), openblas_get_corename());
-  std::printf("f32, GFLOP/s = 2*M*N*K / median time; ratio = attograd / raw OpenBLAS with %d threads\n\n", nt);
-  std::printf("%-22s %9s %9s %7s   %9s %9s %7s\n", "shape [M,K]@[K,N]", "raw", "ag", "ratio", "raw NT", "ag a@w^T",
-              "ratio");
+  std::printf("f32, GFLOP/s = 2*M*N*K / median time\n\n");
+  std::printf("%-34s %9s %9s %9s %8s %8s\n", "shape op(A)[M,K]@op(B)[K,N]", "raw", "ag+oblas", "ag", "ag/raw",
+              "ag/oblas");
 
-  struct Dims {
-    int64_t M, K, N;
-  };
-  const Dims shapes[] = {{256, 256, 256}, {512, 512, 512}, {1024, 1024, 1024}, {4096, 128, 384}, {4096, 512, 128}};
+  const Shape shapes[] = {
+      {"V", false, 6400, 64, 192},  {"V", false, 6400, 64, 256},  {"V", false, 6400, 256, 64},
+      {"V", true, 64, 6400, 256},   {"G", false, 4096, 128, 384}, {"G", false, 4096, 128, 512},
+      {"G", false, 4096, 512, 128}, {"G", true, 128, 4096, 512},  {"", false, 512, 512, 512},
+      {"", false, 1024, 1024, 1024}};
   ag::NoGradGuard no_grad;
   ag::Generator gen(0);
   {  // wake the cores and attograd's pool for half a second before the first measurement
     const ag::Tensor x = ag::randn({512, 512}, ag::DType::f32, &gen);
     for (auto t0 = Clock::now(); Clock::now() - t0 < std::chrono::milliseconds(500);) ag::matmul(x, x);
   }
-  for (const Dims& s : shapes) {
-    const ag::Tensor a = ag::randn({s.M, s.K}, ag::DType::f32, &gen);
-    const ag::Tensor b = ag::randn({s.K, s.N}, ag::DType::f32, &gen);
-    const ag::Tensor w = ag::randn({s.N, s.K}, ag::DType::f32, &gen);  // b's transpose, stored (N, K)
-    std::vector<float> c(size_t(s.M * s.N));
-    const float *pa = a.data<float>(), *pb = b.data<float>(), *pw = w.data<float>();
-    const int M = int(s.M), N = int(s.N), K = int(s.K);
-
-    std::vector<Variant> vs;
-    vs.push_back({"raw", [&] {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, pa, K, pb, N, 0.f, c.data(), N);
-                  }, {}});
-    vs.push_back({"ag", [&] { ag::matmul(a, b); }, {}});
-    vs.push_back({"raw NT", [&] {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, pa, K, pw, K, 0.f, c.data(), N);
-                  }, {}});
-    vs.push_back({"ag a@w^T", [&] { ag::matmul(a, w.mT()); }, {}});
-
-    // enough runs for ~0.4 s per variant, and at least min_reps
-    const double once = seconds_of(vs[0].run);
-    const int reps = std::max(min_reps, int(0.4 / std::max(once, 1e-6)));
-    for (int round = 0; round < 2; ++round) {
-      for (Variant& v : vs) {
-        const bool raw = v.name[0] == 'r';
-        if (raw) openblas_set_num_threads(nt);  // OpenBLAS's own threading for the reference
-        for (int i = 0; i < 3; ++i) v.run();    // warm-up: caches, thread wake-up, allocator
-        for (int i = 0; i < (reps + 1) / 2; ++i) v.times.push_back(seconds_of(v.run));
-        if (raw) openblas_set_num_threads(1);  // back to attograd's setting
-        settle();
-      }
+  std::vector<std::vector<double>> one_thread;
+  for (int pass = 0; pass < 2; ++pass) {  // pass 0: nt threads, pass 1: one thread
+    if (pass == 1) {
+      ag::set_num_threads(1);
+      std::printf("\none thread, both inside ag::matmul\n%-34s %9s %9s %8s\n", "shape", "oblas", "ag", "ag/oblas");
     }
-    const double flop = 2.0 * double(s.M) * double(s.N) * double(s.K);
-    double g[4];
-    for (int i = 0; i < 4; ++i) g[i] = flop / median(vs[i].times) * 1e-9;
-    char name[64];
-    std::snprintf(name, sizeof name, "[%lld,%lld]@[%lld,%lld]", (long long)s.M, (long long)s.K, (long long)s.K,
-                  (long long)s.N);
-    std::printf("%-22s %9.1f %9.1f %7.3f   %9.1f %9.1f %7.3f\n", name, g[0], g[1], g[1] / g[0], g[2], g[3],
-                g[3] / g[2]);
-    std::fflush(stdout);
+    for (const Shape& s : shapes) {
+      // A as stored: (M, K), or (K, M) for TN; B (K, N)
+      const ag::Tensor a = ag::randn(s.ta ? ag::Shape{s.K, s.M} : ag::Shape{s.M, s.K}, ag::DType::f32, &gen);
+      const ag::Tensor b = ag::randn({s.K, s.N}, ag::DType::f32, &gen);
+      const ag::Tensor opa = s.ta ? a.mT() : a;
+      std::vector<float> c(size_t(s.M * s.N));
+      const float *pa = a.data<float>(), *pb = b.data<float>();
+      const int M = int(s.M), N = int(s.N), K = int(s.K);
+      std::vector<Variant> vs;
+      if (pass == 0)
+        vs.push_back({"raw", [&] {
+                        cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, CblasNoTrans, M, N, K, 1.f, pa,
+                                    s.ta ? M : K, pb, N, 0.f, c.data(), N);
+                      }, {}});
+      vs.push_back({"ag+oblas", [&] {
+                      ag::cpu::set_sgemm_kernel(GemmKernel::openblas);
+                      ag::matmul(opa, b);
+                      ag::cpu::set_sgemm_kernel(ours);
+                    }, {}});
+      vs.push_back({"ag", [&] { ag::matmul(opa, b); }, {}});
+      const std::vector<double> g = measure(s, vs, min_reps, pass == 0 ? nt : 1);
+      if (pass == 0)
+        std::printf("%-34s %9.1f %9.1f %9.1f %8.3f %8.3f\n", shape_name(s).c_str(), g[0], g[1], g[2], g[2] / g[0],
+                    g[2] / g[1]);
+      else
+        std::printf("%-34s %9.1f %9.1f %8.3f\n", shape_name(s).c_str(), g[0], g[1], g[1] / g[0]);
+      std::fflush(stdout);
+    }
   }
+  ag::set_num_threads(nt);
   return 0;
 }

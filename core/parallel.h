@@ -1,8 +1,9 @@
 #pragma once
 // Threads. attograd owns one pool, OpenMP's: elementwise ops, reductions and the other kernels
-// split their outer loops over it, and matmul splits its GEMMs over it too, calling OpenBLAS
-// single-threaded inside. OpenBLAS's own (busy-waiting) threads are therefore never used, so
-// OpenBLAS threads and OpenMP threads never multiply or fight over the cores.
+// split their outer loops over it, and matmul splits its GEMMs over it too, calling a
+// single-threaded GEMM inside (its own sgemm for f32, OpenBLAS's dgemm for f64). OpenBLAS's own
+// (busy-waiting) threads are therefore never used, so OpenBLAS threads and OpenMP threads never
+// multiply or fight over the cores.
 #include <omp.h>
 
 #include <algorithm>

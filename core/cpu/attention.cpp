@@ -31,6 +31,12 @@ namespace {
 // block starts at its first visible key, so causal tiles above the diagonal are still skipped.
 constexpr int64_t kBq = 32;   // query rows per tile
 constexpr int64_t kBk = 256;  // keys per tile
+// Multiply-adds below which a run of work items stays on one thread: waking the second thread
+// costs a few us, about what one thread needs for 2^16 of them. Generating a token (one query per
+// head against the cache) stays on one thread; training-size heads split as before.
+constexpr int64_t kMinWork = int64_t(1) << 16;
+// The grain for parallel_for over work items of `work` multiply-adds each.
+int64_t grain_for(int64_t work) { return std::max<int64_t>(1, kMinWork / std::max<int64_t>(work, 1)); }
 
 // Which keys query row i (0-based within Tq) of batch element b may see.
 struct KeyRange {
@@ -175,7 +181,8 @@ template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionGeom& g) {
   const int64_t nqb = (g.Tq + kBq - 1) / kBq, D = g.D, Dv = g.Dv;
   const T ninf = -std::numeric_limits<T>::infinity();
-  parallel_for(g.BH * nqb, 1, [&](int64_t w0, int64_t w1) {
+  const int64_t item_work = std::min(kBq, g.Tq) * g.Tk * (D + Dv);
+  parallel_for(g.BH * nqb, grain_for(item_work), [&](int64_t w0, int64_t w1) {
     std::vector<T> S(size_t(kBq * kBk)), Kt(size_t(D * g.Tk)), acc(size_t(kBq * Dv)), m(kBq), l(kBq);
     int64_t kt_of = -1;  // the head whose K^T is in Kt: a thread's work items run head by head
     std::vector<KeyRange> range(kBq);
@@ -250,7 +257,7 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionGeom& g) {
   const int64_t D = g.D, Dv = g.Dv;
-  parallel_for(g.BH, 1, [&](int64_t w0, int64_t w1) {
+  parallel_for(g.BH, grain_for(2 * g.Tq * g.Tk * (D + Dv)), [&](int64_t w0, int64_t w1) {
     std::vector<T> P(size_t(kBq * kBk)), dP(size_t(kBq * kBk)), Kt(size_t(D * g.Tk)), Vt(size_t(Dv * g.Tk)), Dd(kBq);
     std::vector<KeyRange> range(kBq);
     for (int64_t bh = w0; bh < w1; ++bh) {

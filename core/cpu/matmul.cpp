@@ -1,18 +1,23 @@
-// Matmul on OpenBLAS (core/kernels/matmul.h). Math: autograd/ops.h (matmul).
+// Matmul on attograd's own sgemm for f32 (core/cpu/gemm.cpp) and OpenBLAS's cblas_dgemm for f64
+// (core/kernels/matmul.h). Math: autograd/ops.h (matmul).
 //
 //   a (B, M, K), b (B, K, N), c and dout (B, M, N), da (B, M, K), db (B, K, N)
 //   B = the product of the batch dims (1 without any); a and b are read through their Gemm
 //   description (trans flag, leading dim, batch strides), so they may be transposed or broadcast.
 //
-// Threads: OpenBLAS runs single-threaded (core/parallel.cpp) and this file splits the work over
-// attograd's own pool. C is seen as one tall matrix of B*M rows; thread t of nt computes the rows
-// [t*B*M/nt, (t+1)*B*M/nt), each boundary moved to the nearest multiple of kRowTile inside its matrix.
-// So a batch of >= nt matrices is split by whole matrices (exactly, when nt divides B), one big GEMM
-// by contiguous row blocks, and every piece is one single-threaded cblas call. When there are too
-// few rows (a vector-matrix product, say) the columns of C are split instead.
+// Threads: every GEMM call is single-threaded (sgemm always; OpenBLAS is set to one thread in
+// core/parallel.cpp) and this file splits the work over attograd's own pool. C is seen as one tall
+// matrix of B*M rows; thread t of nt computes the rows [t*B*M/nt, (t+1)*B*M/nt), each boundary
+// moved to the nearest multiple of kRowTile inside its matrix. So a batch of >= nt matrices is
+// split by whole matrices (exactly, when nt divides B), one big GEMM by contiguous row blocks, and
+// every piece is one single-threaded GEMM call. When there are too few rows (a vector-matrix
+// product, say) the columns of C are split instead. sgemm sums each element of C in an order that
+// does not depend on the rows or columns it is given, so f32 results are the same bits whatever
+// the thread count (f64, on OpenBLAS, has no such promise).
 #include <cblas.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/kernels.h"
 #include "core/parallel.h"
@@ -22,8 +27,7 @@ namespace ag::cpu {
 template <>
 void gemm_blas<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
                       const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
-              blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+  sgemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 template <>
 void gemm_blas<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* a,
@@ -34,9 +38,12 @@ void gemm_blas<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double
 
 namespace {
 
-// Rows of C per tile: a multiple of the micro-kernel heights of OpenBLAS's x86 GEMMs (4 to 16
-// rows), so a row block cut on it leaves no ragged micro-tile in the middle of the matrix.
-constexpr int64_t kRowTile = 16;
+// Rows of C per tile: a multiple of the micro-kernel height of sgemm (6 rows, every kernel), so a
+// row block cut on it leaves no ragged micro-tile in the middle of the matrix; 12 rather than 6
+// for f64, whose OpenBLAS kernels are 4 to 16 rows tall.
+constexpr int64_t kRowTile = 12;
+// Columns of C per tile when the columns are split: the width of sgemm's AVX-512 tiles (64).
+constexpr int64_t kColTile = 64;
 // Multiply-adds below which a GEMM stays on one thread: waking the pool costs a few us, about
 // what a single thread needs for 2^18 multiply-adds.
 constexpr int64_t kMinWorkPerThread = int64_t(1) << 18;
@@ -65,6 +72,12 @@ void gemm_block(T* c, const T* a, const T* b, const Gemm& g, int64_t i0, int64_t
   }
   const T* ab = a + (g.trans_a ? i0 : i0 * g.lda);
   const T* bb = b + (g.trans_b ? j0 * g.ldb : j0);
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.M <= kSmallRows && sgemm_kernel() != GemmKernel::openblas) {  // by the whole matrix's rows
+      sgemm_small_m(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N);
+      return;
+    }
+  }
   gemm_blas(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, T(1), ab, g.lda, bb, g.ldb, T(0), cb, g.N);
 }
 
@@ -81,6 +94,7 @@ template <class T>
 void matmul_forward(T* c, const T* a, const T* b, const Gemm& g) {
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   if (P == 0 || M == 0 || N == 0) return;
+  if constexpr (std::is_same_v<T, float>) sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
   const int64_t work = P * M * N * std::max<int64_t>(g.K, 1);
   const int nt = int(std::clamp<int64_t>(work / kMinWorkPerThread, 1, num_threads()));
   // rows [i0, i1) and columns [j0, j1) of matrix p of the batch
@@ -93,7 +107,7 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g) {
       for (int64_t t = t0; t < t1; ++t) {
         int64_t r = tile_boundary(P * M, M, int(t), nt, kRowTile);
         const int64_t r1 = tile_boundary(P * M, M, int(t) + 1, nt, kRowTile);
-        while (r < r1) {  // the range may span several matrices: one cblas call per matrix piece
+        while (r < r1) {  // the range may span several matrices: one GEMM call per matrix piece
           const int64_t p = r / M, i0 = r % M, i1 = std::min(M, i0 + (r1 - r));
           block(p, i0, i1, 0, N);
           r += i1 - i0;
@@ -105,7 +119,7 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g) {
   for (int64_t p = 0; p < P; ++p) {  // few rows: split the columns of each matrix
     parallel_for(nt, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t)
-        block(p, 0, M, tile_boundary(N, N, int(t), nt, kRowTile), tile_boundary(N, N, int(t) + 1, nt, kRowTile));
+        block(p, 0, M, tile_boundary(N, N, int(t), nt, kColTile), tile_boundary(N, N, int(t) + 1, nt, kColTile));
     });
   }
 }

@@ -20,22 +20,53 @@ struct Gemm {
   const Layout* batch_b = nullptr;  // batch dims of b, same shape as batch_a
 };
 
-// c (batch, M, N) = a (batch, M, K) @ b (batch, K, N), through cblas_sgemm/dgemm (single-threaded
-// BLAS calls; the kernel splits the batch, or the rows of one GEMM, over attograd's threads).
+// c (batch, M, N) = a (batch, M, K) @ b (batch, K, N), through single-threaded GEMM calls (sgemm
+// below for f32, cblas_dgemm for f64); the kernel splits the batch, or the rows of one GEMM, over
+// attograd's threads.
 template <class T> void matmul_forward(T* c, const T* a, const T* b, const Gemm& g);
-// The same product as a triple loop: the algorithmic reference the BLAS path is tested against.
+// The same product as a triple loop: the algorithmic reference the GEMM path is tested against.
 template <class T> void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g);
 // da (batch, M, K) = dout @ b^T,  db (batch, K, N) = a^T @ dout;  dout (batch, M, N) contiguous.
 // Either of da, db may be null (not needed). Unlike the other backward kernels these WRITE the
-// gradients (BLAS beta = 0): the op front allocates them fresh, and zero-filling a buffer only to
+// gradients (GEMM beta = 0): the op front allocates them fresh, and zero-filling a buffer only to
 // add into it would cost a noticeable fraction of the GEMM itself.
 template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g);
 
-// One single-threaded BLAS call, row-major: c (M, N; leading dim ldc) = alpha op(a) op(b) + beta c,
-// op(x) = x or x^T by the flag (a is (M, K) as read, b is (K, N)). For kernels that run their own
-// small GEMMs inside a parallel loop (attention).
+// One single-threaded GEMM, row-major: c (M, N; leading dim ldc) = alpha op(a) op(b) + beta c,
+// op(x) = x or x^T by the flag (a is (M, K) as read, b is (K, N)); beta == 0 means c is not read,
+// K == 0 means c = beta c. f32 runs attograd's own sgemm below, f64 cblas_dgemm. Also for kernels
+// that run their own small GEMMs inside a parallel loop.
 template <class T>
 void gemm_blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t lda, const T* b,
                int64_t ldb, T beta, T* c, int64_t ldc);
+
+// ---- attograd's sgemm (core/cpu/gemm.cpp) ----------------------------------------------------
+// The micro-kernels: AVX-512F, AVX2+FMA, plain C++; openblas is cblas_sgemm (for comparison).
+enum class GemmKernel { avx512, avx2, portable, openblas };
+
+// gemm_blas<float>'s contract, single-threaded, on the kernel sgemm_kernel() names.
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The same on kernel k, which must be supported by this CPU (tests and benches compare kernels).
+void sgemm_with(GemmKernel k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The kernel sgemm runs. Chosen at first use: ATTOGRAD_GEMM=avx512|avx2|portable|openblas when
+// set (ag::Error when unknown or not supported by this CPU), else the widest the CPU supports.
+// Call it outside parallel regions first (matmul does), so that a bad setting throws there.
+GemmKernel sgemm_kernel();
+const char* sgemm_kernel_name();                // "avx512", ... of sgemm_kernel()
+const char* gemm_kernel_name(GemmKernel k);     // "avx512", ... of k
+bool sgemm_kernel_supported(GemmKernel k);      // whether this CPU runs k
+GemmKernel gemm_kernel_named(const char* name); // "avx512" -> avx512 ... (ag::Error: unknown/unsupported)
+void set_sgemm_kernel(GemmKernel k);            // replaces the choice (ag::Error when unsupported)
+
+// c (M, N; ldc) = op(a) op(b) for a few rows (M <= kSmallRows), reading both operands where they
+// are: packing B for one row (a token's activations against a weight, in generation) costs ten
+// times the product itself. op(b) stored transposed (a Linear's weight, (N, K)): one dot product
+// along K per element; stored as is: rows of B scaled and added. matmul picks it by the rows of the
+// whole matrix (never of a thread's piece), so a result never depends on the thread count.
+inline constexpr int64_t kSmallRows = 4;
+void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float* c, int64_t ldc);
 
 }  // namespace ag::cpu

@@ -1,0 +1,435 @@
+// attograd's own single-precision GEMM (core/kernels/matmul.h: sgemm). Used by matmul for f32.
+//
+//   a: op(a) (M, K), b: op(b) (K, N), c (M, N; leading dim ldc),  c = alpha op(a) op(b) + beta c
+//
+// The algorithm is Goto's (as in BLIS), five loops around a small register-blocked product:
+//   jc: columns of C in blocks of nc         the B block (kc x nc) lives in L2/L3
+//    pc: the inner dim in blocks of kc       pack op(b)[pc:+kc, jc:+nc] into NR-wide column panels
+//     ic: rows of C in blocks of mc          pack op(a)[ic:+mc, pc:+kc] into MR-tall row panels
+//      jr: one B panel (kc x NR) at a time   it stays close (L1/L2) while ...
+//       ir: ... every A panel (MR x kc) runs past it: the micro-kernel adds a whole MR x NR tile of
+//           C, held in registers for all kc steps (per step: NR/W vector loads of B, MR broadcasts
+//           of A, MR*NR/W fused multiply-adds, W = floats per vector), then merges it into C once.
+// Packing turns any layout (transposed or not, any leading dim) into the exact order the
+// micro-kernel reads, contiguous, and zero-pads the ragged edges, so the kernel never branches; it
+// costs O(MK + KN) copies against O(MKN) multiply-adds. Where the layout already suits the kernel
+// (a row-major op(a); a row-major op(b) when M is small) it reads the operand in place instead
+// (see gemm_packed). Register budgets: AVX-512 6 x 64 = 24 of the 32 zmm for C, 4 for B, 1 for
+// the broadcast A; AVX2 6 x 16 = 12 of the 16 ymm, 2 for B, 1 for A; the portable kernel is the
+// same loops in plain C++ (6 x 16), the reference for the other two.
+//
+// Determinism: kc depends on K alone and each tile sums its kc steps in order, then C takes the
+// kc blocks in order; edge tiles run the same kernel into a stack buffer and are merged with the
+// same formula, and an operand read in place gives the kernel the same numbers as a packed one.
+// So every element of C is the same bits whatever M, the row or column range or the thread count
+// (matmul splits C over threads, calling this once per piece).
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "core/kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace ag::cpu {
+
+namespace {
+
+// ---- blocking ---------------------------------------------------------------------------------
+// Zen5 per core: L1D 48 KiB, L2 1 MiB; L3 shared. kc = 256: a packed A panel (MR x kc = 6 KiB) and
+// the C tile stay in L1 for the ir step, and the B panel it runs against (kc x NR = 64 KiB for
+// NR = 64) comes from L2 at 4 vector loads per 24 multiply-adds, which L2 sustains: kc = 128,
+// 192, 256 and 384 ran within 3% of each other (one core, [2048,512]@[512,128], 1024^3, TN
+// [64,6400]@[6400,256]); 256 halves the passes over C against 128. mc = 480: a packed A block
+// (mc x kc = 480 KiB, when op(a) is transposed) keeps to half the L2 across the jr loop. nc = 4096:
+// the packed B block kc x nc = 4 MiB in L3. kc is evened out over K (K = 300 runs as 2 x 150, not
+// 256 + 44); it depends on K only.
+constexpr int64_t kKcMax = 256;
+constexpr int64_t kMcRows = 480;
+constexpr int64_t kNcCols = 4096;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// A packing buffer per thread, 64-byte aligned, grown when a call needs more and then kept: in
+// steady state no call allocates.
+struct PackBuffer {
+  float* p = nullptr;
+  size_t n = 0;
+  ~PackBuffer() { std::free(p); }
+  float* get(size_t need) {
+    if (need > n) {
+      std::free(p);
+      n = size_t(round_up(int64_t(need), 16));  // aligned_alloc wants a multiple of the alignment
+      p = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+      if (!p) std::abort();  // out of memory inside a parallel region: nothing sane to throw to
+    }
+    return p;
+  }
+};
+thread_local PackBuffer t_pack_a, t_pack_b;
+
+// Packs op(a)[i0:i0+mb, p0:p0+kb] into row panels of MR: panel q holds rows q*MR .. q*MR+MR-1 as
+// dst[q*kb*MR + p*MR + r] (the MR values of one k step side by side), rows past mb are zeros.
+template <int MR>
+void pack_a(float* dst, const float* a, int64_t lda, bool ta, int64_t i0, int64_t mb, int64_t p0, int64_t kb) {
+  for (int64_t q = 0; q < mb; q += MR, dst += kb * MR) {
+    const int64_t m = std::min<int64_t>(MR, mb - q);
+    if (ta) {  // element (i, p) at a[p*lda + i]: MR contiguous values per k step
+      for (int64_t p = 0; p < kb; ++p) {
+        const float* s = a + (p0 + p) * lda + i0 + q;
+        for (int64_t r = 0; r < m; ++r) dst[p * MR + r] = s[r];
+        for (int64_t r = m; r < MR; ++r) dst[p * MR + r] = 0.f;
+      }
+    } else {  // element (i, p) at a[i*lda + p]: read each row along k, write every MR-th slot
+      for (int64_t r = 0; r < m; ++r) {
+        const float* s = a + (i0 + q + r) * lda + p0;
+        for (int64_t p = 0; p < kb; ++p) dst[p * MR + r] = s[p];
+      }
+      for (int64_t r = m; r < MR; ++r)
+        for (int64_t p = 0; p < kb; ++p) dst[p * MR + r] = 0.f;
+    }
+  }
+}
+
+// Packs op(b)[p0:p0+kb, j0:j0+nb] into column panels of NR: panel q holds columns q*NR .. +NR-1
+// as dst[q*kb*NR + p*NR + j] (one row of the panel per k step), columns past nb are zeros.
+template <int NR>
+void pack_b(float* dst, const float* b, int64_t ldb, bool tb, int64_t p0, int64_t kb, int64_t j0, int64_t nb) {
+  for (int64_t q = 0; q < nb; q += NR, dst += kb * NR) {
+    const int64_t n = std::min<int64_t>(NR, nb - q);
+    if (!tb) {  // element (p, j) at b[p*ldb + j]: NR contiguous values per k step
+      for (int64_t p = 0; p < kb; ++p) {
+        const float* s = b + (p0 + p) * ldb + j0 + q;
+        float* d = dst + p * NR;
+        if (n == NR) {
+          std::memcpy(d, s, NR * sizeof(float));
+        } else {
+          for (int64_t j = 0; j < n; ++j) d[j] = s[j];
+          for (int64_t j = n; j < NR; ++j) d[j] = 0.f;
+        }
+      }
+    } else {  // element (p, j) at b[j*ldb + p]: a transpose, done 8 k steps at a time, so that the
+              // n source rows (ldb apart, often a multiple of 4 KiB: the same L1 set) and the 8
+              // rows of dst being written stay in L1; column by column over all kb it ran 3x slower
+      for (int64_t p1 = 0; p1 < kb; p1 += 8) {
+        const int64_t pn = std::min<int64_t>(8, kb - p1);
+        for (int64_t j = 0; j < n; ++j) {
+          const float* s = b + (j0 + q + j) * ldb + p0 + p1;
+          for (int64_t p = 0; p < pn; ++p) dst[(p1 + p) * NR + j] = s[p];
+        }
+        for (int64_t p = 0; p < pn; ++p)
+          for (int64_t j = n; j < NR; ++j) dst[(p1 + p) * NR + j] = 0.f;
+      }
+    }
+  }
+}
+
+// ---- micro-kernels ----------------------------------------------------------------------------
+// c (MR, NR; ldc) = alpha acc + beta c,  acc[r][j] = sum_p A(r, p) b[p*ldb + j] over p < kc, summed
+// in order of p from zero. A(r, p) is a[p*MR + r] in a packed panel (kRowsA false), or a[r*lda + p]
+// when the kernel reads MR rows of a row-major op(a) in place (kRowsA true); b is a packed panel
+// (ldb = NR) or NR columns of a row-major op(b) in place. Either way the same products are summed
+// in the same order, so the bits of c do not depend on which was used. beta == 0: c is only
+// written (NaN there must not leak). The merge is fma(alpha, acc, beta * c) (alpha * acc when
+// beta == 0) in every kernel and in the driver's edge path.
+using MicroKernel = void (*)(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                             int64_t ldc, float alpha, float beta);
+
+// The reference: plain loops the compiler vectorises over j (one vector row per r).
+template <int MR, int NR, bool kRowsA>
+void kernel_portable(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                     float alpha, float beta) {
+  float acc[MR][NR] = {};
+  for (int64_t p = 0; p < kc; ++p) {
+    const float* bp = b + p * ldb;
+    for (int r = 0; r < MR; ++r) {
+      const float ar = kRowsA ? a[r * lda + p] : a[p * MR + r];
+#pragma omp simd
+      for (int j = 0; j < NR; ++j) acc[r][j] += ar * bp[j];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j)
+      c[r * ldc + j] = beta == 0.f ? alpha * acc[r][j] : std::fma(alpha, acc[r][j], beta * c[r * ldc + j]);
+}
+
+#if defined(__x86_64__)
+// AVX2: MR rows x NV ymm vectors of 8 columns. With MR = 6, NV = 2: 12 accumulators + 2 B loads
+// + 1 broadcast = 15 of the 16 ymm registers.
+template <int MR, int NV, bool kRowsA>
+__attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* a, int64_t lda, const float* b,
+                                                     int64_t ldb, float* c, int64_t ldc, float alpha, float beta) {
+  __m256 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p) {
+    __m256 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + p * ldb + 8 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m256 ar = _mm256_broadcast_ss(kRowsA ? a + r * lda + p : a + p * MR + r);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* cr = c + r * ldc + 8 * v;
+      const __m256 y = beta == 0.f ? _mm256_mul_ps(va, acc[r][v])
+                                   : _mm256_fmadd_ps(va, acc[r][v], _mm256_mul_ps(vb, _mm256_loadu_ps(cr)));
+      _mm256_storeu_ps(cr, y);
+    }
+}
+
+// AVX-512: MR rows x NV zmm vectors of 16 columns. With MR = 6, NV = 4: 24 accumulators + 4 B
+// loads + 1 broadcast = 29 of the 32 zmm registers. 6 x 64 against 12 x 32 (the same 24
+// accumulators; per k step 4 loads + 6 broadcasts against 2 + 12), on one core: the same on the
+// tall products ([3200,64]@[64,192] 251 -> 262 GFLOP/s), faster on 1024^3 (215 -> 231) and on
+// the short TN ones (TN [128,4096]@[4096,512] 176-199 -> 200-205), where M = 64 or 128 wastes
+// less of the last row panel (66 rows computed for 64, not 72).
+template <int MR, int NV, bool kRowsA>
+__attribute__((target("avx512f,avx512vl,fma"))) void kernel_avx512(int64_t kc, const float* a, int64_t lda,
+                                                                   const float* b, int64_t ldb, float* c,
+                                                                   int64_t ldc, float alpha, float beta) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p) {
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + p * ldb + 16 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(kRowsA ? a[r * lda + p] : a[p * MR + r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* cr = c + r * ldc + 16 * v;
+      const __m512 y = beta == 0.f ? _mm512_mul_ps(va, acc[r][v])
+                                   : _mm512_fmadd_ps(va, acc[r][v], _mm512_mul_ps(vb, _mm512_loadu_ps(cr)));
+      _mm512_storeu_ps(cr, y);
+    }
+}
+#endif
+
+// ---- the blocking driver ----------------------------------------------------------------------
+// When packing is skipped (the kernel reads op(a) or op(b) in place; only a ragged last panel is
+// packed, zero-padded): packing op(b) pays off over the M/MR row panels that reuse each B panel
+// from L1/L2, so a row-major op(b) is read in place only when M <= kDirectBMaxM. A row-major op(a)
+// is always read in place: its MR rows stream from L2 as well as a packed panel does (the kernel
+// is as fast either way at 1024^3), and for small N (the (6400,256) @ (256,64) products) the
+// strided copy into MR-interleaved panels took a third of the time. Measured on one Zen5 core
+// with the 12 x 32 kernel (GFLOP/s, packed -> in place): A [6400,256]@[256,64] 186 -> 251,
+// [4096,512]@[512,128] 209 -> 241; B TN [64,6400]@[6400,256] 181 -> 212, TN [128,4096]@[4096,512]
+// 197 -> 224.
+constexpr int64_t kDirectBMaxM = 256;
+struct KernelPair {
+  MicroKernel packed_a, rows_a;  // A from a packed panel / straight from a row-major op(a)
+};
+
+template <int MR, int NR>
+void gemm_packed(KernelPair kernel, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  constexpr int64_t mc = kMcRows / MR * MR, nc = kNcCols / NR * NR;
+  const int64_t kblocks = (K + kKcMax - 1) / kKcMax, kc = (K + kblocks - 1) / kblocks;
+  const bool direct_a = !ta, direct_b = !tb && M <= kDirectBMaxM;
+  float* bp = t_pack_b.get(size_t(kc * (direct_b ? NR : std::min(nc, round_up(N, NR)))));
+  float* ap = t_pack_a.get(size_t(kc * (direct_a ? MR : std::min(mc, round_up(M, MR)))));
+  alignas(64) float tile[MR * NR];  // edge tiles: the kernel writes here, then the valid part is merged
+  for (int64_t jc = 0; jc < N; jc += nc) {
+    const int64_t nb = std::min(nc, N - jc), nfull = nb / NR * NR;
+    for (int64_t pc = 0; pc < K; pc += kc) {
+      const int64_t kb = std::min(kc, K - pc);
+      const float bt = pc == 0 ? beta : 1.f;  // later kc blocks add to what the first one wrote
+      if (!direct_b)
+        pack_b<NR>(bp, b, ldb, tb, pc, kb, jc, nb);
+      else if (nfull < nb)  // only the ragged last panel, zero-padded
+        pack_b<NR>(bp, b, ldb, tb, pc, kb, jc + nfull, nb - nfull);
+      for (int64_t ic = 0; ic < M; ic += mc) {
+        const int64_t mb = std::min(mc, M - ic), mfull = mb / MR * MR;
+        if (!direct_a)
+          pack_a<MR>(ap, a, lda, ta, ic, mb, pc, kb);
+        else if (mfull < mb)
+          pack_a<MR>(ap, a, lda, ta, ic + mfull, mb - mfull, pc, kb);
+        for (int64_t jr = 0; jr < nb; jr += NR) {
+          const int64_t n = std::min<int64_t>(NR, nb - jr);
+          const bool b_in_place = direct_b && n == NR;
+          const float* bq = b_in_place ? b + pc * ldb + jc + jr : bp + (direct_b ? 0 : jr * kb);
+          const int64_t bs = b_in_place ? ldb : NR;
+          for (int64_t ir = 0; ir < mb; ir += MR) {
+            const int64_t m = std::min<int64_t>(MR, mb - ir);
+            float* cq = c + (ic + ir) * ldc + jc + jr;
+            auto product = [&](float* out, int64_t ldo, float al, float be) {
+              if (direct_a && m == MR)
+                kernel.rows_a(kb, a + (ic + ir) * lda + pc, lda, bq, bs, out, ldo, al, be);
+              else
+                kernel.packed_a(kb, ap + (direct_a ? 0 : ir * kb), MR, bq, bs, out, ldo, al, be);
+            };
+            if (m == MR && n == NR) {
+              product(cq, ldc, alpha, bt);
+            } else {  // tile = acc exactly (alpha 1, beta 0), then the kernels' merge on m x n
+              product(tile, NR, 1.f, 0.f);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  float& y = cq[i * ldc + j];
+                  y = bt == 0.f ? alpha * tile[i * NR + j] : std::fma(alpha, tile[i * NR + j], bt * y);
+                }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+constexpr const char* kKernelNames[] = {"avx512", "avx2", "portable", "openblas"};
+
+bool cpu_has(GemmKernel k) {
+#if defined(__x86_64__)
+  if (k == GemmKernel::avx512) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  if (k == GemmKernel::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  if (k == GemmKernel::avx512 || k == GemmKernel::avx2) return false;
+#endif
+  return true;
+}
+
+// The kernel at first use: ATTOGRAD_GEMM when set, else the widest this CPU runs.
+GemmKernel kernel_from_env() {
+  const char* env = std::getenv("ATTOGRAD_GEMM");
+  if (env && *env) return gemm_kernel_named(env);
+  if (cpu_has(GemmKernel::avx512)) return GemmKernel::avx512;
+  if (cpu_has(GemmKernel::avx2)) return GemmKernel::avx2;
+  return GemmKernel::portable;
+}
+
+std::atomic<int> g_kernel{-1};  // -1 until the first use reads the environment
+
+}  // namespace
+
+bool sgemm_kernel_supported(GemmKernel k) { return cpu_has(k); }
+
+GemmKernel gemm_kernel_named(const char* name) {
+  for (int i = 0; i < 4; ++i)
+    if (std::string_view(name) == kKernelNames[i]) {
+      check(cpu_has(GemmKernel(i)), "sgemm: ATTOGRAD_GEMM={}: this CPU does not support that kernel", name);
+      return GemmKernel(i);
+    }
+  fail("sgemm: ATTOGRAD_GEMM={}: unknown kernel (expected avx512, avx2, portable or openblas)", name);
+}
+
+const char* gemm_kernel_name(GemmKernel k) { return kKernelNames[int(k)]; }
+
+GemmKernel sgemm_kernel() {
+  int k = g_kernel.load(std::memory_order_relaxed);
+  if (k < 0) {  // a bad ATTOGRAD_GEMM throws here, and again at every call until it is fixed
+    k = int(kernel_from_env());
+    g_kernel.store(k, std::memory_order_relaxed);
+  }
+  return GemmKernel(k);
+}
+
+void set_sgemm_kernel(GemmKernel k) {
+  check(cpu_has(k), "set_sgemm_kernel: this CPU does not support the {} kernel", gemm_kernel_name(k));
+  g_kernel.store(int(k), std::memory_order_relaxed);
+}
+
+const char* sgemm_kernel_name() { return gemm_kernel_name(sgemm_kernel()); }
+
+void sgemm_with(GemmKernel k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (k == GemmKernel::openblas) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
+                blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+    return;
+  }
+  if (K <= 0 || alpha == 0.f) {  // c = beta c, without reading a or b (and not c when beta == 0)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+    return;
+  }
+  switch (k) {
+#if defined(__x86_64__)
+    case GemmKernel::avx512:
+      gemm_packed<6, 64>({kernel_avx512<6, 4, false>, kernel_avx512<6, 4, true>}, ta, tb, M, N, K, alpha, a, lda, b,
+                         ldb, beta, c, ldc);
+      return;
+    case GemmKernel::avx2:
+      gemm_packed<6, 16>({kernel_avx2<6, 2, false>, kernel_avx2<6, 2, true>}, ta, tb, M, N, K, alpha, a, lda, b, ldb,
+                         beta, c, ldc);
+      return;
+#endif
+    default:
+      gemm_packed<6, 16>({kernel_portable<6, 16, false>, kernel_portable<6, 16, true>}, ta, tb, M, N, K, alpha, a,
+                         lda, b, ldb, beta, c, ldc);
+      return;
+  }
+}
+
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  sgemm_with(sgemm_kernel(), ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float* c, int64_t ldc) {
+  // the rows of op(a) made contiguous once (they are strided when a is stored transposed)
+  thread_local std::vector<float> rows;
+  const float* A = a;
+  int64_t ars = lda;
+  if (ta) {
+    rows.resize(size_t(M * K));
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t i = 0; i < M; ++i) rows[size_t(i * K + k)] = a[k * lda + i];
+    A = rows.data(), ars = K;
+  }
+  if (tb) {  // c[i, j] = sum_k A[i, k] b[j * ldb + k]: a dot product of two contiguous rows
+    for (int64_t j = 0; j < N; ++j) {
+      const float* bj = b + j * ldb;
+      for (int64_t i = 0; i < M; ++i) {
+        const float* ai = A + i * ars;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t k = 0; k < K; ++k) acc += ai[k] * bj[k];
+        c[i * ldc + j] = acc;
+      }
+    }
+    return;
+  }
+  for (int64_t i = 0; i < M; ++i) {  // c[i, :] = sum_k A[i, k] b[k, :], k in order
+    float* ci = c + i * ldc;
+    std::fill(ci, ci + N, 0.f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float aik = A[i * ars + k];
+      const float* bk = b + k * ldb;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) ci[j] += aik * bk[j];
+    }
+  }
+}
+
+}  // namespace ag::cpu

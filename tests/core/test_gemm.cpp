@@ -1,0 +1,277 @@
+// attograd's sgemm (core/cpu/gemm.cpp): every micro-kernel this CPU runs against a triple loop in
+// f64, over all transpose flags, ragged sizes, leading dims, alpha/beta; and matmul's results
+// the same bits at 1 and 2 threads.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tests/helpers.h"
+
+using ag::cpu::GemmKernel;
+
+namespace {
+
+const GemmKernel kAllKernels[] = {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::portable};
+
+// Values in [-1, 1) from a small linear congruential generator: deterministic and cheap.
+std::vector<float> filled(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  for (float& x : v) {
+    seed = seed * 1664525u + 1013904223u;
+    x = float(seed >> 8) / float(1 << 23) - 1.f;
+  }
+  return v;
+}
+
+struct Case {
+  bool ta, tb;
+  int64_t M, N, K;
+  float alpha, beta;
+  int64_t pad = 0;  // extra elements per row of a, b and c beyond what the layout needs
+};
+
+// Runs sgemm_with(k) on case cs and compares every element of c with an f64 triple loop:
+// |c - ref| <= 1e-5 * (|alpha| sum_k |a_ik b_kj| + |beta c0_ij|) + 1e-30. Returns c.
+std::vector<float> check_case(GemmKernel k, const Case& cs) {
+  const int64_t M = cs.M, N = cs.N, K = cs.K;
+  // a as stored: (M, K) or, transposed, (K, M); likewise b: (K, N) or (N, K)
+  const int64_t lda = (cs.ta ? M : K) + cs.pad, ldb = (cs.tb ? K : N) + cs.pad, ldc = N + cs.pad;
+  const std::vector<float> a = filled(size_t((cs.ta ? K : M) * lda + 1), 1);
+  const std::vector<float> b = filled(size_t((cs.tb ? N : K) * ldb + 1), 2);
+  std::vector<float> c0 = filled(size_t(M * ldc + 1), 3);
+  if (cs.beta == 0.f) std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> c = c0;
+  ag::cpu::sgemm_with(k, cs.ta, cs.tb, M, N, K, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0, mag = 0;
+      for (int64_t p = 0; p < K; ++p) {
+        const double x = cs.ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)];
+        const double w = cs.tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)];
+        acc += x * w;
+        mag += std::abs(x * w);
+      }
+      double ref = double(cs.alpha) * acc, bound = std::abs(double(cs.alpha)) * mag;
+      if (cs.beta != 0.f) {
+        ref += double(cs.beta) * c0[size_t(i * ldc + j)];
+        bound += std::abs(double(cs.beta) * c0[size_t(i * ldc + j)]);
+      }
+      const double got = c[size_t(i * ldc + j)];
+      if (!(std::abs(got - ref) <= 1e-5 * bound + 1e-30)) {
+        FAIL_CHECK(fmt::format("kernel {} ta {} tb {} M {} N {} K {} alpha {} beta {} pad {}: c[{},{}] = {:.9g}, "
+                               "expected {:.9g}",
+                               ag::cpu::gemm_kernel_name(k), cs.ta, cs.tb, M, N, K, cs.alpha, cs.beta, cs.pad, i, j,
+                               got, ref));
+        return c;
+      }
+    }
+  // the padding of c past each row's N columns is left as it was
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = N; j < ldc; ++j) {
+      const float got = c[size_t(i * ldc + j)], was = c0[size_t(i * ldc + j)];
+      if (!(got == was || (std::isnan(got) && std::isnan(was)))) {
+        FAIL_CHECK(fmt::format("kernel {}: padding c[{},{}] was written", ag::cpu::gemm_kernel_name(k), i, j));
+        return c;
+      }
+    }
+  return c;
+}
+
+// The kernels this CPU runs; the others are named in a MESSAGE, so a skip is visible.
+std::vector<GemmKernel> runnable_kernels() {
+  std::vector<GemmKernel> ks;
+  for (GemmKernel k : kAllKernels) {
+    if (ag::cpu::sgemm_kernel_supported(k))
+      ks.push_back(k);
+    else
+      MESSAGE("sgemm: skipping the " << ag::cpu::gemm_kernel_name(k) << " kernel: this CPU does not support it");
+  }
+  return ks;
+}
+
+}  // namespace
+
+TEST_CASE("sgemm: every kernel against an f64 triple loop, all transposes and ragged sizes") {
+  const int64_t sizes[] = {1, 2, 7, 13, 31, 33, 64, 100};
+  for (GemmKernel k : runnable_kernels()) {
+    int cases = 0;
+    for (int t = 0; t < 4; ++t)
+      for (int64_t M : sizes)
+        for (int64_t N : sizes)
+          for (int64_t K : {int64_t(1), int64_t(7), int64_t(33), int64_t(100)}) {
+            // alpha, beta and padding vary with the case, so every combination of them is met
+            const int v = cases++;
+            const float alpha = v % 2 ? 0.5f : 1.f;
+            const float beta = v % 3 == 0 ? 0.f : v % 3 == 1 ? 1.f : 0.25f;
+            check_case(k, {bool(t & 1), bool(t & 2), M, N, K, alpha, beta, int64_t(v % 5 == 0 ? 3 : 0)});
+          }
+  }
+}
+
+TEST_CASE("sgemm: K beyond kc, M beyond mc, N beyond nc") {
+  for (GemmKernel k : runnable_kernels())
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      check_case(k, {ta, tb, 13, 33, 1000, 1.f, 0.f});       // 4 kc blocks
+      check_case(k, {ta, tb, 31, 17, 300, 0.5f, 0.25f, 2});  // 2 uneven kc blocks, with beta
+      check_case(k, {ta, tb, 1000, 7, 20, 1.f, 1.f});        // 3 mc blocks
+    }
+  for (GemmKernel k : runnable_kernels()) check_case(k, {false, true, 5, 4200, 9, 1.f, 0.f});  // 2 nc blocks
+}
+
+TEST_CASE("sgemm: K = 0 scales c by beta, zeros it when beta = 0") {
+  for (GemmKernel k : {GemmKernel::portable, GemmKernel::avx2, GemmKernel::avx512, GemmKernel::openblas}) {
+    if (!ag::cpu::sgemm_kernel_supported(k)) continue;
+    std::vector<float> c(6, std::numeric_limits<float>::quiet_NaN());
+    const float a = 1.f, b = 1.f;  // never read
+    ag::cpu::sgemm_with(k, false, false, 2, 3, 0, 1.f, &a, 1, &b, 3, 0.f, c.data(), 3);
+    for (float x : c) CHECK(x == 0.f);
+    std::vector<float> d = {1, 2, 3, 4, 5, 6};
+    ag::cpu::sgemm_with(k, false, false, 2, 3, 0, 1.f, &a, 1, &b, 3, 0.5f, d.data(), 3);
+    CHECK(d == std::vector<float>{0.5f, 1.f, 1.5f, 2.f, 2.5f, 3.f});
+  }
+}
+
+TEST_CASE("sgemm: known values") {
+  // [1 2; 3 4] @ [5 6; 7 8] = [1*5+2*7  1*6+2*8; 3*5+4*7  3*6+4*8] = [19 22; 43 50]
+  // then alpha 2, beta 0.5 on c = [1 1; 1 1]:  [38.5 44.5; 86.5 100.5]
+  const float a[] = {1, 2, 3, 4}, b[] = {5, 6, 7, 8};
+  for (GemmKernel k : runnable_kernels()) {
+    float c[] = {1, 1, 1, 1};
+    ag::cpu::sgemm_with(k, false, false, 2, 2, 2, 2.f, a, 2, b, 2, 0.5f, c, 2);
+    CHECK(c[0] == 38.5f);
+    CHECK(c[1] == 44.5f);
+    CHECK(c[2] == 86.5f);
+    CHECK(c[3] == 100.5f);
+    // a^T b^T = (b a)^T: b a = [5+18 10+24; 7+24 14+32] = [23 34; 31 46], transposed [23 31; 34 46]
+    ag::cpu::sgemm_with(k, true, true, 2, 2, 2, 1.f, a, 2, b, 2, 0.f, c, 2);
+    CHECK(c[0] == 23.f);
+    CHECK(c[1] == 31.f);
+    CHECK(c[2] == 34.f);
+    CHECK(c[3] == 46.f);
+  }
+}
+
+TEST_CASE("sgemm: the kernels agree with each other") {
+  const std::vector<GemmKernel> ks = runnable_kernels();
+  for (int t = 0; t < 4; ++t) {
+    const Case cs{bool(t & 1), bool(t & 2), 77, 45, 300, 1.f, 0.25f};
+    const std::vector<float> ref = check_case(GemmKernel::portable, cs);
+    for (GemmKernel k : ks) {
+      const std::vector<float> c = check_case(k, cs);
+      for (size_t i = 0; i < c.size(); ++i)
+        if (!(std::abs(c[i] - ref[i]) <= 1e-5 * (std::abs(ref[i]) + 1.0))) {
+          FAIL_CHECK(fmt::format("{} vs portable, element {}: {:.9g} vs {:.9g}", ag::cpu::gemm_kernel_name(k), i,
+                                 c[i], ref[i]));
+          break;
+        }
+    }
+  }
+}
+
+TEST_CASE("sgemm: a piece of C is the same bits whatever rows and columns it is computed with") {
+  // matmul computes C in pieces, one per thread; each element must not depend on the cut, even
+  // where the cut makes it fall in a ragged edge tile of one piece and a full tile of the other
+  const int64_t M = 50, N = 70, K = 600;  // K > kc: several k blocks
+  for (GemmKernel k : runnable_kernels())
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      const std::vector<float> a = filled(size_t(M * K), 4), b = filled(size_t(K * N), 5);
+      const std::vector<float> c0 = filled(size_t(M * N), 6);
+      std::vector<float> whole = c0, piece = c0;
+      ag::cpu::sgemm_with(k, ta, tb, M, N, K, 0.3f, a.data(), lda, b.data(), ldb, 0.7f, whole.data(), N);
+      const int64_t i0 = 5, i1 = 41, j0 = 7, j1 = 66;  // rows [i0, i1), columns [j0, j1)
+      const float* ap = a.data() + (ta ? i0 : i0 * lda);
+      const float* bp = b.data() + (tb ? j0 * ldb : j0);
+      ag::cpu::sgemm_with(k, ta, tb, i1 - i0, j1 - j0, K, 0.3f, ap, lda, bp, ldb, 0.7f, piece.data() + i0 * N + j0,
+                          N);
+      CAPTURE(ag::cpu::gemm_kernel_name(k));
+      CAPTURE(t);
+      int64_t differ = 0;
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) differ += whole[size_t(i * N + j)] != piece[size_t(i * N + j)];
+      CHECK(differ == 0);
+      CHECK(piece[0] == c0[0]);  // outside the piece: untouched
+    }
+}
+
+TEST_CASE("sgemm: matmul is the same bits at 1 and 2 threads") {
+  const int before = ag::num_threads();
+  ag::Generator gen(7);
+  const ag::Tensor a = ag::randn({300, 257}, ag::DType::f32, &gen);
+  const ag::Tensor b = ag::randn({257, 190}, ag::DType::f32, &gen);
+  const ag::Tensor at = ag::randn({257, 300}, ag::DType::f32, &gen);  // read as its transpose
+  const ag::Tensor bt = ag::randn({190, 257}, ag::DType::f32, &gen);
+  // few rows and enough work for two threads: the columns are split (packed path at 5 rows, the
+  // small-M path at 1 and 3)
+  const ag::Tensor wide = ag::randn({257, 2000}, ag::DType::f32, &gen);
+  const ag::Tensor wide_t = ag::randn({2000, 257}, ag::DType::f32, &gen);  // a Linear's weight layout
+  const ag::Tensor r5 = ag::randn({5, 257}, ag::DType::f32, &gen), r3 = ag::randn({3, 257}, ag::DType::f32, &gen),
+                   r1 = ag::randn({1, 257}, ag::DType::f32, &gen);
+  auto products = [&] {
+    return std::vector<std::vector<float>>{ag::matmul(a, b).to_vector<float>(),
+                                           ag::matmul(at.mT(), bt.mT()).to_vector<float>(),
+                                           ag::matmul(r5, wide).to_vector<float>(),
+                                           ag::matmul(r3, wide).to_vector<float>(),
+                                           ag::matmul(r1, wide_t.mT()).to_vector<float>()};
+  };
+  ag::set_num_threads(1);
+  const auto one = products();
+  ag::set_num_threads(2);
+  const auto two = products();
+  ag::set_num_threads(before);
+  for (size_t i = 0; i < one.size(); ++i) {
+    CAPTURE(i);
+    CHECK(one[i] == two[i]);
+  }
+}
+
+TEST_CASE("sgemm: the few-rows path (generation) against an f64 triple loop") {
+  // sgemm_small_m: M <= kSmallRows, both operands read in place; every transpose, ragged N and K,
+  // padded leading dims
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t M = 1; M <= ag::cpu::kSmallRows; ++M)
+        for (int64_t N : {1, 7, 33})
+          for (int64_t K : {1, 16, 129}) {
+            const int64_t pad = 3, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            const std::vector<float> a = filled(size_t((ta ? K : M) * lda), 11), b = filled(size_t((tb ? N : K) * ldb), 12);
+            std::vector<float> c(size_t(M * ldc), std::numeric_limits<float>::quiet_NaN());
+            ag::cpu::sgemm_small_m(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, c.data(), ldc);
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) {
+                double acc = 0, mag = 0;
+                for (int64_t p = 0; p < K; ++p) {
+                  const double x = ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)];
+                  const double w = tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)];
+                  acc += x * w, mag += std::abs(x * w);
+                }
+                const double got = c[size_t(i * ldc + j)];
+                if (!(std::abs(got - acc) <= 1e-5 * mag + 1e-30))
+                  FAIL_CHECK(fmt::format("small_m ta {} tb {} M {} N {} K {}: c[{},{}] = {}, expected {}", ta, tb, M,
+                                         N, K, i, j, got, acc));
+              }
+            for (int64_t i = 0; i < M; ++i)  // the padding of c is not written
+              for (int64_t j = N; j < ldc; ++j) CHECK(std::isnan(c[size_t(i * ldc + j)]));
+          }
+  // and through matmul: a (1, K) row times a Linear's weight, as generation runs it
+  ag::Generator gen(3);
+  const ag::Tensor x = ag::randn({1, 40}, ag::DType::f64, &gen), w = ag::randn({24, 40}, ag::DType::f64, &gen);
+  ag::test::check_close(ag::matmul(x.to(ag::DType::f32), w.to(ag::DType::f32).mT()), ag::matmul(x, w.mT()).to_vector<double>(),
+              1e-5, 1e-5);
+}
+
+TEST_CASE("sgemm: an unknown or unsupported kernel is an error") {
+  const GemmKernel before = ag::cpu::sgemm_kernel();
+  AG_CHECK_ERROR(ag::cpu::gemm_kernel_named("avx1024"), "sgemm", "ATTOGRAD_GEMM=avx1024", "unknown kernel");
+  CHECK(ag::cpu::gemm_kernel_named("portable") == GemmKernel::portable);
+  for (GemmKernel k : kAllKernels)
+    if (!ag::cpu::sgemm_kernel_supported(k)) {
+      AG_CHECK_ERROR(ag::cpu::set_sgemm_kernel(k), "set_sgemm_kernel", ag::cpu::gemm_kernel_name(k));
+      AG_CHECK_ERROR(ag::cpu::gemm_kernel_named(ag::cpu::gemm_kernel_name(k)), "does not support");
+    }
+  ag::cpu::set_sgemm_kernel(GemmKernel::portable);
+  CHECK(std::string(ag::cpu::sgemm_kernel_name()) == "portable");
+  ag::cpu::set_sgemm_kernel(before);
+}
