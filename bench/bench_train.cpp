@@ -44,6 +44,7 @@
 #include "apps/common/models.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
+#include "core/kernels.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
 
@@ -260,8 +261,9 @@ int main(int argc, char** argv) {
 
   if (!json)
     fmt::print("attograd bench_train: one step = forward, cross-entropy, backward, clip_grad_norm 1.0, AdamW "
-             "(lr 1e-3, wd 0.05), zero_grad; f32, dropout 0, {} threads, OMP_WAIT_POLICY {}, OpenBLAS core {}\n",
-             num_threads(), bench::omp_wait_policy(), openblas_get_corename());
+             "(lr 1e-3, wd 0.05), zero_grad; f32, dropout 0, {} threads, OMP_WAIT_POLICY {}, sgemm kernel {} (OpenBLAS "
+               "core {})\n",
+               num_threads(), bench::omp_wait_policy(), cpu::sgemm_kernel_name(), openblas_get_corename());
 
   std::vector<Result> results;
   std::vector<int64_t> clf_lengths;  // C's lengths, passed on to PyTorch
@@ -315,6 +317,7 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     j["threads"] = num_threads();
     j["openblas_core"] = openblas_get_corename();
+    j["gemm_kernel"] = cpu::sgemm_kernel_name();
     j["max_rss_mb"] = max_rss_bytes() / 1e6;
     if (roofline) j["sgemm_peak_gflops"] = sgemm_peak_gflops(std::max(reps, 5));
     for (size_t i = 0; i < chosen.size(); ++i) {

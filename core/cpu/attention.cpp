@@ -103,13 +103,13 @@ constexpr int kVecBytes = 32, kR = 4;
 template <class T>
 constexpr int kW = 2 * kVecBytes / int(sizeof(T));  // columns of C per register block: two vectors
 
-// One register block: C[r][c] = alpha sum_p A[r, p] B[p, c] (+ C[r][c]),  r < R,  c < n (n = W if kFull).
-template <class T, int R, bool kFull>
+// One register block: C[r][c] = alpha sum_p A[r, p] B[p, c] (+ C[r][c]),  r < R,  c < n, with n = CW
+// (a compile-time width, so each row of sums is CW / floats-per-vector registers) when kFull.
+template <class T, int R, int CW, bool kFull>
 inline void block_product(T* C, int64_t ldc, const T* A, int64_t ars, int64_t acs, const T* B, int64_t ldb,
                           int64_t K, int64_t n, T alpha, bool add) {
-  constexpr int W = kW<T>;
-  const int64_t w = kFull ? W : n;  // a compile-time bound in the full blocks, so each row is 2 registers
-  T acc[R][W] = {};
+  const int64_t w = kFull ? CW : n;
+  T acc[R][CW] = {};
   for (int64_t p = 0; p < K; ++p) {
     const T* b = B + p * ldb;
 #pragma GCC unroll 8
@@ -131,26 +131,27 @@ inline void block_product(T* C, int64_t ldc, const T* A, int64_t ars, int64_t ac
   }
 }
 
-// C (M, N) = alpha A B (+ C when add), as described above, block by block.
+// The rows of one column block of width CW (kFull) or n < CW, kR rows at a time.
+template <class T, int CW, bool kFull>
+void column_block(int64_t M, int64_t n, T alpha, const T* A, int64_t ars, int64_t acs, const T* B, int64_t ldb,
+                  int64_t K, T* C, int64_t ldc, bool add) {
+  int64_t i = 0;
+  for (; i + kR <= M; i += kR)
+    block_product<T, kR, CW, kFull>(C + i * ldc, ldc, A + i * ars, ars, acs, B, ldb, K, n, alpha, add);
+  for (; i < M; ++i) block_product<T, 1, CW, kFull>(C + i * ldc, ldc, A + i * ars, ars, acs, B, ldb, K, n, alpha, add);
+}
+
+// C (M, N) = alpha A B (+ C when add), as described above, block by block: full blocks of W columns,
+// then one of W/2 (a single vector: the N = 16 of a small head's P V, dQ, dK, dV products, which
+// a runtime width would leave in memory instead of registers), then the ragged rest.
 template <class T>
 void tile_product(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t ars, int64_t acs, const T* B,
                   int64_t ldb, T* C, int64_t ldc, bool add) {
-  constexpr int W = kW<T>;
-  for (int64_t j = 0; j < N; j += W) {
-    const int64_t n = std::min<int64_t>(W, N - j);
-    int64_t i = 0;
-    if (n == W) {
-      for (; i + kR <= M; i += kR)
-        block_product<T, kR, true>(C + i * ldc + j, ldc, A + i * ars, ars, acs, B + j, ldb, K, n, alpha, add);
-      for (; i < M; ++i)
-        block_product<T, 1, true>(C + i * ldc + j, ldc, A + i * ars, ars, acs, B + j, ldb, K, n, alpha, add);
-    } else {  // the last columns when N is not a multiple of W
-      for (; i + kR <= M; i += kR)
-        block_product<T, kR, false>(C + i * ldc + j, ldc, A + i * ars, ars, acs, B + j, ldb, K, n, alpha, add);
-      for (; i < M; ++i)
-        block_product<T, 1, false>(C + i * ldc + j, ldc, A + i * ars, ars, acs, B + j, ldb, K, n, alpha, add);
-    }
-  }
+  constexpr int W = kW<T>, H = kW<T> / 2;
+  int64_t j = 0;
+  for (; j + W <= N; j += W) column_block<T, W, true>(M, W, alpha, A, ars, acs, B + j, ldb, K, C + j, ldc, add);
+  if (j + H <= N) column_block<T, H, true>(M, H, alpha, A, ars, acs, B + j, ldb, K, C + j, ldc, add), j += H;
+  if (j < N) column_block<T, H, false>(M, N - j, alpha, A, ars, acs, B + j, ldb, K, C + j, ldc, add);
 }
 
 // xt (cols, rows) = x^T for x (rows, cols), both row-major: K or V of one head turned so that the
