@@ -136,6 +136,11 @@ Tensor argmax(const Tensor& x, int dim, bool keepdim = false);
 //   [M,K] @ [K,N] -> [M,N]. Runs attograd's sgemm (f32, core/cpu/gemm.cpp) or cblas_dgemm (f64);
 //   transposed views go as transpose flags, not copies.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// linear(x, w, b)  y = x W^T + b   x: [..., in], w: [out, in], b: [out] or undefined -> [..., out]
+//   (torch.nn.functional.linear). One GEMM with the bias added in its epilogue, no second pass.
+//   dX = g W,   dW = g^T X  (summed over every row of x),   db = sum over rows of g      saves x, w
+//   dW is computed in W's own (out, in) layout: no transposed gradient to copy back.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 
 // ====================== normalisation & losses (autograd/ops/nn.cpp) ==========================
 // softmax(x, d)      y_i = e^(x_i - m) / sum_j e^(x_j - m),  m = max_j x_j (for stability)

@@ -110,9 +110,8 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const Tensor& conte
   // q uses rows [0, d) of the fused weight, k and v rows [d, 3d): PyTorch's in_proj split
   const Tensor& W = qkv->weight;
   const Tensor& b = qkv->bias;
-  Tensor q = matmul(x, W.narrow(0, 0, d_model).mT());
-  Tensor kv = matmul(context, W.narrow(0, d_model, 2 * d_model).mT());
-  if (b.defined()) q = q + b.narrow(0, 0, d_model), kv = kv + b.narrow(0, d_model, 2 * d_model);
+  Tensor q = linear(x, W.narrow(0, 0, d_model), b.defined() ? b.narrow(0, 0, d_model) : Tensor());
+  Tensor kv = linear(context, W.narrow(0, d_model, 2 * d_model), b.defined() ? b.narrow(0, d_model, 2 * d_model) : Tensor());
   // (B, Tk, 2d) -> (B, Tk, 2, H, hs) -> (2, B, H, Tk, hs)
   Tensor kv_heads = kv.reshape({B, Tk, 2, n_heads, head_size}).permute({2, 0, 3, 1, 4});
   return attend(split_heads(q), kv_heads.select(0, 0), kv_heads.select(0, 1), options);

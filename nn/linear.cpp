@@ -19,8 +19,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, DType dtype, Generator* 
 Tensor Linear::forward(const Tensor& x) {
   check(x.ndim() >= 1 && x.size(-1) == in_features, "Linear: expected input of shape [..., {}], got {}",
         in_features, x.shape());
-  Tensor y = matmul(x, weight.mT());
-  return bias.defined() ? add(y, bias) : y;
+  return linear(x, weight, bias);
 }
 
 }  // namespace ag::nn

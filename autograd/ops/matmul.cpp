@@ -153,6 +153,73 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check(x.defined() && w.defined(), "linear: the input and the weight must be defined tensors");
+  check(w.ndim() == 2, "linear: weight must be [out, in], got {}", w.shape());
+  check(x.ndim() >= 1 && x.size(-1) == w.size(1), "linear: input {} and weight {}: the input's last dim must be in = {}",
+        x.shape(), w.shape(), w.size(1));
+  check(!b.defined() || (b.ndim() == 1 && b.size(0) == w.size(0)), "linear: bias {} must be [out] = [{}]",
+        b.defined() ? b.shape() : Shape{}, w.size(0));
+  check(x.device() == w.device() && (!b.defined() || b.device() == x.device()),
+        "linear: input, weight and bias on different devices ({}, {}{})", x.device(), w.device(),
+        b.defined() ? fmt::format(", {}", b.device()) : std::string());
+  check(x.dtype() == w.dtype() && (!b.defined() || b.dtype() == x.dtype()),
+        "linear: input {} and weight {}{} dtypes differ; convert with .to(dtype)", x.dtype(), w.dtype(),
+        b.defined() ? fmt::format(" and bias {}", b.dtype()) : std::string());
+  check(is_floating(x.dtype()), "linear: expected f32 or f64 inputs, got {}", x.dtype());
+  const int64_t in = w.size(1), out = w.size(0), rows = in == 0 ? 0 : x.numel() / std::max<int64_t>(in, 1);
+  // x as one (rows, in) matrix read in place when its leading dims merge; w (out, in) read as W^T
+  Tensor xs = x.ndim() >= 2 ? x.detach() : x.detach().unsqueeze(0);
+  int64_t ldx = folded_ld(xs);
+  if (ldx <= 0) xs = xs.contiguous(), ldx = std::max<int64_t>(in, 1);
+  Tensor ws = w.detach();
+  if (!(w.strides()[1] == 1 || in == 1) || w.strides()[0] < in) ws = ws.contiguous();
+  const int64_t ldw = out == 1 ? std::max<int64_t>(in, 1) : std::max<int64_t>(ws.strides()[0], in);
+  Tensor bs = b.defined() ? b.detach().contiguous() : Tensor();
+  check_blas_size(x, w, {rows, out, in, ldx, ldw});
+  Shape out_shape;
+  for (int d = 0; d + 1 < x.ndim(); ++d) out_shape.push_back(x.shape()[d]);
+  out_shape.push_back(out);
+  Tensor y = empty(out_shape, x.dtype(), x.device());
+  const cpu::Gemm gemm{rows, out, in, false, true, ldx, ldw, nullptr, nullptr};
+  visit_floating("linear", x.dtype(), [&]<class T>() {
+    KERNEL(x.device(), matmul_forward, y.data<T>(), xs.data<T>(), ws.data<T>(), gemm,
+           bs.defined() ? bs.data<T>() : static_cast<const T*>(nullptr));
+  });
+  const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
+  const Shape x_shape = x.shape();
+  auto backward = [xs, ws, x_shape, rows, in, out, ldx, ldw, gx, gw, gb](const Tensor& g) {
+    // in the forward pass this was  y[r, o] = sum_i x[r, i] w[o, i] + b[o]  for every row r, so now
+    //   dx[r, i] = sum_o g[r, o] w[o, i]     dx = g W        (rows, out) @ (out, in)
+    //   dw[o, i] = sum_r g[r, o] x[r, i]     dw = g^T X      (out, rows) @ (rows, in): W's own layout
+    //   db[o]    = sum_r g[r, o]
+    Tensor dout = g.contiguous();
+    Tensor dx = gx ? empty(x_shape, g.dtype(), g.device()) : Tensor();
+    Tensor dw = gw ? empty({out, in}, g.dtype(), g.device()) : Tensor();
+    visit_floating("linear", g.dtype(), [&]<class T>() {
+      if (gx)
+        KERNEL(g.device(), matmul_forward, dx.data<T>(), dout.data<T>(), ws.data<T>(),
+               cpu::Gemm{rows, in, out, false, false, std::max<int64_t>(out, 1), ldw, nullptr, nullptr},
+               static_cast<const T*>(nullptr));
+      if (gw)
+        KERNEL(g.device(), matmul_forward, dw.data<T>(), dout.data<T>(), xs.data<T>(),
+               cpu::Gemm{out, in, rows, true, false, std::max<int64_t>(out, 1), ldx, nullptr, nullptr},
+               static_cast<const T*>(nullptr));
+    });
+    Tensor db = gb ? sum(dout.reshape({rows, out}), {0}) : Tensor();
+    return std::vector{dx, dw, db};
+  };
+  if (b.defined())
+    record("linear", {x, w, b}, y, backward);
+  else
+    record("linear", {x, w}, y, [backward](const Tensor& g) {
+      auto grads = backward(g);
+      grads.pop_back();
+      return grads;
+    });
+  return y;
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check(a.ndim() >= 1 && b.ndim() >= 1, "matmul: {} @ {}: both inputs need at least 1 dim (got a 0-dim tensor)",
         a.shape(), b.shape());

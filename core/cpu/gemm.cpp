@@ -140,14 +140,15 @@ void pack_b(float* dst, const float* b, int64_t ldb, bool tb, int64_t p0, int64_
 // (ldb = NR) or NR columns of a row-major op(b) in place. Either way the same products are summed
 // in the same order, so the bits of c do not depend on which was used. beta == 0: c is only
 // written (NaN there must not leak). The merge is fma(alpha, acc, beta * c) (alpha * acc when
-// beta == 0) in every kernel and in the driver's edge path.
+// beta == 0) in every kernel and in the driver's edge path, then + bias[j] when bias is given (the
+// first kc block of a GEMM with a bias: a Linear layer's, added while the tile is in registers).
 using MicroKernel = void (*)(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                             int64_t ldc, float alpha, float beta);
+                             int64_t ldc, float alpha, float beta, const float* bias);
 
 // The reference: plain loops the compiler vectorises over j (one vector row per r).
 template <int MR, int NR, bool kRowsA>
 void kernel_portable(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-                     float alpha, float beta) {
+                     float alpha, float beta, const float* bias) {
   float acc[MR][NR] = {};
   for (int64_t p = 0; p < kc; ++p) {
     const float* bp = b + p * ldb;
@@ -158,8 +159,10 @@ void kernel_portable(int64_t kc, const float* a, int64_t lda, const float* b, in
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NR; ++j)
-      c[r * ldc + j] = beta == 0.f ? alpha * acc[r][j] : std::fma(alpha, acc[r][j], beta * c[r * ldc + j]);
+    for (int j = 0; j < NR; ++j) {
+      const float y = beta == 0.f ? alpha * acc[r][j] : std::fma(alpha, acc[r][j], beta * c[r * ldc + j]);
+      c[r * ldc + j] = bias ? y + bias[j] : y;
+    }
 }
 
 #if defined(__x86_64__)
@@ -167,7 +170,8 @@ void kernel_portable(int64_t kc, const float* a, int64_t lda, const float* b, in
 // + 1 broadcast = 15 of the 16 ymm registers.
 template <int MR, int NV, bool kRowsA>
 __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* a, int64_t lda, const float* b,
-                                                     int64_t ldb, float* c, int64_t ldc, float alpha, float beta) {
+                                                     int64_t ldb, float* c, int64_t ldc, float alpha, float beta,
+                                                     const float* bias) {
   __m256 acc[MR][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
@@ -190,8 +194,9 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* a,
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       float* cr = c + r * ldc + 8 * v;
-      const __m256 y = beta == 0.f ? _mm256_mul_ps(va, acc[r][v])
-                                   : _mm256_fmadd_ps(va, acc[r][v], _mm256_mul_ps(vb, _mm256_loadu_ps(cr)));
+      __m256 y = beta == 0.f ? _mm256_mul_ps(va, acc[r][v])
+                             : _mm256_fmadd_ps(va, acc[r][v], _mm256_mul_ps(vb, _mm256_loadu_ps(cr)));
+      if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + 8 * v));
       _mm256_storeu_ps(cr, y);
     }
 }
@@ -205,7 +210,8 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* a,
 template <int MR, int NV, bool kRowsA>
 __attribute__((target("avx512f,avx512vl,fma"))) void kernel_avx512(int64_t kc, const float* a, int64_t lda,
                                                                    const float* b, int64_t ldb, float* c,
-                                                                   int64_t ldc, float alpha, float beta) {
+                                                                   int64_t ldc, float alpha, float beta,
+                                                                   const float* bias) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
@@ -228,8 +234,9 @@ __attribute__((target("avx512f,avx512vl,fma"))) void kernel_avx512(int64_t kc, c
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       float* cr = c + r * ldc + 16 * v;
-      const __m512 y = beta == 0.f ? _mm512_mul_ps(va, acc[r][v])
-                                   : _mm512_fmadd_ps(va, acc[r][v], _mm512_mul_ps(vb, _mm512_loadu_ps(cr)));
+      __m512 y = beta == 0.f ? _mm512_mul_ps(va, acc[r][v])
+                             : _mm512_fmadd_ps(va, acc[r][v], _mm512_mul_ps(vb, _mm512_loadu_ps(cr)));
+      if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + 16 * v));
       _mm512_storeu_ps(cr, y);
     }
 }
@@ -252,7 +259,7 @@ struct KernelPair {
 
 template <int MR, int NR>
 void gemm_packed(KernelPair kernel, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   constexpr int64_t mc = kMcRows / MR * MR, nc = kNcCols / NR * NR;
   const int64_t kblocks = (K + kKcMax - 1) / kKcMax, kc = (K + kblocks - 1) / kblocks;
   const bool direct_a = !ta, direct_b = !tb && M <= kDirectBMaxM;
@@ -282,20 +289,22 @@ void gemm_packed(KernelPair kernel, bool ta, bool tb, int64_t M, int64_t N, int6
           for (int64_t ir = 0; ir < mb; ir += MR) {
             const int64_t m = std::min<int64_t>(MR, mb - ir);
             float* cq = c + (ic + ir) * ldc + jc + jr;
-            auto product = [&](float* out, int64_t ldo, float al, float be) {
+            const float* bias_q = bias && pc == 0 ? bias + jc + jr : nullptr;  // once, in the first kc block
+            auto product = [&](float* out, int64_t ldo, float al, float be, const float* bi) {
               if (direct_a && m == MR)
-                kernel.rows_a(kb, a + (ic + ir) * lda + pc, lda, bq, bs, out, ldo, al, be);
+                kernel.rows_a(kb, a + (ic + ir) * lda + pc, lda, bq, bs, out, ldo, al, be, bi);
               else
-                kernel.packed_a(kb, ap + (direct_a ? 0 : ir * kb), MR, bq, bs, out, ldo, al, be);
+                kernel.packed_a(kb, ap + (direct_a ? 0 : ir * kb), MR, bq, bs, out, ldo, al, be, bi);
             };
             if (m == MR && n == NR) {
-              product(cq, ldc, alpha, bt);
+              product(cq, ldc, alpha, bt, bias_q);
             } else {  // tile = acc exactly (alpha 1, beta 0), then the kernels' merge on m x n
-              product(tile, NR, 1.f, 0.f);
+              product(tile, NR, 1.f, 0.f, nullptr);
               for (int64_t i = 0; i < m; ++i)
                 for (int64_t j = 0; j < n; ++j) {
                   float& y = cq[i * ldc + j];
                   y = bt == 0.f ? alpha * tile[i * NR + j] : std::fma(alpha, tile[i * NR + j], bt * y);
+                  if (bias_q) y += bias_q[j];
                 }
             }
           }
@@ -360,43 +369,50 @@ void set_sgemm_kernel(GemmKernel k) {
 const char* sgemm_kernel_name() { return gemm_kernel_name(sgemm_kernel()); }
 
 void sgemm_with(GemmKernel k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
-                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   if (M <= 0 || N <= 0) return;
+  auto add_bias = [&] {
+    if (bias)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) c[i * ldc + j] += bias[j];
+  };
   if (k == GemmKernel::openblas) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
                 blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+    add_bias();
     return;
   }
   if (K <= 0 || alpha == 0.f) {  // c = beta c, without reading a or b (and not c when beta == 0)
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+    add_bias();
     return;
   }
   switch (k) {
 #if defined(__x86_64__)
     case GemmKernel::avx512:
       gemm_packed<6, 64>({kernel_avx512<6, 4, false>, kernel_avx512<6, 4, true>}, ta, tb, M, N, K, alpha, a, lda, b,
-                         ldb, beta, c, ldc);
+                         ldb, beta, c, ldc, bias);
       return;
     case GemmKernel::avx2:
       gemm_packed<6, 16>({kernel_avx2<6, 2, false>, kernel_avx2<6, 2, true>}, ta, tb, M, N, K, alpha, a, lda, b, ldb,
-                         beta, c, ldc);
+                         beta, c, ldc, bias);
       return;
 #endif
     default:
       gemm_packed<6, 16>({kernel_portable<6, 16, false>, kernel_portable<6, 16, true>}, ta, tb, M, N, K, alpha, a,
-                         lda, b, ldb, beta, c, ldc);
+                         lda, b, ldb, beta, c, ldc, bias);
       return;
   }
 }
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  sgemm_with(sgemm_kernel(), ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+  sgemm_with(sgemm_kernel(), ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 }
 
 void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc) {
+                   int64_t ldb, float* c, int64_t ldc, const float* bias) {
   // the rows of op(a) made contiguous once (they are strided when a is stored transposed)
   thread_local std::vector<float> rows;
   const float* A = a;
@@ -415,14 +431,15 @@ void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const floa
         float acc = 0;
 #pragma omp simd reduction(+ : acc)
         for (int64_t k = 0; k < K; ++k) acc += ai[k] * bj[k];
-        c[i * ldc + j] = acc;
+        c[i * ldc + j] = bias ? acc + bias[j] : acc;
       }
     }
     return;
   }
   for (int64_t i = 0; i < M; ++i) {  // c[i, :] = sum_k A[i, k] b[k, :], k in order
     float* ci = c + i * ldc;
-    std::fill(ci, ci + N, 0.f);
+    if (bias) std::copy(bias, bias + N, ci);  // bias first, then the products in order of k
+    else std::fill(ci, ci + N, 0.f);
     for (int64_t k = 0; k < K; ++k) {
       const float aik = A[i * ars + k];
       const float* bk = b + k * ldb;

@@ -62,23 +62,35 @@ int64_t batch_offset(const Layout* l, int64_t p) {
 // Rows [i0, i1) and columns [j0, j1) of one C = op(A) op(B), C with leading dim N. Row i of op(A)
 // starts at a + i*lda (stored as is) or at a + i (stored transposed); column j of op(B) at b + j
 // or b + j*ldb. A block with K == 0 is all zeros (BLAS may leave C untouched then).
+// With `bias`, C's columns [j0, j1) get bias[j0..j1) added to every row.
 template <class T>
-void gemm_block(T* c, const T* a, const T* b, const Gemm& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+void gemm_block(T* c, const T* a, const T* b, const Gemm& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                const T* bias) {
   if (i1 <= i0 || j1 <= j0) return;
   T* cb = c + i0 * g.N + j0;
+  const T* bb_ = bias ? bias + j0 : nullptr;
   if (g.K == 0) {
-    for (int64_t i = i0; i < i1; ++i) std::fill(cb + (i - i0) * g.N, cb + (i - i0) * g.N + (j1 - j0), T(0));
+    for (int64_t i = i0; i < i1; ++i) {
+      T* row = cb + (i - i0) * g.N;
+      for (int64_t j = 0; j < j1 - j0; ++j) row[j] = bb_ ? bb_[j] : T(0);
+    }
     return;
   }
   const T* ab = a + (g.trans_a ? i0 : i0 * g.lda);
   const T* bb = b + (g.trans_b ? j0 * g.ldb : j0);
   if constexpr (std::is_same_v<T, float>) {
-    if (g.M <= kSmallRows && sgemm_kernel() != GemmKernel::openblas) {  // by the whole matrix's rows
-      sgemm_small_m(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N);
-      return;
-    }
+    if (g.M <= kSmallRows && sgemm_kernel() != GemmKernel::openblas)  // by the whole matrix's rows
+      sgemm_small_m(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_);
+    else
+      sgemm(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
+  } else {  // f64 on OpenBLAS, then the bias
+    gemm_blas(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, T(1), ab, g.lda, bb, g.ldb, T(0), cb, g.N);
+    if (bb_)
+      for (int64_t i = i0; i < i1; ++i) {
+        T* row = cb + (i - i0) * g.N;
+        for (int64_t j = 0; j < j1 - j0; ++j) row[j] += bb_[j];
+      }
   }
-  gemm_blas(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, T(1), ab, g.lda, bb, g.ldb, T(0), cb, g.N);
 }
 
 // Boundary t of `parts` in [0, n) moved to the nearest multiple of `tile` within its period: rows of a
@@ -91,7 +103,7 @@ int64_t tile_boundary(int64_t n, int64_t period, int t, int parts, int64_t tile)
 }  // namespace
 
 template <class T>
-void matmul_forward(T* c, const T* a, const T* b, const Gemm& g) {
+void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) {
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   if (P == 0 || M == 0 || N == 0) return;
   if constexpr (std::is_same_v<T, float>) sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
@@ -99,7 +111,7 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g) {
   const int nt = int(std::clamp<int64_t>(work / kMinWorkPerThread, 1, num_threads()));
   // rows [i0, i1) and columns [j0, j1) of matrix p of the batch
   auto block = [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    gemm_block(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1);
+    gemm_block(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1, bias);
   };
 
   if (P * M >= nt * kRowTile) {  // split the B*M rows of C
@@ -176,8 +188,8 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   }
 }
 
-template void matmul_forward<float>(float*, const float*, const float*, const Gemm&);
-template void matmul_forward<double>(double*, const double*, const double*, const Gemm&);
+template void matmul_forward<float>(float*, const float*, const float*, const Gemm&, const float*);
+template void matmul_forward<double>(double*, const double*, const double*, const Gemm&, const double*);
 template void matmul_forward_naive<float>(float*, const float*, const float*, const Gemm&);
 template void matmul_forward_naive<double>(double*, const double*, const double*, const Gemm&);
 template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, const Gemm&);

@@ -23,7 +23,8 @@ struct Gemm {
 // c (batch, M, N) = a (batch, M, K) @ b (batch, K, N), through single-threaded GEMM calls (sgemm
 // below for f32, cblas_dgemm for f64); the kernel splits the batch, or the rows of one GEMM, over
 // attograd's threads.
-template <class T> void matmul_forward(T* c, const T* a, const T* b, const Gemm& g);
+// With `bias` (N values) every row of every C gets it added: y = x W^T + b of a Linear in one pass.
+template <class T> void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias = nullptr);
 // The same product as a triple loop: the algorithmic reference the GEMM path is tested against.
 template <class T> void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g);
 // da (batch, M, K) = dout @ b^T,  db (batch, K, N) = a^T @ dout;  dout (batch, M, N) contiguous.
@@ -44,12 +45,15 @@ void gemm_blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const
 // The micro-kernels: AVX-512F, AVX2+FMA, plain C++; openblas is cblas_sgemm (for comparison).
 enum class GemmKernel { avx512, avx2, portable, openblas };
 
-// gemm_blas<float>'s contract, single-threaded, on the kernel sgemm_kernel() names.
+// gemm_blas<float>'s contract, single-threaded, on the kernel sgemm_kernel() names; with `bias`
+// (N floats) c = alpha op(a) op(b) + beta c + bias, the bias added to every row in the same pass
+// (Linear layers: no second pass over c).
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
 // The same on kernel k, which must be supported by this CPU (tests and benches compare kernels).
 void sgemm_with(GemmKernel k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
-                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                const float* bias = nullptr);
 // The kernel sgemm runs. Chosen at first use: ATTOGRAD_GEMM=avx512|avx2|portable|openblas when
 // set (ag::Error when unknown or not supported by this CPU), else the widest the CPU supports.
 // Call it outside parallel regions first (matmul does), so that a bad setting throws there.
@@ -67,6 +71,6 @@ void set_sgemm_kernel(GemmKernel k);            // replaces the choice (ag::Erro
 // whole matrix (never of a thread's piece), so a result never depends on the thread count.
 inline constexpr int64_t kSmallRows = 4;
 void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc);
+                   int64_t ldb, float* c, int64_t ldc, const float* bias = nullptr);
 
 }  // namespace ag::cpu

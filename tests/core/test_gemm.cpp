@@ -262,6 +262,35 @@ TEST_CASE("sgemm: the few-rows path (generation) against an f64 triple loop") {
               1e-5, 1e-5);
 }
 
+TEST_CASE("sgemm: a bias added in the epilogue, every kernel") {
+  // c = alpha op(a) op(b) + beta c + bias: with several k blocks (K 600), edge tiles (M 13, N 70),
+  // beta 0 (c NaN beforehand) and 1; against the same call without a bias plus the bias in f64
+  for (GemmKernel k : {GemmKernel::avx512, GemmKernel::avx2, GemmKernel::portable, GemmKernel::openblas}) {
+    if (!ag::cpu::sgemm_kernel_supported(k)) {
+      MESSAGE("skipped on this CPU: ", ag::cpu::gemm_kernel_name(k));
+      continue;
+    }
+    for (float beta : {0.f, 1.f})
+      for (bool tb : {false, true}) {
+        const int64_t M = 13, N = 70, K = 600;
+        const std::vector<float> a = filled(size_t(M * K), 21), b = filled(size_t(K * N), 22),
+                                 bias = filled(size_t(N), 23), c0 = filled(size_t(M * N), 24);
+        std::vector<float> plain = c0, with = c0;
+        if (beta == 0.f) std::fill(with.begin(), with.end(), std::numeric_limits<float>::quiet_NaN());
+        ag::cpu::sgemm_with(k, false, tb, M, N, K, 0.5f, a.data(), K, b.data(), tb ? K : N, beta, plain.data(), N);
+        ag::cpu::sgemm_with(k, false, tb, M, N, K, 0.5f, a.data(), K, b.data(), tb ? K : N, beta, with.data(), N,
+                            bias.data());
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            const double want = double(plain[size_t(i * N + j)]) + bias[size_t(j)];
+            if (!(std::abs(with[size_t(i * N + j)] - want) <= 1e-4 * (1 + std::abs(want))))
+              FAIL_CHECK(fmt::format("kernel {} beta {} tb {}: c[{},{}] = {}, expected {}",
+                                     ag::cpu::gemm_kernel_name(k), beta, tb, i, j, with[size_t(i * N + j)], want));
+          }
+      }
+  }
+}
+
 TEST_CASE("sgemm: an unknown or unsupported kernel is an error") {
   const GemmKernel before = ag::cpu::sgemm_kernel();
   AG_CHECK_ERROR(ag::cpu::gemm_kernel_named("avx1024"), "sgemm", "ATTOGRAD_GEMM=avx1024", "unknown kernel");

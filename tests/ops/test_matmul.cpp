@@ -1,3 +1,5 @@
+#include <array>
+
 #include "tests/helpers.h"
 
 using namespace ag;
@@ -223,4 +225,73 @@ TEST_CASE("matmul: errors") {
   AG_CHECK_ERROR(matmul(zeros({3}), scalar_tensor(2.0)), "matmul", "[3] @ []", "0-dim");
   AG_CHECK_ERROR(matmul(zeros({2, 3, 4}), zeros({3, 4, 5})), "matmul", "[2,3,4] @ [3,4,5]",
                  "batch dims [2] and [3] cannot be broadcast");
+}
+
+TEST_CASE("linear: known values") {
+  // x = [[1, 2], [3, 4]], W = [[1, 0], [0, 1], [1, 1]], b = [10, 20, 30]
+  // y = x W^T + b: row 1 = [1, 2, 1 + 2] + b = [11, 22, 33]; row 2 = [3, 4, 7] + b = [13, 24, 37]
+  Tensor x = from_vector<double>({1, 2, 3, 4}, {2, 2}).set_requires_grad(true);
+  Tensor w = from_vector<double>({1, 0, 0, 1, 1, 1}, {3, 2}).set_requires_grad(true);
+  Tensor b = from_vector<double>({10, 20, 30}, {3}).set_requires_grad(true);
+  Tensor y = linear(x, w, b);
+  CHECK(y.shape() == Shape{2, 3});
+  check_close(y, {11, 22, 33, 13, 24, 37});
+  // with g = ones: dx = g W = [1+0+1, 0+1+1] per row; dW = g^T x = column sums of x per row of W
+  // = [4, 6]; db = rows of g summed = [2, 2, 2]
+  y.backward(ones({2, 3}, DType::f64));
+  check_close(x.grad(), {2, 2, 2, 2});
+  check_close(w.grad(), {4, 6, 4, 6, 4, 6});
+  check_close(b.grad(), {2, 2, 2});
+  // without a bias: x W^T
+  check_close(linear(x.detach(), w.detach()), {1, 2, 3, 3, 4, 7});
+}
+
+TEST_CASE("linear: gradcheck with and without bias, batched, transposed and sliced inputs, shared tensors") {
+  auto lin = [](const std::vector<Tensor>& t) { return linear(t[0], t[1], t[2]); };
+  auto nob = [](const std::vector<Tensor>& t) { return linear(t[0], t[1]); };
+  expect_gradcheck(lin, {leaf64({3, 4}, 1), leaf64({5, 4}, 2), leaf64({5}, 3)});
+  expect_gradcheck(nob, {leaf64({3, 4}, 4), leaf64({5, 4}, 5)});
+  expect_gradcheck(lin, {leaf64({2, 3, 4}, 6), leaf64({2, 4}, 7), leaf64({2}, 8)});  // [..., in]
+  expect_gradcheck(lin, {leaf64({4}, 9), leaf64({3, 4}, 10), leaf64({3}, 11)});      // 1-D input
+  // x whose rows do not fold (a transposed batch), a transposed weight, a sliced input
+  expect_gradcheck([](const std::vector<Tensor>& t) { return linear(t[0].transpose(0, 1), t[1], t[2]); },
+                   {leaf64({3, 2, 4}, 12), leaf64({5, 4}, 13), leaf64({5}, 14)});
+  expect_gradcheck([](const std::vector<Tensor>& t) { return linear(t[0], t[1].mT(), t[2]); },
+                   {leaf64({3, 4}, 15), leaf64({4, 5}, 16), leaf64({5}, 17)});
+  expect_gradcheck([](const std::vector<Tensor>& t) { return linear(t[0].narrow(1, 1, 4), t[1], t[2]); },
+                   {leaf64({3, 7}, 18), leaf64({2, 4}, 19), leaf64({2}, 20)});
+  // the same tensor as input and weight: x W^T with W = x
+  expect_gradcheck([](const std::vector<Tensor>& t) { return linear(t[0], t[0], t[1]); },
+                   {leaf64({3, 3}, 21), leaf64({3}, 22)});
+}
+
+TEST_CASE("linear: f32 equals matmul + bias at GEMM sizes (edge tiles, several k blocks, few rows)") {
+  // the bias is added in the GEMM's epilogue; against the composed ops in f64
+  for (auto [rows, in, out] : {std::array<int64_t, 3>{70, 300, 130}, {1, 40, 24}, {3, 700, 65}, {256, 64, 192}}) {
+    CAPTURE(rows);
+    CAPTURE(in);
+    CAPTURE(out);
+    Generator g(uint64_t(rows * 7 + in));
+    Tensor x = randn({rows, in}, DType::f64, &g), w = randn({out, in}, DType::f64, &g), b = randn({out}, DType::f64, &g);
+    Tensor ref = add(matmul(x, w.mT()), b);
+    Tensor y = linear(x.to(DType::f32), w.to(DType::f32), b.to(DType::f32));
+    check_close(y, ref.to_vector<double>(), 1e-4, 1e-4);
+    // and the gradients, in f32, against f64
+    Tensor xf = x.to(DType::f32).set_requires_grad(true), wf = w.to(DType::f32).set_requires_grad(true),
+           bf = b.to(DType::f32).set_requires_grad(true);
+    Tensor gy = randn({rows, out}, DType::f64, &g);
+    linear(xf, wf, bf).backward(gy.to(DType::f32));
+    check_close(xf.grad(), matmul(gy, w).to_vector<double>(), 1e-4, 1e-4);
+    check_close(wf.grad(), matmul(gy.mT(), x).to_vector<double>(), 1e-4, 1e-4);
+    check_close(bf.grad(), sum(gy, {0}).to_vector<double>(), 1e-4, 1e-4);
+  }
+}
+
+TEST_CASE("linear: errors") {
+  AG_CHECK_ERROR(linear(zeros({2, 3}), zeros({4, 5})), "linear", "[2,3]", "[4,5]", "in = 5");
+  AG_CHECK_ERROR(linear(zeros({2, 3}), zeros({3})), "linear", "weight must be [out, in]", "[3]");
+  AG_CHECK_ERROR(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), "linear", "bias [5]", "[4]");
+  AG_CHECK_ERROR(linear(zeros({2, 3}), zeros({4, 3}, DType::f64)), "linear", "f32", "f64");
+  AG_CHECK_ERROR(linear(zeros({2, 3}, DType::i64), zeros({4, 3}, DType::i64)), "linear", "i64");
+  AG_CHECK_ERROR(linear(scalar_tensor(1.0), zeros({4, 1})), "linear", "[]");
 }
