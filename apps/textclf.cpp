@@ -5,7 +5,9 @@
 //
 // The model (apps/common/models.h TextClassifier), B texts of at most T tokens, K classes:
 //   tokens (B, T) i64, padded with 0 after lengths[b] valid tokens (words by default)
-//   h = tok(tokens) + pos(0..T-1)                        (B, T, d)  learned embeddings
+//   ngrams (B, T, G) i64, each word's hashed character n-grams (fastText's subwords), 0 = padding
+//   e = tok(tokens) + sum_g ngram(ngrams)                (B, T, d)  a word plus its n-grams
+//   h = e + pos(0..T-1)                                  (B, T, d)  learned embeddings
 //   h = h + attn(ln1(h), keys t < lengths[b])            (B, T, d)  4 heads of d/4 dims, padded keys
 //   h = h + mlp(ln2(h))                                  (B, T, d)  never attended to; x n_layers
 //   pooled_b = sum_{t < len_b} norm(h)_bt / len_b        (B, d)     mean over the valid tokens
@@ -22,6 +24,8 @@
 // text, tokens on both axes), report.json.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -61,7 +65,7 @@ void write_attention_svg(TextClassifier& model, const TextTokenizer& tok, const 
   const int64_t i = pick_heatmap_sample(test);
   if (i < 0) return;
   int64_t predicted = -1;
-  std::vector<Heatmap> panels = attention_heatmaps(model, tok, test.ids[size_t(i)], &predicted);
+  std::vector<Heatmap> panels = attention_heatmaps(model, tok, test, i, &predicted);
   HeatmapOptions ho;
   ho.columns = int(model.cfg.n_heads);
   ho.cell = 14;
@@ -79,7 +83,13 @@ int main(int argc, char** argv) {
   // steps took 37 s and reached 99.22% test accuracy; 8000 steps with dropout 0.1 overfit to 99.20%
   // (validation peaked at 99.4% near step 5600). Characters (~100 tokens per text): 6500 steps took
   // 4:22 for 97.1% (d_model 128 / MLP 512: 97.2% in 2800 steps), underfitting. The character
-  // n-gram naive Bayes baseline reaches 99.54% on the same split.
+  // n-gram naive Bayes baseline reaches 99.54% on the same split (42 errors of 9099).
+  // Words with subword n-grams (the default for words: 65536 buckets, 2..5-grams, at most 32 per
+  // word, added to the word's vector), 3000 steps, measured on a loaded machine (1 thread, ~220
+  // CPU-seconds a run): without dropout 99.40% (55 errors; they fit the training set), with
+  // dropout 0.1 99.52% (44; validation 99.60% against the baseline's 99.56%); 4000 steps 99.46%
+  // (validation 99.68%); dropout 0.2 with 8000 words 99.48%; label smoothing 0.1 99.42%. At parity
+  // with the baseline, not above it: test errors of these runs spread over 41..55.
   o.steps = 3000;
   o.batch = 64;
   o.lr = 3e-3;
@@ -88,6 +98,13 @@ int main(int argc, char** argv) {
   o.clip = 1.0;
   o.dropout = 0.0;
   add_run_options(cli, o);
+  // word models with subword n-grams fit the training set (loss ~0.002) and gain from dropout;
+  // character models underfit and do not: the default depends on the tokenizer
+  constexpr double kWordDropout = 0.1;
+  cli.get_option("--dropout")
+      ->description(fmt::format("dropout probability (default: {} with the word tokenizer, 0 with the char one)",
+                                kWordDropout))
+      ->default_str("");
 
   DataOptions d;
   TextClassifierConfig mc;
@@ -95,6 +112,10 @@ int main(int argc, char** argv) {
   int64_t bucket_window = 16, eval_samples = 2000, eval_batch_tokens = 16384;
   double label_smoothing = 0.0, nb_alpha = 0.1;
   std::string baseline = "auto";
+  // Subword n-grams (data::hashed_ngrams), measured on the fortunes: see the defaults above.
+  int64_t ngram_buckets = -1;  // -1: auto (on for the word tokenizer, off for the char one)
+  std::string ngram_range = "2-5";
+  mc.ngrams_per_token = 32;
   cli.add_option("--dataset", d.dataset, "fortunes (8-language ID), imdb (aclImdb folder in --data-dir) or tsv")
       ->capture_default_str()
       ->check(CLI::IsMember({"fortunes", "imdb", "tsv"}));
@@ -127,6 +148,16 @@ int main(int argc, char** argv) {
   cli.add_option("--baseline", baseline, "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  cli.add_option("--ngram-buckets", ngram_buckets,
+                 "word tokenizer: hash buckets of the subword character n-grams added to each word's vector "
+                 "(0: off). Default: 65536 with the word tokenizer, off with the char one; a value > 0 with "
+                 "the char tokenizer is an error")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 26));
+  cli.add_option("--ngrams", ngram_range, "n-gram lengths MIN-MAX in codepoints, of \"<\" + word + \">\"")
+      ->capture_default_str();
+  cli.add_option("--ngrams-per-token", mc.ngrams_per_token, "at most this many n-grams per word (the shorter kept)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cli.add_option("--nb-alpha", nb_alpha, "naive Bayes add-alpha smoothing")->capture_default_str()->check(CLI::PositiveNumber);
   CLI11_PARSE(cli, argc, argv);
 
@@ -170,17 +201,41 @@ int main(int argc, char** argv) {
     TextTokenizer tok = saved_tok ? *saved_tok
                         : tok_kind == "char" ? TextTokenizer::build_char(train_texts)
                                              : TextTokenizer::build_word(train_texts, d.min_freq, d.max_words);
-    EncodedSet train = encode_dataset(split.train, tok, d.max_len), valid = encode_dataset(split.valid, tok, d.max_len),
-               test = encode_dataset(split.test, tok, d.max_len);
-    fmt::print(stderr, "tokens: {} tokenizer, vocabulary {}, max length {}: {:.1f} tokens per training text ({:.1f} s)\n",
-               tok.kind_name(), tok.vocab_size(), d.max_len, double(train.tokens()) / double(train.size()),
+    if (!o.eval_only) {
+      check(ngram_buckets <= 0 || tok_kind == "word",
+            "textclf: --ngram-buckets {}: subword n-grams need the word tokenizer (this run uses {}); pass "
+            "--ngram-buckets 0 or leave it out",
+            ngram_buckets, tok_kind);
+      mc.ngram_buckets = ngram_buckets >= 0 ? ngram_buckets : tok_kind == "word" ? 65536 : 0;
+      // --ngrams MIN-MAX: two integers around one dash, nothing else
+      const char *first = ngram_range.data(), *last = first + ngram_range.size();
+      const char* dash = std::find(first, last, '-');
+      const auto lo = std::from_chars(first, dash, mc.ngram_min);
+      const auto hi = dash == last ? std::from_chars_result{last, std::errc::invalid_argument}
+                                   : std::from_chars(dash + 1, last, mc.ngram_max);
+      check(lo.ec == std::errc() && lo.ptr == dash && hi.ec == std::errc() && hi.ptr == last,
+            "textclf: --ngrams '{}' is not MIN-MAX (e.g. 2-5)", ngram_range);
+      check(mc.ngram_min >= 1 && mc.ngram_max >= mc.ngram_min, "textclf: --ngrams {}: expected 1 <= MIN <= MAX",
+            ngram_range);
+    }
+    const data::NgramSpec ngrams = ngram_spec(mc);
+    EncodedSet train = encode_dataset(split.train, tok, d.max_len, ngrams),
+               valid = encode_dataset(split.valid, tok, d.max_len, ngrams),
+               test = encode_dataset(split.test, tok, d.max_len, ngrams);
+    std::string subwords;
+    if (ngrams.buckets > 0)
+      subwords = fmt::format("; {}..{}-grams of {} distinct words hashed into {} buckets, at most {} per word",
+                             ngrams.min_n, ngrams.max_n, train.form_ngrams.size() - 1, ngrams.buckets,
+                             ngrams.max_per_token);
+    fmt::print(stderr, "tokens: {} tokenizer, vocabulary {}, max length {}: {:.1f} tokens per training text{} ({:.1f} s)\n",
+               tok.kind_name(), tok.vocab_size(), d.max_len, double(train.tokens()) / double(train.size()), subwords,
                seconds_since(t0));
 
     if (!o.eval_only) {
       mc.vocab = tok.vocab_size();
       mc.max_len = d.max_len;
       mc.classes = int64_t(classes.size());
-      mc.dropout = o.dropout;
+      mc.dropout = cli.get_option("--dropout")->count() > 0 ? o.dropout : tok_kind == "word" ? kWordDropout : 0.0;
     }
     TextClassifier model(mc, &gen);
     optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
@@ -212,10 +267,11 @@ int main(int argc, char** argv) {
     BucketSampler sampler(lengths, o.batch, bucket_window, o.seed);
     auto sched = make_schedule(o);
     int64_t step = run.resume();
-    run.print(fmt::format("model: d_model {}, {} heads, {} layers, MLP {}, dropout {}; AdamW lr {} ({} schedule), "
-                          "batch {}, {} steps ({:.2f} epochs)",
-                          mc.d_model, mc.n_heads, mc.n_layers, mc.mlp_hidden, mc.dropout, o.lr, o.schedule, o.batch,
-                          o.steps, double(o.steps) / double(sampler.num_batches())));
+    run.print(fmt::format("model: d_model {}, {} heads, {} layers, MLP {}, dropout {}, n-gram buckets {}; AdamW lr {} "
+                          "({} schedule), batch {}, {} steps ({:.2f} epochs), {} parameters",
+                          mc.d_model, mc.n_heads, mc.n_layers, mc.mlp_hidden, mc.dropout, mc.ngram_buckets, o.lr,
+                          o.schedule, o.batch, o.steps, double(o.steps) / double(sampler.num_batches()),
+                          model.num_parameters()));
     if (step < o.steps) {
       auto loader = make_train_loader(train, sampler, o.steps, d.max_len);
       loader->seek(step);

@@ -30,7 +30,8 @@ SMALL = {
     "gpt": dict(vocab=40, context=32, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0),
     "vit": dict(image_size=28, channels=1, patch=7, classes=10, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64,
                 dropout=0.0),
-    "textclf": dict(vocab=300, max_len=64, classes=8, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0),
+    "textclf": dict(vocab=300, max_len=64, classes=8, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0,
+                    ngram_buckets=97, ngram_min=2, ngram_max=4, ngrams_per_token=6),
 }
 
 
@@ -43,15 +44,24 @@ def inputs_for(app, cfg, g):
     T = min(cfg["max_len"], 20)
     lengths = torch.tensor([T, 7, 1, 12])
     tokens = torch.randint(1, cfg["vocab"], (4, T), generator=g)
-    tokens[torch.arange(T)[None, :] >= lengths[:, None]] = 0
-    return {"tokens": tokens, "lengths": lengths}
+    padded = torch.arange(T)[None, :] >= lengths[:, None]
+    tokens[padded] = 0
+    out = {"tokens": tokens, "lengths": lengths}
+    if cfg.get("ngram_buckets", 0) > 0:
+        # each token's n-gram ids, some rows cut short with padding 0, padded tokens all 0
+        G = cfg["ngrams_per_token"]
+        ngrams = torch.randint(1, cfg["ngram_buckets"] + 1, (4, T, G), generator=g)
+        ngrams[torch.arange(G)[None, None, :] >= torch.randint(0, G + 1, (4, T, 1), generator=g)] = 0
+        ngrams[padded] = 0
+        out["ngrams"] = ngrams
+    return out
 
 
 def twin_forward(app, model, inp):
     model.eval()
     with torch.no_grad():
         if app == "textclf":
-            return model(inp["tokens"], inp["lengths"])
+            return model(inp["tokens"], inp["lengths"], inp.get("ngrams"))
         return model(inp["idx"] if app == "gpt" else inp["images"])
 
 
@@ -69,7 +79,7 @@ def ours(binary, app, cfg, weights, prefix, inp, tmp):
 def compare(label, a, b):
     diff = (a - b).abs().max().item()
     ok = a.shape == b.shape and diff <= TOL
-    print(f"  {label:58s} max |diff| {diff:.2e}  {'ok' if ok else 'FAIL'}")
+    print(f"  {label:66s} max |diff| {diff:.2e}  {'ok' if ok else 'FAIL'}")
     return ok
 
 
@@ -96,7 +106,8 @@ def main():
             w = os.path.join(tmp, f"{app}.safetensors")
             save_file({k: v.contiguous() for k, v in twin.state_dict().items()}, w)
             inp = inputs_for(app, cfg, g)
-            ok &= compare(f"{app} (twin weights -> attograd)", twin_forward(app, twin, inp),
+            label = f"{app}, n-gram buckets {cfg['ngram_buckets']}" if app == "textclf" else app
+            ok &= compare(f"{label} (twin weights -> attograd)", twin_forward(app, twin, inp),
                           ours(args.binary, app, cfg, w, "", inp, tmp))
         print("attograd checkpoints loaded into the twins")
         for spec in args.checkpoint:
@@ -108,7 +119,8 @@ def main():
             state = {k[len("model."):]: v for k, v in load_file(path).items() if k.startswith("model.")}
             twin.load_state_dict(state, strict=True)
             inp = inputs_for(app, {**SMALL[app], **cfg}, g)
-            ok &= compare(f"{app} ({path} -> twin)", twin_forward(app, twin, inp),
+            label = f"{app}, n-gram buckets {cfg.get('ngram_buckets', 0)}" if app == "textclf" else app
+            ok &= compare(f"{label} ({os.path.basename(path)} -> twin)", twin_forward(app, twin, inp),
                           ours(args.binary, app, cfg, path, "model.", inp, tmp))
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

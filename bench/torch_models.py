@@ -6,7 +6,10 @@ moves between the two unchanged:
   Block        ln1, attn.qkv, attn.proj, ln2, mlp.fc1, mlp.fc2      pre-LN, exact (erf) GELU
   GPT          wte, wpe, blocks.i, ln_f, head (no bias)             causal
   ViT          patch.proj, patch.cls_token, pos_embed, blocks.i, norm, head
-  TextClassifier tok (padding 0), pos, blocks.i, norm, head         key padding by lengths, masked mean
+  TextClassifier tok (padding 0), [ngram (padding 0),] pos, blocks.i, norm, head
+                                                                    key padding by lengths, masked mean;
+                                                                    subword n-grams: a word's vector is tok plus
+                                                                    the sum of its n-grams' rows
 
 Attention is written out (q k^T / sqrt(hs), mask, softmax, dropout, @ v) so it runs on any
 PyTorch version; with torch >= 2.0 the fused F.scaled_dot_product_attention is used instead
@@ -139,9 +142,12 @@ class ViT(nn.Module):
 
 class TextClassifier(nn.Module):
     def __init__(self, vocab=20000, max_len=256, classes=2, d_model=128, n_heads=4, n_layers=2, mlp_hidden=512,
-                 dropout=0.1):
+                 dropout=0.1, ngram_buckets=0, ngram_min=2, ngram_max=5, ngrams_per_token=32):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model, padding_idx=0)
+        # hashed subword n-grams (ngram_min..ngram_max and ngrams_per_token only shape the ids, which
+        # the caller computes, as data/tokenizer.h hashed_ngrams)
+        self.ngram = nn.Embedding(ngram_buckets + 1, d_model, padding_idx=0) if ngram_buckets > 0 else None
         self.pos = nn.Embedding(max_len, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
@@ -150,10 +156,15 @@ class TextClassifier(nn.Module):
         init_gpt2_style(self, n_layers)
         with torch.no_grad():
             self.tok.weight[0].zero_()
+            if self.ngram is not None:
+                self.ngram.weight[0].zero_()
 
-    def forward(self, tokens, lengths):
+    def forward(self, tokens, lengths, ngrams=None):
         T = tokens.shape[1]
-        h = self.tok(tokens) + self.pos.weight[:T]
+        e = self.tok(tokens)
+        if self.ngram is not None:  # ngrams (B, T, G): the word's vector plus its n-grams' vectors
+            e = e + self.ngram(ngrams).sum(2)
+        h = e + self.pos.weight[:T]
         for b in self.blocks:
             h = b(h, lengths)
         valid = (torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]).to(h.dtype).unsqueeze(2)

@@ -6,6 +6,7 @@
 //   twin_logits --model gpt --config '{"vocab": 96, ...}' --weights w.safetensors [--prefix model.]
 //               --inputs in.safetensors --out logits.safetensors
 //   inputs: gpt "idx" i64 (B, T);  vit "images" f32 (B, C, H, W);  textclf "tokens" i64 (B, T), "lengths" i64 (B)
+//           and, for a config with ngram_buckets > 0, "ngrams" i64 (B, T, G)
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -62,7 +63,8 @@ int main(int argc, char** argv) {
       apps::TextClassifier m(config.get<apps::TextClassifierConfig>());
       m.load_state_dict(weights_under(weights, prefix));
       m.eval();
-      logits = m.forward(input(in, "tokens", inputs), input(in, "lengths", inputs));
+      const Tensor ngrams = m.cfg.ngram_buckets > 0 ? input(in, "ngrams", inputs) : Tensor();
+      logits = m.forward(input(in, "tokens", inputs), input(in, "lengths", inputs), ngrams);
     }
     save_safetensors(out, {{"logits", logits}});
   } catch (const std::exception& e) {

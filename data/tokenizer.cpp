@@ -206,6 +206,42 @@ std::vector<std::string> word_split(std::string_view text) {
   return tokens;
 }
 
+// ---- hashed n-grams ---------------------------------------------------------------------------
+
+uint64_t fnv1a64(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::vector<int64_t> hashed_ngrams(std::string_view token, const NgramSpec& s) {
+  check(s.buckets >= 0 && s.min_n >= 1 && s.max_n >= s.min_n && s.max_per_token >= 1,
+        "hashed_ngrams: expected buckets >= 0, 1 <= min_n <= max_n and max_per_token >= 1, got buckets {}, n {}..{}, "
+        "max_per_token {}",
+        s.buckets, s.min_n, s.max_n, s.max_per_token);
+  std::vector<int64_t> ids;
+  if (s.buckets == 0) return ids;
+  utf8_decode(token, "hashed_ngrams");  // validates; the n-grams below cut at codepoint starts
+  std::string w = "<";
+  w.append(token);
+  w += '>';
+  std::vector<size_t> starts;  // byte offset of each codepoint of w, then w.size()
+  for (size_t i = 0; i < w.size(); ++i)
+    if ((static_cast<unsigned char>(w[i]) & 0xC0) != 0x80) starts.push_back(i);
+  starts.push_back(w.size());
+  const auto cps = int64_t(starts.size()) - 1;
+  for (int64_t n = s.min_n; n <= s.max_n; ++n)
+    for (int64_t i = 0; i + n <= cps; ++i) {
+      if (int64_t(ids.size()) == s.max_per_token) return ids;
+      const size_t a = starts[size_t(i)], b = starts[size_t(i + n)];
+      ids.push_back(1 + int64_t(fnv1a64(std::string_view(w).substr(a, b - a)) % uint64_t(s.buckets)));
+    }
+  return ids;
+}
+
 // ---- WordTokenizer ----------------------------------------------------------------------------
 
 void WordTokenizer::index(const std::string& what) {

@@ -10,6 +10,8 @@
 //   word_lower), splits on whitespace, and makes every punctuation codepoint a token of its own
 //   ("don't!" -> "don" "'" "t" "!"). ids 0 = <pad>, 1 = <unk>, then the words seen at least
 //   min_freq times, most frequent first (ties in byte order), up to max_size ids in all.
+// hashed_ngrams: fastText's subword features of one token (Bojanowski et al. 2017): the
+//   character n-grams of "<" + token + ">", hashed into a fixed number of buckets (below).
 //
 // Vocabulary files are JSON, one object (nlohmann/json):
 //   {"format": "attograd-tokenizer", "version": 1, "kind": "char", "mode": "byte"}
@@ -63,6 +65,25 @@ uint32_t word_lower(uint32_t cp);
 bool word_is_punct(uint32_t cp);
 // The tokens of `text` (UTF-8, checked): lower-cased words and single punctuation codepoints.
 std::vector<std::string> word_split(std::string_view text);
+
+// Subword features of one token, as fastText (Bojanowski et al. 2017, "Enriching Word Vectors with
+// Subword Information"): the n-grams of w = "<" + token + ">" for n = min_n..max_n, counted in
+// codepoints (UTF-8 aware: a Cyrillic letter is 2 bytes but one codepoint), each hashed with
+// 64-bit FNV-1a over its UTF-8 bytes into an id in 1..buckets:
+//   id(g) = 1 + fnv1a64(bytes of g) mod buckets          (0 is left for padding)
+// Order: by n ascending, then by start position; ids repeat when n-grams (or their hashes) do.
+// At most max_per_token ids are returned: when cut, the shorter n-grams are kept (the first ids
+// of that order). Every token gets its n-grams, punctuation too: "!" gives "<!", "!>", "<!>".
+//   "ab", n 2..3:  "<a" "ab" "b>" "<ab" "ab>"
+// The token must be valid UTF-8 (ag::Error otherwise); buckets >= 1, 1 <= min_n <= max_n,
+// max_per_token >= 1 (ag::Error naming the values otherwise).
+struct NgramSpec {
+  int64_t buckets = 0;  // 0: no n-grams (hashed_ngrams then returns none)
+  int64_t min_n = 2, max_n = 5, max_per_token = 32;
+};
+std::vector<int64_t> hashed_ngrams(std::string_view token, const NgramSpec& spec);
+// 64-bit FNV-1a: h = 0xcbf29ce484222325; for each byte c: h = (h xor c) * 0x100000001b3 (mod 2^64).
+uint64_t fnv1a64(std::string_view bytes);
 
 class WordTokenizer {
  public:

@@ -6,7 +6,8 @@
 # safetensors package comes from a virtual environment made in <build-dir>/venv-twins (with the
 # system's packages visible, so the installed torch is used) when that Python lacks it.
 # Part 2 trains each app for a few steps (tiny sizes) into <build-dir>/twin-runs and loads those
-# checkpoints into the twins.
+# checkpoints into the twins. textclf runs with its default word tokenizer, so its subword n-gram
+# table (ngram.weight) is on in both parts; the script fails if the checkpoint lacks it.
 set -euo pipefail
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,3 +40,8 @@ common=(--steps 3 --eval-every 3 --quiet --threads 2)
   --checkpoint "gpt=$runs/gpt/checkpoint.safetensors" \
   --checkpoint "vit=$runs/vit/checkpoint.safetensors" \
   --checkpoint "textclf=$runs/textclf/checkpoint.safetensors"
+# shellcheck disable=SC2016
+"$py" -c 'import json, sys; from safetensors import safe_open
+sys.exit(json.loads(safe_open(sys.argv[1], "pt").metadata()["extra.config"])["model"].get("ngram_buckets", 0) <= 0)' \
+  "$runs/textclf/checkpoint.safetensors" ||
+  { echo "check-twins: the textclf checkpoint has no subword n-grams (ngram_buckets 0)" >&2; exit 1; }

@@ -1,6 +1,8 @@
 #include "apps/common/models.h"
 
 #include <cmath>
+#include <string_view>
+#include <unordered_map>
 
 #include "autograd/ops.h"
 #include "autograd/tape.h"
@@ -97,11 +99,52 @@ Tensor ViT::forward(const Tensor& images) {
 
 // ---- TextClassifier -----------------------------------------------------------------------------
 
+namespace {
+
+// weight[idx] with row 0 as padding: no gradient flows to it (nn::Embedding's padding_idx rule)
+Tensor embed_padded(const Tensor& weight, const Tensor& idx) {
+  Tensor y = embedding(weight, idx);
+  if (!y.requires_grad()) return y;
+  return where(unsqueeze(eq(idx, 0.0), -1), y.detach(), y);
+}
+
+}  // namespace
+
+Tensor subword_sum(const Tensor& tok_w, const Tensor& ngram_w, const Tensor& tokens, const Tensor& ngrams) {
+  check(tok_w.ndim() == 2 && ngram_w.ndim() == 2 && tok_w.size(1) == ngram_w.size(1) && tokens.ndim() == 2 &&
+            tokens.dtype() == DType::i64 && ngrams.ndim() == 3 && ngrams.dtype() == DType::i64 &&
+            ngrams.size(0) == tokens.size(0) && ngrams.size(1) == tokens.size(1) && ngrams.size(2) >= 1,
+        "TextClassifier subword_sum: expected tables [V, d] and [buckets + 1, d], tokens i64 [B, T] and n-gram ids "
+        "i64 [B, T, G >= 1], got {}, {}, {} {} and {} {}",
+        tok_w.shape(), ngram_w.shape(), tokens.dtype(), tokens.shape(), ngrams.dtype(), ngrams.shape());
+  const int64_t B = tokens.size(0), T = tokens.size(1), G = ngrams.size(2), N = B * T;
+  // the distinct rows of ngrams (keyed by their bytes) and each token's row
+  const std::vector<int64_t> ids = ngrams.to_vector<int64_t>();
+  std::unordered_map<std::string_view, int64_t> row_of;
+  std::vector<int64_t> rows, inverse(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t* row = ids.data() + n * G;
+    const std::string_view key(reinterpret_cast<const char*>(row), size_t(G) * sizeof(int64_t));
+    auto [it, fresh] = row_of.try_emplace(key, int64_t(rows.size()) / G);
+    if (fresh) rows.insert(rows.end(), row, row + G);
+    inverse[size_t(n)] = it->second;
+  }
+  const auto U = int64_t(row_of.size());
+  Tensor S = sum(embed_padded(ngram_w, from_vector(rows, {U, G})), {1});  // (U, G, d) -> (U, d)
+  return embed_padded(tok_w, tokens) + embedding(S, from_vector(inverse, {B, T}));  // (B, T, d)
+}
+
 TextClassifier::TextClassifier(const TextClassifierConfig& c, Generator* gen) : cfg(c) {
   check(c.vocab > 1 && c.max_len > 0 && c.classes > 1,
         "TextClassifier: vocab {} (with padding id 0), max_len {} and classes {} are too small", c.vocab, c.max_len,
         c.classes);
+  check(c.ngram_buckets >= 0 && c.ngram_min >= 1 && c.ngram_max >= c.ngram_min && c.ngrams_per_token >= 1,
+        "TextClassifier: n-gram settings: buckets {} must be >= 0, n {}..{} a range from >= 1, ngrams_per_token {} >= 1",
+        c.ngram_buckets, c.ngram_min, c.ngram_max, c.ngrams_per_token);
   tok = register_module("tok", std::make_shared<nn::Embedding>(c.vocab, c.d_model, 0, DType::f32, gen));
+  if (c.ngram_buckets > 0)
+    ngram = register_module("ngram",
+                            std::make_shared<nn::Embedding>(c.ngram_buckets + 1, c.d_model, 0, DType::f32, gen));
   pos = register_module("pos", std::make_shared<nn::LearnedPositions>(c.max_len, c.d_model, DType::f32, gen));
   blocks = register_module("blocks", make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, false, gen));
   norm = register_module("norm", std::make_shared<nn::LayerNorm>(c.d_model));
@@ -110,16 +153,29 @@ TextClassifier::TextClassifier(const TextClassifierConfig& c, Generator* gen) : 
   init_gpt2_style(*this, c.n_layers, gen);
   NoGradGuard no_grad;
   tok->weight.select(0, 0).fill_(0.0);  // the padding row, as nn.Embedding(padding_idx=0) keeps it
+  if (ngram) ngram->weight.select(0, 0).fill_(0.0);
 }
 
-Tensor TextClassifier::forward(const Tensor& tokens, const Tensor& lengths) {
+Tensor TextClassifier::forward(const Tensor& tokens, const Tensor& lengths, const Tensor& ngrams) {
   check(tokens.ndim() == 2 && tokens.dtype() == DType::i64, "TextClassifier: expected tokens i64 [B, T], got {} {}",
         tokens.dtype(), tokens.shape());
   check(lengths.ndim() == 1 && lengths.dtype() == DType::i64 && lengths.size(0) == tokens.size(0),
         "TextClassifier: expected lengths i64 [{}], got {} {}", tokens.size(0), lengths.dtype(), lengths.shape());
   const int64_t T = tokens.size(1);
   check(T <= cfg.max_len, "TextClassifier: {} tokens exceed max_len {}", T, cfg.max_len);
-  Tensor h = tok->forward(tokens) + pos->forward(T);  // (B, T, d)
+  Tensor e;
+  if (ngram) {
+    check(ngrams.defined() && ngrams.ndim() == 3 && ngrams.dtype() == DType::i64 && ngrams.size(0) == tokens.size(0) &&
+              ngrams.size(1) == T,
+          "TextClassifier: expected n-gram ids i64 [{}, {}, G] for tokens {}, got {}", tokens.size(0), T,
+          tokens.shape(), ngrams.defined() ? fmt::format("{} {}", ngrams.dtype(), ngrams.shape()) : "none");
+    e = subword_sum(tok->weight, ngram->weight, tokens, ngrams);  // (B, T, d)
+  } else {
+    e = tok->forward(tokens);  // (B, T, d)
+    if (ngrams.defined())
+      fail("TextClassifier: n-gram ids {} given to a model without n-grams (ngram_buckets 0)", ngrams.shape());
+  }
+  Tensor h = e + pos->forward(T);  // (B, T, d)
   nn::AttentionOptions o;
   o.key_padding_lengths = lengths;
   o.need_weights = need_weights;

@@ -53,6 +53,15 @@ std::vector<int64_t> TextTokenizer::encode(std::string_view text, int64_t max_le
   return ids;
 }
 
+std::vector<std::string> TextTokenizer::pieces(std::string_view text, int64_t max_len) const {
+  check(kind_ == Kind::word_level, "TextTokenizer::pieces: subword n-grams need the word tokenizer, this one is {}",
+        kind_name());
+  check(max_len > 0, "TextTokenizer::pieces: max_len must be > 0, got {}", max_len);
+  std::vector<std::string> words = data::word_split(text);
+  if (int64_t(words.size()) > max_len) words.resize(size_t(max_len));
+  return words;
+}
+
 std::string TextTokenizer::label(int64_t id) const {
   check(id >= 0 && id < vocab_size(), "TextTokenizer::label: id {} outside [0, {})", id, vocab_size());
   if (id == 0) return "<pad>";
@@ -118,7 +127,23 @@ TextClassifierConfig config_from_json(const nlohmann::json& j) {
             j["dropout"].get<double>() < 1,
         "textclf config: 'dropout' must be a number in [0, 1), got {}", j.contains("dropout") ? j["dropout"].dump() : "nothing");
   c.dropout = j["dropout"].get<double>();
+  // n-gram settings: optional, so that checkpoints made before them load (n-grams off)
+  auto get_optional = [&](const char* key, int64_t fallback, int64_t lo) {
+    if (!j.contains(key)) return fallback;
+    check(j[key].is_number_integer() && j[key].get<int64_t>() >= lo, "textclf config: '{}' must be an integer >= {}, got {}",
+          key, lo, j[key].dump());
+    return j[key].get<int64_t>();
+  };
+  c.ngram_buckets = get_optional("ngram_buckets", 0, 0);
+  c.ngram_min = get_optional("ngram_min", c.ngram_min, 1);
+  c.ngram_max = get_optional("ngram_max", c.ngram_max, 1);
+  c.ngrams_per_token = get_optional("ngrams_per_token", c.ngrams_per_token, 1);
+  check(c.ngram_max >= c.ngram_min, "textclf config: 'ngram_max' {} is below 'ngram_min' {}", c.ngram_max, c.ngram_min);
   return c;
+}
+
+data::NgramSpec ngram_spec(const TextClassifierConfig& c) {
+  return {.buckets = c.ngram_buckets, .min_n = c.ngram_min, .max_n = c.ngram_max, .max_per_token = c.ngrams_per_token};
 }
 
 // ---- data --------------------------------------------------------------------------------------------
@@ -129,12 +154,29 @@ int64_t EncodedSet::tokens() const {
   return n;
 }
 
-EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len) {
+EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,
+                          const data::NgramSpec& ngrams) {
+  const bool with_ngrams = ngrams.buckets > 0;
+  check(!with_ngrams || tok.kind() == TextTokenizer::Kind::word_level,
+        "textclf encode_dataset: subword n-grams ({} buckets) need the word tokenizer, not the {} one", ngrams.buckets,
+        tok.kind_name());
   EncodedSet set;
   set.ids.reserve(ds.examples.size());
   set.labels.reserve(ds.examples.size());
+  std::unordered_map<std::string, int32_t> form_row;  // token string -> row of set.form_ngrams
+  if (with_ngrams) set.form_ngrams.emplace_back();    // row 0: no n-grams
   for (const auto& ex : ds.examples) {
     std::vector<int64_t> ids = tok.encode(ex.text, max_len);
+    if (with_ngrams) {
+      std::vector<int32_t> forms;
+      for (std::string& w : tok.pieces(ex.text, max_len)) {
+        auto [it, fresh] = form_row.try_emplace(std::move(w), int32_t(set.form_ngrams.size()));
+        if (fresh) set.form_ngrams.push_back(data::hashed_ngrams(it->first, ngrams));
+        forms.push_back(it->second);
+      }
+      if (forms.empty()) forms.push_back(0);
+      set.forms.push_back(std::move(forms));
+    }
     if (ids.empty()) ids.push_back(1);  // nothing the vocabulary knows: one <unk> (a length of 0 cannot be pooled)
     set.ids.push_back(std::move(ids));
     set.labels.push_back(ex.label);
@@ -248,6 +290,22 @@ Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_
   b.lengths = p.lengths;
   b.labels = from_vector(labels, {int64_t(labels.size())});
   for (const auto& s : seqs) b.num_tokens += std::min<int64_t>(int64_t(s.size()), max_len);
+  if (set.has_ngrams()) {
+    // (B, T, G): token t of text b gets its form's n-gram ids, the rest of the row stays 0
+    const auto B = int64_t(indices.size()), T = p.tokens.size(1);
+    int64_t G = 1;
+    for (int64_t i : indices)
+      for (int32_t f : set.forms[size_t(i)]) G = std::max(G, int64_t(set.form_ngrams[size_t(f)].size()));
+    std::vector<int64_t> ng(size_t(B * T * G), 0);
+    for (int64_t r = 0; r < B; ++r) {
+      const std::vector<int32_t>& forms = set.forms[size_t(indices[size_t(r)])];
+      for (int64_t t = 0; t < std::min(T, int64_t(forms.size())); ++t) {
+        const std::vector<int64_t>& g = set.form_ngrams[size_t(forms[size_t(t)])];
+        std::copy(g.begin(), g.end(), ng.begin() + (r * T + t) * G);
+      }
+    }
+    b.ngrams = from_vector(ng, {B, T, G});
+  }
   return b;
 }
 
@@ -307,7 +365,7 @@ std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set
 StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
                       double label_smoothing) {
   model.train();
-  Tensor logits = model.forward(b.tokens, b.lengths);  // (B, K)
+  Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);  // (B, K)
   Tensor loss = cross_entropy(logits, b.labels, "mean", -100, label_smoothing);
   opt.zero_grad();
   loss.backward();
@@ -341,7 +399,7 @@ EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vec
     const int64_t count = std::clamp<int64_t>(batch_tokens / std::max<int64_t>(T, 1), 1, n - begin);
     std::span<const int64_t> idx(order.data() + begin, size_t(count));
     Batch b = make_batch(set, idx, model.cfg.max_len);
-    Tensor logits = model.forward(b.tokens, b.lengths);
+    Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);
     loss_sum += cross_entropy(logits, b.labels, "sum").item<double>();
     std::vector<int64_t> pred = argmax(logits, 1).to_vector<int64_t>();
     std::vector<int64_t> truth = b.labels.to_vector<int64_t>();
@@ -354,16 +412,19 @@ EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vec
   return r;
 }
 
-std::vector<Heatmap> attention_heatmaps(TextClassifier& model, const TextTokenizer& tok,
-                                        const std::vector<int64_t>& ids, int64_t* predicted) {
+std::vector<Heatmap> attention_heatmaps(TextClassifier& model, const TextTokenizer& tok, const EncodedSet& set,
+                                        int64_t i, int64_t* predicted) {
+  check(i >= 0 && i < set.size(), "textclf attention_heatmaps: text {} outside [0, {})", i, set.size());
+  const std::vector<int64_t>& ids = set.ids[size_t(i)];
   check(!ids.empty() && int64_t(ids.size()) <= model.cfg.max_len,
         "textclf attention_heatmaps: expected 1..{} tokens, got {}", model.cfg.max_len, ids.size());
-  const int64_t T = int64_t(ids.size());
   const bool was_training = model.is_training(), had_weights = model.need_weights;
   model.eval();
   model.need_weights = true;
   NoGradGuard no_grad;
-  Tensor logits = model.forward(from_vector(ids, {1, T}), from_vector(std::vector<int64_t>{T}, {1}));
+  const std::vector<int64_t> one{i};
+  Batch b = make_batch(set, one, model.cfg.max_len);
+  Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);
   if (predicted) *predicted = argmax(logits, 1).to_vector<int64_t>()[0];
   std::vector<std::string> labels;
   for (int64_t id : ids) labels.push_back(tok.label(id));
@@ -395,16 +456,6 @@ int64_t pick_heatmap_sample(const EncodedSet& set, int64_t lo, int64_t hi) {
 
 namespace {
 
-// FNV-1a, 64 bit, over the bytes of one n-gram.
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 // Byte offsets where each codepoint of valid UTF-8 starts, plus the end.
 std::vector<size_t> codepoint_starts(std::string_view s) {
   std::vector<size_t> starts;
@@ -423,7 +474,7 @@ std::vector<uint64_t> CharNgramNB::ngrams(std::string_view text) const {
   std::vector<uint64_t> out;
   for (int n = o_.min_n; n <= o_.max_n; ++n)
     for (size_t i = 0; i + size_t(n) <= cps; ++i)
-      out.push_back(fnv1a(text.substr(starts[i], starts[i + size_t(n)] - starts[i])));
+      out.push_back(data::fnv1a64(text.substr(starts[i], starts[i + size_t(n)] - starts[i])));
   return out;
 }
 

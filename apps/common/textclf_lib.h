@@ -3,17 +3,19 @@
 //
 //   TextTokenizer      char (codepoint or byte) or word ids for the model, 0 = padding, saved with
 //                      the checkpoint as JSON ("tokenizer" in the checkpoint's extra metadata)
-//   encode_dataset     every text of a split -> its ids, truncated to max_len
+//   encode_dataset     every text of a split -> its ids, truncated to max_len, and with subword
+//                      n-grams on, each token's hashed n-gram ids (data::hashed_ngrams)
 //   BucketSampler      the batches of a training step: a pure function of (seed, step) that groups
 //                      texts of similar length, so a batch pads little
-//   make_batch         ids -> a padded batch (tokens, lengths, labels) with data::pad_batch
+//   make_batch         ids -> a padded batch (tokens, lengths, labels[, ngrams]) with data::pad_batch
 //   train_step         forward, cross-entropy, backward, clip, AdamW: one update
 //   evaluate           loss, accuracy and confusion matrix over a split, longest-first batches
 //   attention_heatmaps the per-head token-by-token weights of one text, one panel per head
 //   CharNgramNB        the baseline to beat: multinomial naive Bayes on character 1-5-grams
 //
 // Shapes, with B the batch, T the longest text in it (<= max_len), K the classes:
-//   tokens i64 (B, T) padded with 0, lengths i64 (B), labels i64 (B), logits f32 (B, K).
+//   tokens i64 (B, T) padded with 0, lengths i64 (B), labels i64 (B), logits f32 (B, K),
+//   ngrams i64 (B, T, G) padded with 0 (G: the most n-grams of a token in the batch).
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -59,6 +61,9 @@ class TextTokenizer {
 
   // The model ids of `text`, at most max_len of them (max_len > 0).
   std::vector<int64_t> encode(std::string_view text, int64_t max_len) const;
+  // Word kind only: the token strings behind encode(text, max_len)'s ids (data::word_split, so
+  // lower-cased), one per id; what the subword n-grams are taken from. ag::Error for the char kind.
+  std::vector<std::string> pieces(std::string_view text, int64_t max_len) const;
   // What a model id stands for, for plot labels: the character (a space shown as "␣", a newline
   // as "↵", a tab as "→") or the word; "<pad>", "<unk>".
   std::string label(int64_t id) const;
@@ -75,17 +80,28 @@ class TextTokenizer {
 
 // ---- the model's config in checkpoints ------------------------------------------------------
 nlohmann::json config_to_json(const TextClassifierConfig& c);
-// Every field is required and checked; ag::Error "textclf config: ..." otherwise.
+// Every field is required and checked, except the n-gram ones (absent in checkpoints made before
+// them: then off, with the struct's defaults); ag::Error "textclf config: ..." otherwise.
 TextClassifierConfig config_from_json(const nlohmann::json& j);
+// The model's n-gram settings as data::hashed_ngrams takes them (buckets 0 when off).
+data::NgramSpec ngram_spec(const TextClassifierConfig& c);
 
 // ---- data ----------------------------------------------------------------------------------------
+// With n-grams on, each distinct token string ("form") of the set is hashed once: forms[i][t] is
+// the row of form_ngrams holding the n-gram ids of token t of text i. Row 0 has no n-grams (the
+// <unk> that stands for an empty text). make_batch gathers them into the batch's (B, T, G) ids.
 struct EncodedSet {
   std::vector<std::vector<int64_t>> ids;  // per text, 1..max_len model ids (an empty text: one <unk>)
   std::vector<int64_t> labels;            // per text, in [0, K)
+  std::vector<std::vector<int32_t>> forms;         // per text, per token: a row of form_ngrams; empty: off
+  std::vector<std::vector<int64_t>> form_ngrams;   // per distinct token string: data::hashed_ngrams
   int64_t size() const { return int64_t(ids.size()); }
   int64_t tokens() const;                 // sum of the lengths
+  bool has_ngrams() const { return !forms.empty(); }
 };
-EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len);
+// `ngrams.buckets` > 0 (word tokenizer only; ag::Error for the char one) fills forms and form_ngrams.
+EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,
+                          const data::NgramSpec& ngrams = {});
 
 // Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that
 // --eval-only rebuilds the same split.
@@ -114,9 +130,11 @@ data::TextSplit load_split(const DataOptions& d);
 // under `root`, each once, in table order. Empty when everything is installed.
 std::vector<std::string> missing_fortune_packages(const std::string& root);
 
-// A training batch: data::pad_batch's tokens and lengths, plus the labels.
+// A training batch: data::pad_batch's tokens and lengths, plus the labels, and when the set has
+// n-grams, their ids (B, T, G): G the most of any token in the batch, padded with 0.
 struct Batch {
   Tensor tokens, lengths, labels;  // i64 (B, T), (B), (B)
+  Tensor ngrams;                   // i64 (B, T, G), or undefined when the set has no n-grams
   int64_t num_tokens = 0;          // valid tokens (sum of lengths)
 };
 Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_t max_len);
@@ -174,10 +192,11 @@ struct EvalResult {
 EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vector<std::string>& classes,
                     int64_t batch_tokens = 16384, int64_t limit = 0);
 
-// Per-head attention weights of one text: one panel per (layer, head) titled "layer l, head h",
-// rows = queries, columns = keys, both labelled by the tokens. `predicted` gets the model's class.
-std::vector<Heatmap> attention_heatmaps(TextClassifier& model, const TextTokenizer& tok,
-                                        const std::vector<int64_t>& ids, int64_t* predicted = nullptr);
+// Per-head attention weights of text i of `set`: one panel per (layer, head) titled "layer l,
+// head h", rows = queries, columns = keys, both labelled by the tokens. `predicted` gets the
+// model's class.
+std::vector<Heatmap> attention_heatmaps(TextClassifier& model, const TextTokenizer& tok, const EncodedSet& set,
+                                        int64_t i, int64_t* predicted = nullptr);
 
 // A test text for the heatmap: the first of `set` whose length lies in [lo, hi] (so that a
 // person can read the labels), else the shortest. -1 when the set is empty.

@@ -1,9 +1,11 @@
 // The sample models of apps/common/models.h: names (the PyTorch twins' names), sizes, masks,
-// the KV-cache decode and the initialisation.
+// the KV-cache decode, the initialisation, and the text classifier's subword n-grams (formula,
+// gradient, padding rows, errors).
 #include <cmath>
 
 #include "apps/common/models.h"
 #include "attograd.h"
+#include "optim/adam.h"
 #include "tests/helpers.h"
 
 using namespace ag;
@@ -92,4 +94,83 @@ TEST_CASE("models: TextClassifier ignores padding and pools over valid tokens") 
   Tensor one = model.forward(padded.narrow(0, 1, 1).narrow(1, 0, 4), tensor<int64_t>({4}));
   check_close(one, a.narrow(0, 1, 1), 1e-5, 1e-5);
   AG_CHECK_ERROR(model.forward(padded, tensor<int64_t>({7, 4})), "TextClassifier", "lengths");
+}
+
+// ---- TextClassifier with subword n-grams ---------------------------------------------------------
+
+TEST_CASE("models: subword_sum is a word's vector plus its n-grams' vectors (f64)") {
+  // B 2, T 2, G 3, d 2; tok and ngram tables as f64 leaves below a zero padding row (as the
+  // model keeps them), embedded with the plain embedding op
+  Tensor tok_w = ag::test::leaf64({4, 2}, 1), ngram_w = ag::test::leaf64({6, 2}, 2);
+  Tensor tokens = tensor<int64_t>({2, 4, 1, 0}).reshape({2, 2});
+  Tensor ngrams = tensor<int64_t>({3, 5, 0, /**/ 6, 6, 2, /**/ 6, 6, 2, /**/ 0, 0, 0}).reshape({2, 2, 3});
+  auto with_pad = [](const Tensor& w) { return cat({zeros({1, 2}, DType::f64), w}, 0); };
+  auto f = [&](const std::vector<Tensor>& in) { return subword_sum(with_pad(in[0]), with_pad(in[1]), tokens, ngrams); };
+  Tensor e = f({tok_w, ngram_w});
+  REQUIRE(e.shape() == Shape{2, 2, 2});
+  // by hand: tok[2] + ng[3] + ng[5]; tok[4] + 2 ng[6] + ng[2] (a repeated id counts twice);
+  // tok[1] + 2 ng[6] + ng[2] (the same n-gram row, another word: one sum S_u, two tokens);
+  // 0 (padding, whose rows are zero)
+  auto row = [](const Tensor& w, int64_t i) { return w.detach().select(0, i - 1); };  // id i, i >= 1
+  check_close(e.select(0, 0).select(0, 0), row(tok_w, 2) + row(ngram_w, 3) + row(ngram_w, 5), 1e-12, 1e-12);
+  check_close(e.select(0, 0).select(0, 1), row(tok_w, 4) + row(ngram_w, 6) * 2.0 + row(ngram_w, 2), 1e-12, 1e-12);
+  check_close(e.select(0, 1).select(0, 0), row(tok_w, 1) + row(ngram_w, 6) * 2.0 + row(ngram_w, 2), 1e-12, 1e-12);
+  check_close(e.select(0, 1).select(0, 1), zeros({2}, DType::f64), 1e-12, 1e-12);
+  expect_gradcheck(f, {tok_w, ngram_w});
+  // the padding rows get no gradient, even when they are not zero
+  Tensor tok_full = ag::test::leaf64({5, 2}, 3), ngram_full = ag::test::leaf64({7, 2}, 4);
+  sum(subword_sum(tok_full, ngram_full, tokens, ngrams)).backward();
+  CHECK(max(abs(tok_full.grad().select(0, 0))).item<double>() == 0.0);
+  CHECK(max(abs(ngram_full.grad().select(0, 0))).item<double>() == 0.0);
+  CHECK(max(abs(ngram_full.grad().select(0, 6))).item<double>() > 0.0);
+  AG_CHECK_ERROR(subword_sum(tok_full, ngram_full, tokens, ngrams.narrow(1, 0, 1)), "TextClassifier subword_sum",
+                 "[2,1,3]", "[2,2]");
+  AG_CHECK_ERROR(subword_sum(tok_full, ngram_full.narrow(1, 0, 1), tokens, ngrams), "TextClassifier subword_sum",
+                 "[7,1]");
+}
+
+TEST_CASE("models: TextClassifier with n-grams: shape, gradient, zero padding rows, invariances, errors") {
+  Generator gen(9);
+  TextClassifierConfig c;
+  c.vocab = 20, c.max_len = 8, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 1, c.mlp_hidden = 32;
+  c.dropout = 0.0, c.ngram_buckets = 50, c.ngram_min = 2, c.ngram_max = 3, c.ngrams_per_token = 4;
+  TextClassifier model(c, &gen);
+  CHECK(has_name(model, "ngram.weight"));
+  CHECK(model.ngram->weight.shape() == Shape{51, 16});
+  CHECK(max_abs(model.ngram->weight.select(0, 0)) == 0.0);
+  Tensor tokens = tensor<int64_t>({3, 1, 7, 0, 5, 2, 0, 0}).reshape({2, 4});
+  Tensor lengths = tensor<int64_t>({3, 2});
+  Tensor ngrams = randint(1, 51, {2, 4, 4}, &gen);
+  ngrams = where(lt(arange(4).reshape({1, 1, 4}), tensor<int64_t>({4, 2, 3, 0, 1, 4, 0, 0}).reshape({2, 4, 1})),
+                 ngrams, zeros({2, 4, 4}, DType::i64));  // rows of 4, 2, 3, 0, 1, 4 n-grams, padding none
+  Tensor logits = model.forward(tokens, lengths, ngrams);
+  CHECK(logits.shape() == Shape{2, 3});
+  // the gradient reaches the n-gram rows used, not the padding row
+  sum(logits * randn({2, 3}, DType::f32, &gen)).backward();
+  Tensor g = model.ngram->weight.grad();
+  REQUIRE(g.defined());
+  CHECK(max_abs(g) > 0.0);
+  CHECK(max_abs(g.select(0, 0)) == 0.0);
+  // a training step keeps the padding rows zero
+  optim::AdamW opt(model.parameters(), {.lr = 0.1, .weight_decay = 0.1});
+  opt.step();
+  CHECK(max_abs(model.ngram->weight.select(0, 0)) == 0.0);
+  CHECK(max_abs(model.tok->weight.select(0, 0)) == 0.0);
+  // n-gram order within a token and extra padding columns change nothing
+  NoGradGuard no_grad;
+  Tensor ref = model.forward(tokens, lengths, ngrams);
+  Tensor flipped = cat({ngrams.narrow(2, 2, 2), ngrams.narrow(2, 0, 2)}, 2).contiguous();
+  Tensor wider = cat({zeros({2, 4, 3}, DType::i64), ngrams}, 2);
+  check_close(model.forward(tokens, lengths, flipped), ref, 1e-5, 1e-5);
+  check_close(model.forward(tokens, lengths, wider), ref, 1e-5, 1e-5);
+  // ...but the n-grams do count
+  CHECK(max_abs(model.forward(tokens, lengths, zeros({2, 4, 1}, DType::i64)) - ref) > 1e-4);
+  AG_CHECK_ERROR(model.forward(tokens, lengths), "TextClassifier", "n-gram ids i64 [2, 4, G]", "none");
+  AG_CHECK_ERROR(model.forward(tokens, lengths, ngrams.narrow(1, 0, 3)), "TextClassifier", "[2,3,4]");
+  TextClassifierConfig off = c;
+  off.ngram_buckets = 0;
+  TextClassifier plain(off, &gen);
+  CHECK(plain.ngram == nullptr);
+  CHECK_FALSE(has_name(plain, "ngram.weight"));
+  AG_CHECK_ERROR(plain.forward(tokens, lengths, ngrams), "TextClassifier", "ngram_buckets 0", "[2,4,4]");
 }

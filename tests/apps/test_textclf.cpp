@@ -1,7 +1,8 @@
 // apps/common/textclf_lib: the naive Bayes baseline against hand-computed posteriors, the
-// tokenizer's model ids and its round trip through a checkpoint, length bucketing (deterministic,
-// a partition, less padding), the prefetching loader's resume, evaluation, heatmaps, and a tiny
-// training run on a synthetic TSV whose accuracy rises.
+// tokenizer's model ids and its round trip through a checkpoint, the subword n-gram ids of a set
+// and a batch, length bucketing (deterministic, a partition, less padding), the prefetching
+// loader's resume, evaluation, heatmaps, and tiny training runs on a synthetic TSV whose accuracy
+// rises (one where only the n-grams can tell the classes apart).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -120,16 +121,57 @@ TEST_CASE("textclf: char tokenizer ids keep 0 for padding") {
   CHECK(words.label(3) == "cat");
 }
 
+TEST_CASE("textclf: n-gram ids of the encoded set and the batch") {
+  // "Der Hund, der Hund!" -> der hund , der hund ! ; "x" ; "" (no tokens: one <unk>, no n-grams)
+  data::TextDataset ds;
+  ds.classes = {"a", "b"};
+  ds.examples = {{"Der Hund, der Hund!", 0}, {"x", 1}, {"", 0}};
+  TextTokenizer tok = TextTokenizer::build_word({"der hund der"}, 1, 10);  // <pad> <unk> der hund
+  CHECK(tok.pieces("Der Hund, der", 3) == std::vector<std::string>{"der", "hund", ","});
+  const data::NgramSpec spec{.buckets = 100, .min_n = 2, .max_n = 3, .max_per_token = 6};
+  EncodedSet set = encode_dataset(ds, tok, 5, spec);
+  REQUIRE(set.has_ngrams());
+  CHECK(set.ids[0] == std::vector<int64_t>{2, 3, 1, 2, 3});  // truncated to 5: "!" dropped
+  // forms: row 0 = none, then der hund , x in order of first sight; a repeated word shares its row
+  CHECK(set.forms[0] == std::vector<int32_t>{1, 2, 3, 1, 2});
+  CHECK(set.forms[1] == std::vector<int32_t>{4});
+  CHECK(set.forms[2] == std::vector<int32_t>{0});
+  REQUIRE(set.form_ngrams.size() == 5);
+  CHECK(set.form_ngrams[0].empty());
+  CHECK(set.form_ngrams[1] == data::hashed_ngrams("der", spec));  // "<d" "de" "er" "r>" "<de" "der" (6 of 7)
+  CHECK(set.form_ngrams[1].size() == 6);
+  CHECK(set.form_ngrams[3] == data::hashed_ngrams(",", spec));  // "<," ",>" "<,>"
+  // the batch: (B, T, G) with G the most n-grams of a token in it, rows padded with 0
+  Batch b = make_batch(set, std::vector<int64_t>{1, 0}, 5);
+  REQUIRE(b.ngrams.shape() == Shape{2, 5, 6});
+  std::vector<int64_t> ng = b.ngrams.to_vector<int64_t>();
+  auto row = [&](int64_t r, int64_t t) { return std::vector<int64_t>(ng.begin() + (r * 5 + t) * 6, ng.begin() + (r * 5 + t + 1) * 6); };
+  std::vector<int64_t> x = data::hashed_ngrams("x", spec);  // "<x" "x>" "<x>"
+  x.resize(6, 0);
+  CHECK(row(0, 0) == x);
+  CHECK(row(0, 1) == std::vector<int64_t>(6, 0));  // a padded token
+  CHECK(row(1, 3) == data::hashed_ngrams("der", spec));
+  CHECK(make_batch(set, std::vector<int64_t>{2}, 5).ngrams.shape() == Shape{1, 1, 1});  // the empty text
+  // off: no n-grams anywhere; the char tokenizer cannot have them
+  CHECK_FALSE(encode_dataset(ds, tok, 5).has_ngrams());
+  CHECK_FALSE(make_batch(encode_dataset(ds, tok, 5), std::vector<int64_t>{0}, 5).ngrams.defined());
+  AG_CHECK_ERROR(encode_dataset(ds, TextTokenizer::build_char({"ab"}), 5, spec), "encode_dataset", "100 buckets",
+                 "char");
+  AG_CHECK_ERROR(TextTokenizer::build_char({"ab"}).pieces("ab", 3), "TextTokenizer::pieces", "char");
+}
+
 TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
   TempDir tmp("textclf_ckpt");
-  for (bool word : {false, true}) {
+  for (int kind : {0, 1, 2}) {  // char, word, word with n-grams
+    const bool word = kind > 0;
     std::vector<std::string> texts = {"Hallo Welt!", "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 world"};
     TextTokenizer tok = word ? TextTokenizer::build_word(texts, 1, 50) : TextTokenizer::build_char(texts);
     Generator gen(3);
     TextClassifierConfig cfg = tiny_config(tok.vocab_size(), 3);
+    if (kind == 2) cfg.ngram_buckets = 64, cfg.ngram_min = 1, cfg.ngram_max = 4, cfg.ngrams_per_token = 9;
     TextClassifier model(cfg, &gen);
     optim::AdamW opt(model.parameters(), {});
-    const std::string path = tmp.file(word ? "word.safetensors" : "char.safetensors");
+    const std::string path = tmp.file(fmt::format("kind{}.safetensors", kind));
     nn::save_checkpoint(path, model, opt, 7, gen,
                         {{"tokenizer", tok.to_json()}, {"config", config_to_json(cfg).dump()}});
 
@@ -141,19 +183,35 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     TextTokenizer tok2 = TextTokenizer::from_json(c.extra.at("tokenizer"));
     TextClassifierConfig cfg2 = config_from_json(nlohmann::json::parse(c.extra.at("config")));
     CHECK(config_to_json(cfg2) == config_to_json(cfg));
+    CHECK(cfg2.ngram_buckets == cfg.ngram_buckets);
+    CHECK(cfg2.ngrams_per_token == cfg.ngrams_per_token);
     CHECK(tok2.kind() == tok.kind());
     CHECK(tok2.vocab_size() == tok.vocab_size());
     for (const auto& t : texts) CHECK(tok2.encode(t, 24) == tok.encode(t, 24));
     TextClassifier restored(cfg2, &gen2);
     nn::load_checkpoint(path, restored, nullptr, nullptr);
     model.eval(), restored.eval();
-    std::vector<int64_t> ids = tok2.encode(texts[1], 24);
-    Tensor x = from_vector(ids, {1, int64_t(ids.size())});
-    Tensor len = from_vector(std::vector<int64_t>{int64_t(ids.size())}, {1});
+    data::TextDataset one;
+    one.classes = {"a", "b", "c"};
+    one.examples = {{texts[1], 0}};
+    EncodedSet set = encode_dataset(one, tok2, 24, ngram_spec(cfg2));
+    CHECK(set.has_ngrams() == (kind == 2));
+    Batch b = make_batch(set, std::vector<int64_t>{0}, 24);
     NoGradGuard no_grad;
-    CHECK(max(abs(model.forward(x, len) - restored.forward(x, len))).item<float>() == 0.0f);
+    CHECK(max(abs(model.forward(b.tokens, b.lengths, b.ngrams) - restored.forward(b.tokens, b.lengths, b.ngrams)))
+              .item<float>() == 0.0f);
   }
   AG_CHECK_ERROR(config_from_json(nlohmann::json{{"vocab", 10}}), "textclf config", "max_len");
+  // a config from before the n-grams loads with them off
+  nlohmann::json old = config_to_json(tiny_config(10, 2));
+  for (const char* key : {"ngram_buckets", "ngram_min", "ngram_max", "ngrams_per_token"}) old.erase(key);
+  CHECK(config_from_json(old).ngram_buckets == 0);
+  nlohmann::json bad_ngrams = config_to_json(tiny_config(10, 2));
+  bad_ngrams["ngram_max"] = 1;
+  bad_ngrams["ngram_min"] = 3;
+  AG_CHECK_ERROR(config_from_json(bad_ngrams), "textclf config", "'ngram_max' 1", "'ngram_min' 3");
+  bad_ngrams["ngram_buckets"] = -4;
+  AG_CHECK_ERROR(config_from_json(bad_ngrams), "textclf config", "ngram_buckets", "-4");
   nlohmann::json bad = config_to_json(tiny_config(10, 2));
   bad["dropout"] = 1.5;
   AG_CHECK_ERROR(config_from_json(bad), "textclf config", "dropout", "1.5");
@@ -323,7 +381,7 @@ TEST_CASE("textclf: a 30-step run on a synthetic TSV learns, and the heatmap has
   const auto T = int64_t(test.ids[size_t(i)].size());
   CHECK((T >= 10 && T <= 12));
   int64_t predicted = -1;
-  std::vector<Heatmap> panels = attention_heatmaps(model, tok, test.ids[size_t(i)], &predicted);
+  std::vector<Heatmap> panels = attention_heatmaps(model, tok, test, i, &predicted);
   CHECK((predicted == 0 || predicted == 1));
   REQUIRE(panels.size() == 2);  // 1 layer x 2 heads
   CHECK(panels[1].title == "layer 0, head 1");
@@ -336,4 +394,41 @@ TEST_CASE("textclf: a 30-step run on a synthetic TSV learns, and the heatmap has
   }
   CHECK_FALSE(model.need_weights);
   CHECK(svg_heatmaps(panels).find("layer 0, head 1") != std::string::npos);
+}
+
+TEST_CASE("textclf: with n-grams a word model learns from subwords where every word is <unk>") {
+  // Each synthetic text is one word of 6..20 letters, nearly all distinct: the word vocabulary
+  // (min_freq 2) knows none, so every token is <unk> and only the n-grams tell the classes apart.
+  TempDir tmp("textclf_ngram_run");
+  test::write_bytes(tmp.file("train.tsv"), synthetic_tsv(400, 22));
+  data::TextSplit split = data::split_dataset(data::load_tsv(tmp.file("train.tsv")), 1, 0.0, 0.25);
+  std::vector<std::string> texts;
+  for (const auto& ex : split.train.examples) texts.push_back(ex.text);
+  TextTokenizer tok = TextTokenizer::build_word(texts, 2, 1000);
+  TextClassifierConfig cfg = tiny_config(tok.vocab_size(), 2);
+  cfg.ngram_buckets = 512, cfg.ngram_min = 1, cfg.ngram_max = 2, cfg.ngrams_per_token = 24;
+  EncodedSet train = encode_dataset(split.train, tok, cfg.max_len, ngram_spec(cfg)),
+             test = encode_dataset(split.test, tok, cfg.max_len, ngram_spec(cfg));
+  int64_t unknown = 0;
+  for (const auto& ids : test.ids) unknown += ids == std::vector<int64_t>{1};
+  CHECK(unknown >= 95);
+  Generator gen(2);
+  TextClassifier model(cfg, &gen);
+  optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
+  std::vector<int64_t> lengths(size_t(train.size()), 1);
+  BucketSampler sampler(lengths, 16, 1, 3);
+  auto loader = make_train_loader(train, sampler, 40, cfg.max_len);
+  loader->seek(0);
+  for (int s = 0; s < 40; ++s) train_step(model, opt, loader->next_step(), 1.0);
+  EvalResult after = evaluate(model, test, split.train.classes, 64);
+  INFO("accuracy " << after.accuracy);
+  CHECK(after.accuracy >= 0.9);
+  // the heatmap path carries the n-grams too
+  int64_t predicted = -1;
+  CHECK(attention_heatmaps(model, tok, test, 0, &predicted).size() == 2);
+  CHECK(predicted == argmax(model.forward(make_batch(test, std::vector<int64_t>{0}, cfg.max_len).tokens,
+                                          make_batch(test, std::vector<int64_t>{0}, cfg.max_len).lengths,
+                                          make_batch(test, std::vector<int64_t>{0}, cfg.max_len).ngrams),
+                            1)
+                         .item<int64_t>());
 }

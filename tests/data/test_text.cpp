@@ -395,6 +395,42 @@ TEST_CASE("word_split: lower-cases and splits punctuation") {
   AG_CHECK_ERROR(word_split("ok \xE0\x80"), "word_split", "offset 3");
 }
 
+TEST_CASE("hashed_ngrams: FNV-1a ids of the n-grams of <token>, UTF-8 aware, cut to the shorter n") {
+  // FNV-1a 64 test vectors (Fowler/Noll/Vo's reference list): "" is the offset basis
+  CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
+  CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(fnv1a64("foobar") == 0x85944171f73967e8ull);
+  auto id = [](const char* g) { return int64_t(1 + fnv1a64(g) % 1000); };  // the rule, bucket count 1000
+  // "ab", n 2..3: "<ab>" gives "<a" "ab" "b>", then "<ab" "ab>" (n ascending, then position);
+  // the ids, from a separate Python FNV-1a: 783 763 10 45 757
+  const NgramSpec s{.buckets = 1000, .min_n = 2, .max_n = 3, .max_per_token = 32};
+  CHECK(hashed_ngrams("ab", s) == std::vector<int64_t>{id("<a"), id("ab"), id("b>"), id("<ab"), id("ab>")});
+  CHECK(hashed_ngrams("ab", s) == std::vector<int64_t>{783, 763, 10, 45, 757});
+  // Cyrillic "мир" (2 bytes a letter): n-grams cut at codepoints, 5 codepoints with the brackets:
+  // "<м" "ми" "ир" "р>" then "<ми" "мир" "ир>"  ->  640 10 797 175 632 721 831 ("ми" shares id 10
+  // with "b>": two strings, one bucket)
+  const char* mir = "\xD0\xBC\xD0\xB8\xD1\x80";
+  CHECK(hashed_ngrams(mir, s) == std::vector<int64_t>{id("<\xD0\xBC"), id("\xD0\xBC\xD0\xB8"), id("\xD0\xB8\xD1\x80"),
+                                                      id("\xD1\x80>"), id("<\xD0\xBC\xD0\xB8"), id(mir), id("\xD0\xB8\xD1\x80>")});
+  CHECK(hashed_ngrams(mir, s) == std::vector<int64_t>{640, 10, 797, 175, 632, 721, 831});
+  // max_per_token 5 keeps the four 2-grams and the first 3-gram
+  NgramSpec cut = s;
+  cut.max_per_token = 5;
+  CHECK(hashed_ngrams(mir, cut) == std::vector<int64_t>{640, 10, 797, 175, 632});
+  // punctuation is a token like any other: "!" -> "<!" "!>" "<!>"
+  CHECK(hashed_ngrams("!", s) == std::vector<int64_t>{id("<!"), id("!>"), id("<!>")});
+  // n longer than "<token>": none of that length; n = 1 includes the brackets; ids in 1..buckets
+  const NgramSpec unigrams{.buckets = 3, .min_n = 1, .max_n = 9, .max_per_token = 100};
+  std::vector<int64_t> ab = hashed_ngrams("ab", unigrams);
+  CHECK(ab.size() == 4 + 3 + 2 + 1);
+  for (int64_t i : ab) CHECK((i >= 1 && i <= 3));
+  CHECK(hashed_ngrams("ab", NgramSpec{.buckets = 0}).empty());  // off
+  AG_CHECK_ERROR(hashed_ngrams("a\xE0", s), "hashed_ngrams", "offset 1");
+  AG_CHECK_ERROR(hashed_ngrams("ab", NgramSpec{.buckets = 10, .min_n = 3, .max_n = 2}), "hashed_ngrams", "n 3..2");
+  AG_CHECK_ERROR(hashed_ngrams("ab", NgramSpec{.buckets = 10, .max_per_token = 0}), "hashed_ngrams",
+                 "max_per_token 0");
+}
+
 TEST_CASE("WordTokenizer: vocabulary by frequency, min_freq and max_size") {
   // counts: "the" 3, "cat" 2, "." 2, "a" 1, "dog" 1, "sat" 1
   std::vector<std::string> texts = {"The cat sat.", "the dog. The cat", "a"};
