@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
                                 sample_and_plot(model, d.tokenizer, s, sample_seed, run.dir()));
     run.finish(report);
   } catch (const std::exception& e) {  // ag::Error, and a malformed checkpoint's JSON
-    fmt::print(stderr, "gpt: {}\n", e.what());
+    apps::print_error("gpt", e.what());
     return kExitError;
   }
   return 0;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "nn/init.h"
 #include "optim/sgd.h"
@@ -129,7 +130,7 @@ int main(int argc, char** argv) {
     fmt::print("test accuracy {:.1f}% on {} held-out points ({:.2f} s)\n", 100 * accuracy(model, test),
                test.x.size(0), secs);
   } catch (const Error& e) {
-    fmt::print(stderr, "spirals: {}\n", e.what());
+    apps::print_error("spirals", e.what());
     return 1;
   }
   return 0;

@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
                  t.accuracy > nb->second ? "the transformer wins" : "the baseline wins");
     fmt::print("attention heatmap: {}\n", run.path("attention.svg"));
   } catch (const Error& e) {
-    fmt::print(stderr, "textclf: {}\n", e.what());
+    apps::print_error("textclf", e.what());
     return kExitError;
   }
   return 0;

@@ -178,10 +178,10 @@ int main(int argc, char** argv) {
     apply_run_options(o, "vit");
     return o.eval_only ? evaluate_checkpoint(o, a) : train(o, cfg, a);
   } catch (const data::DatasetNotFound& e) {
-    fmt::print(stderr, "vit: {}\n", e.what());
+    apps::print_error("vit", e.what());
     return kExitNoData;
   } catch (const Error& e) {
-    fmt::print(stderr, "vit: {}\n", e.what());
+    apps::print_error("vit", e.what());
     return kExitError;
   }
 }

@@ -241,4 +241,12 @@ void Run::finish(RunReport& report) {
   fmt::print("run directory: {} (curves.svg, metrics.jsonl, TensorBoard events, report.json, checkpoint)\n", dir_);
 }
 
+void print_error(const std::string& app, const std::string& message) {
+  const std::string prefix = app + ":";
+  if (message.compare(0, prefix.size(), prefix) == 0)
+    fmt::print(stderr, "{}\n", message);
+  else
+    fmt::print(stderr, "{} {}\n", prefix, message);
+}
+
 }  // namespace ag::apps

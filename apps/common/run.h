@@ -147,4 +147,8 @@ class Run {
   int64_t loss_count_ = 0, first_step_ = 0, last_step_ = 0, samples_ = 0, tokens_ = 0;
 };
 
+// Prints "app: message" on stderr: the one line an app prints for an error before it exits. A
+// message that already starts with "app:" (the app's own checks) is printed as it is, not twice.
+void print_error(const std::string& app, const std::string& message);
+
 }  // namespace ag::apps
