@@ -32,11 +32,20 @@ __attribute__((simd("notinbranch"))) double erf(double) noexcept;
 
 namespace ag {
 
+// Forced inline: these are called per element inside loops that must vectorise. Left to its
+// heuristics, GCC sometimes keeps one as a call in one copy of a loop (the single-thread branch of
+// parallel_for, measured: GELU and softmax 3x slower on one thread), and a call stops vectorisation.
+#if defined(__GNUC__)
+#define AG_VEC_INLINE inline __attribute__((always_inline))
+#else
+#define AG_VEC_INLINE inline
+#endif
+
 // a * b + c, rounded once where the target has a fast fused multiply-add (FP_FAST_FMAF: any x86
 // built with -march for Haswell/Zen or later, ARMv8). Elsewhere std::fma would be a slow library
 // call that stops vectorisation, so it is two roundings there; the error bounds quoted below are
 // for the fused form (unfused, fast_exp's measured error is 1.18 ulp instead of 0.91).
-inline float mul_add(float a, float b, float c) {
+AG_VEC_INLINE float mul_add(float a, float b, float c) {
 #if defined(FP_FAST_FMAF)
   return std::fma(a, b, c);
 #else
@@ -48,7 +57,7 @@ inline float mul_add(float a, float b, float c) {
 // branch-free: given a constant arm, it moves the computation of v into a branch and then cannot
 // vectorise the loop (FP operations may trap, so it will not compute them unconditionally). Here
 // it becomes one compare and a zero-masked final operation.
-inline float zero_where(bool c, float v) { return std::bit_cast<float>(std::bit_cast<int32_t>(v) & -int32_t(!c)); }
+AG_VEC_INLINE float zero_where(bool c, float v) { return std::bit_cast<float>(std::bit_cast<int32_t>(v) & -int32_t(!c)); }
 
 // e^x, max error 0.91 ulp over all floats (measured exhaustively, denormal results included); exact
 // special values: e^0 = 1, e^-inf = 0, e^+inf = +inf, NaN -> NaN, 0 below x = -103.97 (half the
@@ -73,7 +82,7 @@ inline float zero_where(bool c, float v) { return std::bit_cast<float>(std::bit_
 //     as the exact value would: p 2^n1 is exact, only the last product rounds.
 //  4. Below x = -104 the result is 0; this also covers x = -inf and the huge negative n, for which
 //     r and the exponent bits are meaningless. A NaN x propagates through r.
-inline float fast_exp(float x) {
+AG_VEC_INLINE float fast_exp(float x) {
   constexpr float kLog2e = 1.44269502f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194442e-4f;
   constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
   const float k = mul_add(x, kLog2e, kShift);  // kShift + n, exactly
@@ -96,7 +105,7 @@ inline float fast_exp(float x) {
 // phi(x) = e^(-x^2/2) / sqrt(2 pi), the standard normal density. Relative error below
 // 2e-7 + x^2 3e-8: the rounding of x^2 (half an ulp) becomes a relative error x^2 2^-25 of the
 // exponential (3e-6 at |x| = 10, where phi is 8e-23). x = +-inf gives 0, NaN gives NaN.
-inline float fast_normal_pdf(float x) { return fast_exp(-0.5f * x * x) * 0.398942280f; }
+AG_VEC_INLINE float fast_normal_pdf(float x) { return fast_exp(-0.5f * x * x) * 0.398942280f; }
 
 // Phi(x) = P(X <= x), X standard normal, = (1 + erf(x / sqrt 2)) / 2, with absolute error below
 // 1.2e-7 (measured 1.05e-7, 2 ulp of 1/2), so gelu(x) = x Phi(x) is within 1.2e-7 |x|.
@@ -113,7 +122,7 @@ inline float fast_normal_pdf(float x) { return fast_exp(-0.5f * x * x) * 0.39894
 //   Phi(x) = E for x < 0,  1 - E for x >= 0,   E = Phi(-|x|).
 // Beyond u = 16, E = 0 (e^(-u^2/2) is 0 from u = 14.5 on, while P and Q overflow to inf / inf for
 // huge u). Special values: Phi(-inf) = 0, Phi(+inf) = 1, NaN -> NaN.
-inline float fast_normal_cdf(float x) {
+AG_VEC_INLINE float fast_normal_cdf(float x) {
   const float u = std::abs(x);
   float p = 9.93600208e-3f, q = 2.49871891e-2f;
   p = mul_add(p, u, 8.64639282e-2f);
@@ -129,7 +138,7 @@ inline float fast_normal_cdf(float x) {
 
 // exp for the kernels templated on T: fast_exp for float, std::exp (libmvec) for double.
 template <class T>
-inline T vexp(T x) {
+AG_VEC_INLINE T vexp(T x) {
   if constexpr (std::is_same_v<T, float>)
     return fast_exp(x);
   else

@@ -17,7 +17,7 @@ namespace ag::pw {
 // (exp within 1 ulp, Phi within 1.2e-7; 1.5x faster than libmvec's expf, gelu 1.6x); double (the
 // gradient checks) and device code use std::.
 template <class T>
-AG_HD T exp(T x) {
+AG_HD inline T exp(T x) {
 #if !defined(__CUDACC__)
   if constexpr (std::is_same_v<T, float>) return fast_exp(x);
 #endif
@@ -25,7 +25,7 @@ AG_HD T exp(T x) {
 }
 // Phi(x) = (1 + erf(x / sqrt 2)) / 2, the standard normal CDF
 template <class T>
-AG_HD T normal_cdf(T x) {
+AG_HD inline T normal_cdf(T x) {
 #if !defined(__CUDACC__)
   if constexpr (std::is_same_v<T, float>) return fast_normal_cdf(x);
 #endif
@@ -33,7 +33,7 @@ AG_HD T normal_cdf(T x) {
 }
 // phi(x) = e^(-x^2/2) / sqrt(2 pi), the standard normal density
 template <class T>
-AG_HD T normal_pdf(T x) {
+AG_HD inline T normal_pdf(T x) {
 #if !defined(__CUDACC__)
   if constexpr (std::is_same_v<T, float>) return fast_normal_pdf(x);
 #endif
