@@ -10,10 +10,11 @@
 // Then the same products on one thread (ours vs OpenBLAS, both in ag::matmul): the micro-kernel's
 // efficiency without threading effects. Times are medians over >= 20 runs after warm-up, taken in
 // two interleaved rounds with pauses in between, so that neither side runs while the other's idle
-// threads still spin. Run with OMP_WAIT_POLICY=passive; `env -u OPENBLAS_CORETYPE` lets OpenBLAS
-// pick its AVX-512 (Cooperlake/SkylakeX) kernels instead of Haswell's AVX2 ones. On a machine shared
-// with a background job, add OMP_PROC_BIND=true: unbound, a woken OpenMP worker may land on the
-// core of the thread that woke it, and the "ag" columns then run at one core's speed.
+// threads still spin. Run with libgomp's default wait policy (OMP_WAIT_POLICY unset) or with
+// OMP_PROC_BIND=true: with OMP_WAIT_POLICY=passive a woken OpenMP worker is often placed on the core
+// of the thread that woke it, and the "ag" columns of the short-K products then run at one core's
+// speed (docs/benchmarks.md). `env -u OPENBLAS_CORETYPE` lets OpenBLAS pick its AVX-512
+// (Cooperlake/SkylakeX) kernels instead of Haswell's AVX2 ones.
 // Usage: bench_matmul [min_reps]      (OMP_NUM_THREADS sets attograd's thread count)
 #include <cblas.h>
 
