@@ -167,7 +167,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
         "linear: input {} and weight {}{} dtypes differ; convert with .to(dtype)", x.dtype(), w.dtype(),
         b.defined() ? fmt::format(" and bias {}", b.dtype()) : std::string());
   check(is_floating(x.dtype()), "linear: expected f32 or f64 inputs, got {}", x.dtype());
-  const int64_t in = w.size(1), out = w.size(0), rows = in == 0 ? 0 : x.numel() / std::max<int64_t>(in, 1);
+  const int64_t in = w.size(1), out = w.size(0);
+  int64_t rows = 1;  // the product of x's leading dims (not numel / in: in may be 0)
+  for (int d = 0; d + 1 < x.ndim(); ++d) rows *= x.shape()[d];
   // x as one (rows, in) matrix read in place when its leading dims merge; w (out, in) read as W^T
   Tensor xs = x.ndim() >= 2 ? x.detach() : x.detach().unsqueeze(0);
   int64_t ldx = folded_ld(xs);

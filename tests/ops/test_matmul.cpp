@@ -244,6 +244,9 @@ TEST_CASE("linear: known values") {
   check_close(b.grad(), {2, 2, 2});
   // without a bias: x W^T
   check_close(linear(x.detach(), w.detach()), {1, 2, 3, 3, 4, 7});
+  // no input features: y is the bias on every row (zeros without one), as in torch
+  check_close(linear(zeros({2, 0}, DType::f64), zeros({3, 0}, DType::f64), b.detach()), {10, 20, 30, 10, 20, 30});
+  check_close(linear(zeros({2, 0}, DType::f64), zeros({3, 0}, DType::f64)), {0, 0, 0, 0, 0, 0});
 }
 
 TEST_CASE("linear: gradcheck with and without bias, batched, transposed and sliced inputs, shared tensors") {
