@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   cli.add_option("--sample-seed", s.seed, "seed of the sampling draws (-1: --seed)")->capture_default_str();
   cli.add_flag("--no-kv-cache", s.no_kv_cache, "generate with a full forward over the context per token");
   cli.add_flag("--compare-kv-cache", s.compare, "also generate the other way: speed, and whether the tokens agree");
-  CLI11_PARSE(cli, argc, argv);
+  if (const int rc = apps::parse_command_line(cli, argc, argv, "gpt"); rc >= 0) return rc;
 
   try {
     apply_run_options(o, "gpt");

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   app.add_option("--noise", noise, "angular noise of the spirals (radians)")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "random seed (data, init, shuffling)");
   app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS or all cores)");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = apps::parse_command_line(app, argc, argv, "spirals"); rc >= 0) return rc;
   if (threads > 0) set_num_threads(threads);
 
   try {

@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cli.add_option("--nb-alpha", nb_alpha, "naive Bayes add-alpha smoothing")->capture_default_str()->check(CLI::PositiveNumber);
-  CLI11_PARSE(cli, argc, argv);
+  if (const int rc = apps::parse_command_line(cli, argc, argv, "textclf"); rc >= 0) return rc;
 
   try {
     apply_run_options(o, "textclf");

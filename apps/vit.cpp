@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   cli.add_option("--attention-images", a.attention_images, "test images drawn in attention.svg")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  CLI11_PARSE(cli, argc, argv);
+  if (const int rc = apps::parse_command_line(cli, argc, argv, "vit"); rc >= 0) return rc;
 
   try {
     apply_run_options(o, "vit");

@@ -241,6 +241,17 @@ void Run::finish(RunReport& report) {
   fmt::print("run directory: {} (curves.svg, metrics.jsonl, TensorBoard events, report.json, checkpoint)\n", dir_);
 }
 
+int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const std::string& app) {
+  try {
+    cli.parse(argc, argv);
+    return -1;
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return cli.exit(e);  // --help: CLI11 prints it
+    fmt::print(stderr, "{}: {} ({} --help lists every option)\n", app, e.what(), app);
+    return kExitUsage;
+  }
+}
+
 void print_error(const std::string& app, const std::string& message) {
   const std::string prefix = app + ":";
   if (message.compare(0, prefix.size(), prefix) == 0)

@@ -45,10 +45,17 @@
 
 namespace ag::apps {
 
-// Exit codes of the apps: 0 done (or stopped by Ctrl-C after saving), 1 an error, 2 missing data
-// (the message names the Debian package to install), CLI11's own codes for bad options.
+// Exit codes of the apps: 0 done (or stopped by Ctrl-C after saving), 1 an error, 2 a usage error
+// before any work starts: missing data (the message names the Debian package to install), or an
+// unknown flag or a value out of range (one line naming it, and a pointer to --help).
 constexpr int kExitError = 1;
 constexpr int kExitNoData = 2;
+constexpr int kExitUsage = 2;
+
+// Parses an app's command line. Returns -1 to go on; otherwise the code to exit with at once: 0
+// after --help (printed), kExitUsage after a bad flag or value, reported on stderr in one line:
+// "app: <what CLI11 found> (app --help lists every option)".
+int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const std::string& app);
 
 struct RunOptions {
   int64_t steps = 1000;       // optimizer steps (the cosine schedule needs the total up front)

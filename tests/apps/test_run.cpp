@@ -66,6 +66,21 @@ TEST_CASE("run: options, defaults and refusals") {
   AG_CHECK_ERROR(parse({"--precision", "bf16"}), "--precision bf16", "CUDA");
 }
 
+TEST_CASE("run: a bad flag or value is a usage error (exit 2, one line), --help exits 0") {
+  auto exit_code = [](std::vector<const char*> argv) {
+    CLI::App cli{"demo"};
+    RunOptions o;
+    add_run_options(cli, o);
+    return parse_command_line(cli, int(argv.size()), argv.data(), "demo");
+  };
+  CHECK(exit_code({"demo", "--steps", "5"}) == -1);  // go on
+  CHECK(exit_code({"demo", "--bogus"}) == kExitUsage);
+  CHECK(exit_code({"demo", "--steps", "-1"}) == kExitUsage);
+  CHECK(exit_code({"demo", "--steps", "many"}) == kExitUsage);
+  CHECK(exit_code({"demo", "--help"}) == 0);
+  CHECK(kExitUsage == 2);
+}
+
 TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") {
   TempDir tmp("run");
   const std::string root = tmp.dir.string();
