@@ -18,6 +18,15 @@
 
 namespace ag {
 
+// ===================== checkpointing (autograd/checkpoint.cpp) ================================
+// checkpoint: y = f(x), trading memory for a second forward of f in backward
+//   forward: y = f(x), run with recording off: nothing inside f is kept
+//   vjp:     backward runs f(x) again with recording on and backpropagates g through that graph:
+//            dx = (df/dx)^T g; the parameters in `params` get theirs there, into their .grad
+//   shapes:  x [...] -> y of f's output shape
+//   saves:   x, f, and where each generator stood before the forward
+//   note:    the gradients equal those of f(x) without checkpointing, dropout's too when every
+//            generator f draws from is in `generators` (the recomputation redraws the same masks)
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& f, const Tensor& x,
                   const std::vector<Tensor>& params = {}, std::vector<Generator*> generators = {});
 

@@ -102,12 +102,12 @@ class Tensor {
   Tensor contiguous() const;  // this tensor when already contiguous, else a copy
   Tensor clone() const;       // always a copy (differentiable)
 
-  // ---- conversion (core/tensor.cpp) ----------------------------------------------------------
+  // ---- conversion (autograd/ops/view.cpp) ----------------------------------------------------
   Tensor to(Device device) const;  // differentiable copy across devices
   Tensor to(DType dtype) const;    // differentiable between floating dtypes
   Tensor cpu() const { return to(Device::cpu()); }
 
-  // ---- in-place writes (core/tensor.cpp); refused on tensors that record history ------------
+  // ---- in-place writes (autograd/ops/view.cpp, elementwise.cpp); refused on tensors with history --
   Tensor& zero_();
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);  // src broadcast to this tensor's shape
