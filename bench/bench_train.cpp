@@ -25,8 +25,10 @@
 // the share of the step a machine doing nothing but those matmuls at the measured sgemm speed
 // would need. --json prints one JSON line of our side only (for bench/compare_pytorch).
 //
+// --deterministic sets ag::set_deterministic(true) (core/parallel.h), to measure what it costs.
+//
 //   bench_train [--configs V,G,C] [--reps 10] [--warmup 3] [--threads N] [--script PATH]
-//               [--roofline] [--json]
+//               [--roofline] [--json] [--deterministic]
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <malloc.h>
@@ -224,7 +226,7 @@ int main(int argc, char** argv) {
   CLI::App app{"attograd: one training step (fwd, loss, bwd, clip, AdamW) of each sample model, beside PyTorch"};
   std::string configs = "V,G,C", script;
   int reps = 10, warmup = 3, threads = 0;
-  bool roofline = false, json = false;
+  bool roofline = false, json = false, deterministic = false;
   app.add_option("--configs", configs, "comma-separated subset of V (ViT), G (GPT), C (TextClassifier)");
   app.add_option("--reps", reps, "timed steps (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::PositiveNumber);
@@ -233,8 +235,10 @@ int main(int argc, char** argv) {
   app.add_option("--script", script, "bench/torch_reference.py (default: found next to this source)");
   app.add_flag("--roofline", roofline, "also time every GEMM of each step alone: the GEMM-bound limit");
   app.add_flag("--json", json, "print one JSON line of attograd's results only (no PyTorch run, no table)");
+  app.add_flag("--deterministic", deterministic, "ag::set_deterministic(true): the same bits at any thread count");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
+  if (deterministic) set_deterministic(true);
 
   const std::vector<Config> all = {{'V', "ViT", 128, 50, 64, 256, 4},
                                    {'G', "GPT", 32, 128, 128, 512, 4},
@@ -262,8 +266,9 @@ int main(int argc, char** argv) {
   if (!json)
     fmt::print("attograd bench_train: one step = forward, cross-entropy, backward, clip_grad_norm 1.0, AdamW "
              "(lr 1e-3, wd 0.05), zero_grad; f32, dropout 0, {} threads, OMP_WAIT_POLICY {}, sgemm kernel {} (OpenBLAS "
-               "core {})\n",
-               num_threads(), bench::omp_wait_policy(), cpu::sgemm_kernel_name(), openblas_get_corename());
+               "core {}), deterministic {}\n",
+               num_threads(), bench::omp_wait_policy(), cpu::sgemm_kernel_name(), openblas_get_corename(),
+               is_deterministic() ? "on" : "off");
 
   std::vector<Result> results;
   std::vector<int64_t> clf_lengths;  // C's lengths, passed on to PyTorch
@@ -316,6 +321,7 @@ int main(int argc, char** argv) {
   if (json) {
     nlohmann::json j;
     j["threads"] = num_threads();
+    j["deterministic"] = is_deterministic();
     j["openblas_core"] = openblas_get_corename();
     j["gemm_kernel"] = cpu::sgemm_kernel_name();
     j["max_rss_mb"] = max_rss_bytes() / 1e6;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -18,7 +19,15 @@ int initial_threads() {
   return n > 0 ? n : omp_get_num_procs();
 }
 std::atomic<int> g_threads{initial_threads()};  // read by parallel_for on any thread
+bool initial_deterministic() {
+  const char* env = std::getenv("ATTOGRAD_DETERMINISTIC");
+  return env && env[0] && std::string_view(env) != "0";
+}
+std::atomic<bool> g_deterministic{initial_deterministic()};
 }  // namespace
+
+void set_deterministic(bool on) { g_deterministic.store(on, std::memory_order_relaxed); }
+bool is_deterministic() { return g_deterministic.load(std::memory_order_relaxed); }
 
 int num_threads() { return g_threads.load(std::memory_order_relaxed); }
 

@@ -2,7 +2,9 @@
 // The CPU elementwise engine: out[i] = f(a[i], b[i], ...) over strided inputs, contiguous output.
 // Inputs come already expanded to the output's shape (broadcast dims have stride 0).
 //
-//  1. all inputs contiguous: one flat loop the compiler vectorises, split across threads;
+//  1. all inputs contiguous: one flat loop the compiler vectorises, split across threads on
+//     multiples of kVecBlock elements (parallel_for_elements), so the split never moves which
+//     elements the vector loop computes and so never changes a result;
 //  2. otherwise dims are coalesced (merged where every operand is contiguous across them) and
 //     the loop walks rows of the innermost dim, with vectorised fast paths when an input's inner
 //     stride is 1 (contiguous) or 0 (a broadcast value).
@@ -60,8 +62,8 @@ void for_each_row(const LoopPlan<N>& p, Row&& row) {
   for (int d = 0; d < last; ++d) rows *= p.size[d];
   int64_t inner_stride[N];
   for (int k = 0; k < N; ++k) inner_stride[k] = p.stride[k][last];
-  if (rows == 1) {
-    parallel_for(inner, kGrain, [&](int64_t b, int64_t e) {
+  if (rows == 1) {  // chunk bounds on kVecBlock multiples: see parallel_for_elements
+    parallel_for_elements(inner, kGrain, [&](int64_t b, int64_t e) {
       int64_t off[N];
       for (int k = 0; k < N; ++k) off[k] = b * inner_stride[k];
       row(b, off, e - b, inner_stride);
@@ -93,7 +95,7 @@ void for_each_row(const LoopPlan<N>& p, Row&& row) {
 template <class R, class A, class F>
 void map1(R* out, const A* a, const Layout& la, F f) {
   if (la.is_contiguous()) {
-    parallel_for(la.numel(), kGrain, [&](int64_t b, int64_t e) {
+    parallel_for_elements(la.numel(), kGrain, [&](int64_t b, int64_t e) {
 #pragma omp simd
       for (int64_t i = b; i < e; ++i) out[i] = f(a[i]);
     });
@@ -117,7 +119,7 @@ void map1(R* out, const A* a, const Layout& la, F f) {
 template <class R, class A, class B, class F>
 void map2(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, F f) {
   if (la.is_contiguous() && lb.is_contiguous()) {
-    parallel_for(la.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    parallel_for_elements(la.numel(), kGrain, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
       for (int64_t i = lo; i < hi; ++i) out[i] = f(a[i], b[i]);
     });
@@ -150,7 +152,7 @@ template <class R, class A, class B, class C, class F>
 void map3(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, const C* c,
           const Layout& lc, F f) {
   if (la.is_contiguous() && lb.is_contiguous() && lc.is_contiguous()) {
-    parallel_for(la.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    parallel_for_elements(la.numel(), kGrain, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
       for (int64_t i = lo; i < hi; ++i) out[i] = f(a[i], b[i], c[i]);
     });

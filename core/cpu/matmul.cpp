@@ -13,7 +13,8 @@
 // every piece is one single-threaded GEMM call. When there are too few rows (a vector-matrix
 // product, say) the columns of C are split instead. sgemm sums each element of C in an order that
 // does not depend on the rows or columns it is given, so f32 results are the same bits whatever
-// the thread count (f64, on OpenBLAS, has no such promise).
+// the thread count. OpenBLAS (f64, and f32 under ATTOGRAD_GEMM=openblas) has no such promise: in
+// deterministic mode (core/parallel.h) its pieces are fixed by the sizes, not by the thread count.
 #include <cblas.h>
 
 #include <algorithm>
@@ -47,6 +48,9 @@ constexpr int64_t kColTile = 64;
 // Multiply-adds below which a GEMM stays on one thread: waking the pool costs a few us, about
 // what a single thread needs for 2^18 multiply-adds.
 constexpr int64_t kMinWorkPerThread = int64_t(1) << 18;
+// Pieces of C for an OpenBLAS GEMM in deterministic mode (see matmul_forward): enough for 8 threads
+// to share evenly.
+constexpr int64_t kFixedPieces = 24;
 
 // Element offset of matrix p of a batch (row-major over the batch dims of l).
 int64_t batch_offset(const Layout* l, int64_t p) {
@@ -108,7 +112,14 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
   if (P == 0 || M == 0 || N == 0) return;
   if constexpr (std::is_same_v<T, float>) sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
   const int64_t work = P * M * N * std::max<int64_t>(g.K, 1);
-  const int nt = int(std::clamp<int64_t>(work / kMinWorkPerThread, 1, num_threads()));
+  // C is cut into nt pieces, one per thread. attograd's sgemm gives every element of C the same
+  // bits whatever piece it falls in; OpenBLAS (dgemm for f64, and sgemm under
+  // ATTOGRAD_GEMM=openblas) promises nothing of the kind, so in deterministic mode its pieces are
+  // fixed by the sizes alone (at most kFixedPieces, shared out over the threads), never by the
+  // thread count. Cost: a less even share when kFixedPieces is not a multiple of the threads.
+  const bool same_bits_any_split = std::is_same_v<T, float> && sgemm_kernel() != GemmKernel::openblas;
+  const int64_t max_pieces = same_bits_any_split || !is_deterministic() ? num_threads() : kFixedPieces;
+  const int nt = int(std::clamp<int64_t>(work / kMinWorkPerThread, 1, max_pieces));
   // rows [i0, i1) and columns [j0, j1) of matrix p of the batch
   auto block = [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     gemm_block(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1, bias);

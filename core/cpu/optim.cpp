@@ -26,7 +26,7 @@ void sgd_update(T* param, T* buf, const T* grad, int64_t n, double lr, double mo
                 double weight_decay, bool nesterov, bool first) {
   const T wd = T(weight_decay), mu = T(momentum), damp = T(1 - dampening), neg_lr = T(-lr);
   const bool use_momentum = momentum != 0;
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for_elements(n, kGrain, [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       T g = grad[i] + wd * param[i];
@@ -58,7 +58,7 @@ void adam_update(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n, 
   const T decay = T(1 - lr * weight_decay), l2 = T(decoupled ? 0 : weight_decay);
   const T b1 = T(beta1), one_minus_b1 = T(1 - beta1), b2 = T(beta2), one_minus_b2 = T(1 - beta2);
   const T bc2 = T(bias_correction2_sqrt), e_ps = T(eps), neg_step_size = T(-lr / bias_correction1);
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for_elements(n, kGrain, [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       T p = param[i];
@@ -110,13 +110,8 @@ double abs_max(const T* x, int64_t n) {
 template <class T>
 void grad_norm_partial(double* out, const T* x, int64_t n, double p) {
   const bool inf = std::isinf(p);
-  const int64_t nb = (n + kNormBlock - 1) / kNormBlock;
-  std::vector<double> partial(size_t(std::max<int64_t>(nb, 1)), 0.0);
-  parallel_for(nb, 1, [&](int64_t b, int64_t e) {
-    for (int64_t k = b; k < e; ++k) {
-      const int64_t len = std::min(kNormBlock, n - k * kNormBlock);
-      partial[k] = inf ? abs_max(x + k * kNormBlock, len) : abs_pow_sum(x + k * kNormBlock, len, p);
-    }
+  const std::vector<double> partial = parallel_blocks<double>(n, kNormBlock, [&](int64_t b, int64_t e) {
+    return inf ? abs_max(x + b, e - b) : abs_pow_sum(x + b, e - b, p);
   });
   double acc = 0;
   bool nan = false;
@@ -131,7 +126,7 @@ void grad_norm_partial(double* out, const T* x, int64_t n, double p) {
 template <class T>
 void clip_value(T* x, int64_t n, double clip) {
   const T hi = T(clip), lo = T(-clip);
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for_elements(n, kGrain, [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       const T v = x[i];

@@ -34,12 +34,8 @@ T max_row(const T* x, int64_t n) {
 template <class T>
 void sum_forward(T* out, const T* in, int64_t outer, int64_t R, int64_t inner) {
   if (inner == 1 && outer == 1) {  // full reduction: fixed blocks, then their sum in order
-    int64_t nb = (R + kReduceBlock - 1) / kReduceBlock;
-    std::vector<T> partial(size_t(std::max<int64_t>(nb, 1)), T(0));
-    parallel_for(nb, 1, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k)
-        partial[k] = sum_row(in + k * kReduceBlock, std::min(kReduceBlock, R - k * kReduceBlock));
-    });
+    const std::vector<T> partial =
+        parallel_blocks<T>(R, kReduceBlock, [&](int64_t b, int64_t e) { return sum_row(in + b, e - b); });
     T acc = 0;
     for (T p : partial) acc += p;
     *out = acc;
