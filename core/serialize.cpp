@@ -11,6 +11,7 @@
 #include "core/serialize.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -108,6 +109,26 @@ std::string folder_of(const std::string& path) {
   return dir.empty() ? "." : dir;
 }
 
+// Removes the temporary files that earlier saves of `path` left when their process was killed
+// mid-write (SIGKILL, the OOM killer, a power cut): "<name>.tmp.<pid>" whose process no longer
+// exists. A live process's file (a concurrent save) is left alone. Best effort: a failure to list
+// or remove is not an error of this save.
+void remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string prefix = fs::path(path).filename().string() + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(folder_of(path), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    const pid_t pid = pid_t(std::stol(digits));
+    if (pid == ::getpid() || pid <= 0) continue;
+    if (::kill(pid, 0) == -1 && errno == ESRCH) ::unlink(it->path().c_str());
+  }
+}
+
 // ---- loading --------------------------------------------------------------------------------
 
 template <class... Args>
@@ -123,7 +144,7 @@ struct Entry {
 };
 
 // Checks one tensor entry of the header against the spec and the size of the data part.
-Entry parse_entry(const std::string& path, const std::string& name, const json& v, uint64_t data_bytes) {
+Entry parse_entry(const std::string& path, const std::string& name, const ordered_json& v, uint64_t data_bytes) {
   Entry e;
   e.name = name;
   if (name.empty()) load_error(path, "a tensor has an empty name");
@@ -146,7 +167,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     load_error(path, "tensor '{}': shape has {} dims, attograd supports at most {}", name, sh->size(), kMaxDims);
   uint64_t nbytes = itemsize(e.dtype);
   bool overflow = false, has_zero = false;
-  for (const json& d : *sh) {
+  for (const ordered_json& d : *sh) {
     // nlohmann stores a non-negative integer literal as unsigned; -1 is signed, 2.0 is a float
     if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
       load_error(path, "tensor '{}': shape {} is not a list of non-negative integers", name, sh->dump());
@@ -220,6 +241,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   const uint64_t header_len = text.size();  // memory order is little-endian (static_assert above)
 
   // 2. The bytes go to a temporary file next to the target, on disk before the rename.
+  remove_stale_temporaries(path);
   TempFile tmp{path + ".tmp." + std::to_string(::getpid())};
   tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (tmp.fd < 0) save_error(path, "cannot create temporary file '{}': {}", tmp.path, std::strerror(errno));
@@ -270,18 +292,27 @@ std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& 
   if (text.empty() || text[0] != '{') load_error(path, "the header does not start with a JSON object '{{'");
   const uint64_t data_bytes = file_bytes - 8 - header_len;
 
-  // 2. The JSON. The callback refuses nesting beyond what the format uses (object > entry > shape
-  //    list), so a hostile header cannot build a deep tree, and catches duplicate tensor names.
-  std::set<std::string> names;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
+  // 2. The JSON, its keys kept in file order (ordered_json), so that tensors of equal offsets (all
+  //    the empty ones sit at one offset) come back in the order they were saved in. The callback
+  //    refuses nesting beyond what the format uses (object > entry > shape list), so a hostile
+  //    header cannot build a deep tree, and catches duplicate keys: tensor names, and the keys of
+  //    one entry or of "__metadata__" (which value would count is not defined).
+  std::set<std::string> names, inner;  // keys of the header object; of the object at depth 1
+  std::string current;                 // the last key of the header object
+  auto callback = [&](int depth, json::parse_event_t event, ordered_json& parsed) {
     if (depth > 3) load_error(path, "malformed header: JSON nested deeper than the format allows");
-    if (event == json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second)
-      load_error(path, "malformed header: duplicate key '{}'", parsed.get<std::string>());
+    if (event == json::parse_event_t::object_start && depth == 1) inner.clear();
+    if (event == json::parse_event_t::key && depth == 1) {
+      current = parsed.get<std::string>();
+      if (!names.insert(current).second) load_error(path, "malformed header: duplicate key '{}'", current);
+    }
+    if (event == json::parse_event_t::key && depth == 2 && !inner.insert(parsed.get<std::string>()).second)
+      load_error(path, "malformed header: duplicate key '{}' in '{}'", parsed.get<std::string>(), current);
     return true;
   };
-  json j;
+  ordered_json j;
   try {
-    j = json::parse(text.begin(), text.end(), callback);
+    j = ordered_json::parse(text.begin(), text.end(), callback);
   } catch (const json::exception& e) {
     load_error(path, "malformed JSON header: {}", e.what());
   }
@@ -302,7 +333,8 @@ std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& 
     }
     entries.push_back(parse_entry(path, key, v, data_bytes));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+  // stable: tensors with the same offsets (empty ones) keep their order in the header
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   uint64_t covered = 0;  // bytes [0, covered) belong to the tensors seen so far

@@ -25,7 +25,8 @@ namespace ag {
 // Writes `tensors` in the given order (names must be unique and non-empty; tensors on a device
 // are copied to the host, non-contiguous ones laid out row-major) and `metadata` to `path`.
 // The write is atomic: the bytes go to `path + ".tmp.<pid>"`, which is fsynced and then renamed
-// over `path`, so a crash mid-save leaves the previous file intact.
+// over `path`, so a crash mid-save leaves the previous file intact. The temporary files that
+// killed saves left next to `path` (their process gone) are removed by the next save.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
