@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
@@ -31,22 +32,11 @@
 #include "data/text.h"
 #include "nn/checkpoint.h"
 #include "optim/adam.h"
-#include "optim/clip.h"
 
 using namespace ag;
 using namespace ag::apps;
 
 namespace {
-
-struct SampleSettings {
-  std::string prompt;  // empty: "And God said" for the Bible, "\n" otherwise
-  int64_t tokens = 500;
-  double temperature = 0.8;
-  int64_t top_k = 0;
-  int64_t seed = -1;  // -1: --seed
-  bool no_kv_cache = false;
-  bool compare = false;
-};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -102,33 +92,42 @@ int main(int argc, char** argv) {
   cli.add_option("--context", cfg.context, "context length T (positions)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  cli.add_option("--d-model", cfg.d_model, "model width d")->capture_default_str()->check(CLI::PositiveNumber);
+  cli.add_option("--d-model", cfg.d_model, "model width d")->capture_default_str()->check(positive());
   cli.add_option("--heads", cfg.n_heads, "attention heads (divide d)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cli.add_option("--layers", cfg.n_layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
-  cli.add_option("--mlp", cfg.mlp_hidden, "MLP hidden width")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(positive());
+  cli.add_option("--layers", cfg.n_layers, "transformer blocks")->capture_default_str()->check(positive());
+  cli.add_option("--mlp", cfg.mlp_hidden, "MLP hidden width")->capture_default_str()->check(positive());
   cli.add_option("--eval-windows", eval_windows, "validation windows of T characters per evaluation")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cli.add_option("--prompt", s.prompt,
                  "text to continue (default: \"And God said\" for the Bible, a newline otherwise)");
   cli.add_option("--sample-tokens", s.tokens, "characters to generate after training")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cli.add_option("--temperature", s.temperature, "sampling temperature (0: greedy)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cli.add_option("--top-k", s.top_k, "sample among the k most likely characters (0: all)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cli.add_option("--sample-seed", s.seed, "seed of the sampling draws (-1: --seed)")->capture_default_str();
+      ->check(non_negative());
+  cli.add_option("--sample-seed", s.seed, "seed of the sampling draws (-1: --seed)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
   cli.add_flag("--no-kv-cache", s.no_kv_cache, "generate with a full forward over the context per token");
   cli.add_flag("--compare-kv-cache", s.compare, "also generate the other way: speed, and whether the tokens agree");
   if (const int rc = apps::parse_command_line(cli, argc, argv, "gpt"); rc >= 0) return rc;
+  o.command_line.assign(argv, argv + argc);
 
-  try {
+  try {  // every option is checked before any data is read
     apply_run_options(o, "gpt");
+    validate_gpt_config(cfg, eval_windows, s);
+  } catch (const UsageError& e) {
+    apps::print_usage_error("gpt", e.what());
+    return kExitUsage;
+  }
+  try {
     const std::string cache_dir = o.data_dir.empty() ? default_cache_dir() : o.data_dir;
     const std::string fortune_root = o.data_dir.empty() ? data::kFortuneRoot : o.data_dir;
     const uint64_t sample_seed = s.seed >= 0 ? uint64_t(s.seed) : o.seed;
@@ -172,8 +171,6 @@ int main(int argc, char** argv) {
     cfg.vocab = d.tokenizer.vocab_size();
     cfg.dropout = o.dropout;
     const int64_t T = cfg.context;
-    check(cfg.d_model % cfg.n_heads == 0, "--d-model {} is not a multiple of --heads {}", cfg.d_model,
-          cfg.n_heads);
     check(int64_t(d.train.size()) > T && int64_t(d.valid.size()) > T,
           "{} has {} training and {} validation characters; both need more than the context {}", source,
           d.train.size(), d.valid.size(), T);
@@ -207,9 +204,9 @@ int main(int argc, char** argv) {
       Tensor loss = cross_entropy(model.forward(w.x).reshape({N, V}), w.y.reshape({N}));
       opt.zero_grad();
       loss.backward();
-      if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
-      opt.step();
-      run.step_done(step + 1, loss.item<double>(), o.batch, N);
+      const double loss_value = loss.item<double>();
+      run.optimizer_step(step + 1, loss_value);  // clip, and a non-finite loss or norm skips the update
+      run.step_done(step + 1, loss_value, o.batch, N);
       if (run.eval_due(step + 1)) {
         val = lm_loss(model, d.valid, val_starts, T, o.batch), val_step = step + 1;
         run.log_eval(step + 1, {{"val_loss", val}});

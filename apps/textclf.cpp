@@ -25,7 +25,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <charconv>
+#include <tuple>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -109,12 +109,8 @@ int main(int argc, char** argv) {
   DataOptions d;
   TextClassifierConfig mc;
   mc.d_model = 64, mc.n_heads = 4, mc.n_layers = 2, mc.mlp_hidden = 256;
-  int64_t bucket_window = 16, eval_samples = 2000, eval_batch_tokens = 16384;
-  double label_smoothing = 0.0, nb_alpha = 0.1;
+  TrainSettings settings;  // the subword n-gram defaults (data::hashed_ngrams) were measured on the fortunes, above
   std::string baseline = "auto";
-  // Subword n-grams (data::hashed_ngrams), measured on the fortunes: see the defaults above.
-  int64_t ngram_buckets = -1;  // -1: auto (on for the word tokenizer, off for the char one)
-  std::string ngram_range = "2-5";
   mc.ngrams_per_token = 32;
   cli.add_option("--dataset", d.dataset, "fortunes (8-language ID), imdb (aclImdb folder in --data-dir) or tsv")
       ->capture_default_str()
@@ -128,41 +124,53 @@ int main(int argc, char** argv) {
   cli.add_option("--max-len", d.max_len, "tokens per text (longer texts keep their beginning)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
-  cli.add_option("--min-freq", d.min_freq, "word tokenizer: minimum count of a word")->capture_default_str();
-  cli.add_option("--max-words", d.max_words, "word tokenizer: vocabulary size with <pad> and <unk>")->capture_default_str();
-  cli.add_option("--d-model", mc.d_model, "model width (attention dim)")->capture_default_str()->check(CLI::PositiveNumber);
-  cli.add_option("--heads", mc.n_heads, "attention heads")->capture_default_str()->check(CLI::PositiveNumber);
-  cli.add_option("--layers", mc.n_layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
-  cli.add_option("--mlp", mc.mlp_hidden, "MLP hidden width")->capture_default_str()->check(CLI::PositiveNumber);
-  cli.add_option("--label-smoothing", label_smoothing, "cross-entropy label smoothing")
+  cli.add_option("--min-freq", d.min_freq, "word tokenizer: minimum count of a word")
+      ->capture_default_str()
+      ->check(positive());
+  cli.add_option("--max-words", d.max_words, "word tokenizer: vocabulary size with <pad> and <unk>")
+      ->capture_default_str()
+      ->check(CLI::Range(3, 1 << 30));
+  cli.add_option("--d-model", mc.d_model, "model width (attention dim)")->capture_default_str()->check(positive());
+  cli.add_option("--heads", mc.n_heads, "attention heads")->capture_default_str()->check(positive());
+  cli.add_option("--layers", mc.n_layers, "transformer blocks")->capture_default_str()->check(positive());
+  cli.add_option("--mlp", mc.mlp_hidden, "MLP hidden width")->capture_default_str()->check(positive());
+  cli.add_option("--label-smoothing", settings.label_smoothing, "cross-entropy label smoothing")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));
-  cli.add_option("--bucket-window", bucket_window, "batches sorted by length together (1: no bucketing)")
+  cli.add_option("--bucket-window", settings.bucket_window, "batches sorted by length together (1: no bucketing)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cli.add_option("--eval-samples", eval_samples, "validation texts per evaluation during training (0: all)")
-      ->capture_default_str();
-  cli.add_option("--eval-batch-tokens", eval_batch_tokens, "padded tokens per evaluation batch")
+      ->check(positive());
+  cli.add_option("--eval-samples", settings.eval_samples, "validation texts per evaluation during training (0: all)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(non_negative());
+  cli.add_option("--eval-batch-tokens", settings.eval_batch_tokens, "padded tokens per evaluation batch")
+      ->capture_default_str()
+      ->check(positive());
   cli.add_option("--baseline", baseline, "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  cli.add_option("--ngram-buckets", ngram_buckets,
+  cli.add_option("--ngram-buckets", settings.ngram_buckets,
                  "word tokenizer: hash buckets of the subword character n-grams added to each word's vector "
                  "(0: off). Default: 65536 with the word tokenizer, off with the char one; a value > 0 with "
                  "the char tokenizer is an error")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 26));
-  cli.add_option("--ngrams", ngram_range, "n-gram lengths MIN-MAX in codepoints, of \"<\" + word + \">\"")
+  cli.add_option("--ngrams", settings.ngram_range, "n-gram lengths MIN-MAX in codepoints, of \"<\" + word + \">\"")
       ->capture_default_str();
   cli.add_option("--ngrams-per-token", mc.ngrams_per_token, "at most this many n-grams per word (the shorter kept)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cli.add_option("--nb-alpha", nb_alpha, "naive Bayes add-alpha smoothing")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(positive());
+  cli.add_option("--nb-alpha", settings.nb_alpha, "naive Bayes add-alpha smoothing")->capture_default_str()->check(positive());
   if (const int rc = apps::parse_command_line(cli, argc, argv, "textclf"); rc >= 0) return rc;
+  o.command_line.assign(argv, argv + argc);
 
-  try {
+  try {  // every option is checked before any data is read
     apply_run_options(o, "textclf");
+    validate_config(d, mc, settings);
+  } catch (const UsageError& e) {
+    apps::print_usage_error("textclf", e.what());
+    return kExitUsage;
+  }
+  try {
     Generator gen(o.seed);
 
     // ---- --eval-only: model, tokenizer and data settings come from the checkpoint --------------
@@ -202,21 +210,8 @@ int main(int argc, char** argv) {
                         : tok_kind == "char" ? TextTokenizer::build_char(train_texts)
                                              : TextTokenizer::build_word(train_texts, d.min_freq, d.max_words);
     if (!o.eval_only) {
-      check(ngram_buckets <= 0 || tok_kind == "word",
-            "textclf: --ngram-buckets {}: subword n-grams need the word tokenizer (this run uses {}); pass "
-            "--ngram-buckets 0 or leave it out",
-            ngram_buckets, tok_kind);
-      mc.ngram_buckets = ngram_buckets >= 0 ? ngram_buckets : tok_kind == "word" ? 65536 : 0;
-      // --ngrams MIN-MAX: two integers around one dash, nothing else
-      const char *first = ngram_range.data(), *last = first + ngram_range.size();
-      const char* dash = std::find(first, last, '-');
-      const auto lo = std::from_chars(first, dash, mc.ngram_min);
-      const auto hi = dash == last ? std::from_chars_result{last, std::errc::invalid_argument}
-                                   : std::from_chars(dash + 1, last, mc.ngram_max);
-      check(lo.ec == std::errc() && lo.ptr == dash && hi.ec == std::errc() && hi.ptr == last,
-            "textclf: --ngrams '{}' is not MIN-MAX (e.g. 2-5)", ngram_range);
-      check(mc.ngram_min >= 1 && mc.ngram_max >= mc.ngram_min, "textclf: --ngrams {}: expected 1 <= MIN <= MAX",
-            ngram_range);
+      mc.ngram_buckets = settings.ngram_buckets >= 0 ? settings.ngram_buckets : tok_kind == "word" ? 65536 : 0;
+      std::tie(mc.ngram_min, mc.ngram_max) = parse_ngram_range(settings.ngram_range);  // checked above
     }
     const data::NgramSpec ngrams = ngram_spec(mc);
     EncodedSet train = encode_dataset(split.train, tok, d.max_len, ngrams),
@@ -240,7 +235,7 @@ int main(int argc, char** argv) {
     TextClassifier model(mc, &gen);
     optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
     const nlohmann::json config = {{"model", config_to_json(mc)}, {"data", data_to_json(d)},
-                                   {"label_smoothing", label_smoothing}, {"bucket_window", bucket_window},
+                                   {"label_smoothing", settings.label_smoothing}, {"bucket_window", settings.bucket_window},
                                    {"batch", o.batch},         {"seed", o.seed}};  // what fixes the batches
 
     if (o.eval_only) {
@@ -248,7 +243,7 @@ int main(int argc, char** argv) {
             o.checkpoint, mc.vocab, tok.vocab_size());
       nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
       t0 = std::chrono::steady_clock::now();
-      EvalResult r = evaluate(model, test, classes, eval_batch_tokens);
+      EvalResult r = evaluate(model, test, classes, settings.eval_batch_tokens);
       fmt::print("{}: test accuracy {:.2f}%, loss {:.4f} on {} texts ({:.1f} s)\n{}", o.checkpoint, 100 * r.accuracy,
                  r.loss, test.size(), seconds_since(t0), r.confusion.to_text());
       std::filesystem::create_directories(o.out_dir);
@@ -259,12 +254,12 @@ int main(int argc, char** argv) {
 
     const bool want_baseline = baseline == "on" || (baseline == "auto" && d.dataset == "fortunes");
     std::optional<std::pair<double, double>> nb;
-    if (want_baseline) nb = naive_bayes_baseline(split, nb_alpha);
+    if (want_baseline) nb = naive_bayes_baseline(split, settings.nb_alpha);
 
     Run run("textclf", o, model, opt, gen, config, {{"tokenizer", tok.to_json()}});
     std::vector<int64_t> lengths;
     for (const auto& ids : train.ids) lengths.push_back(int64_t(ids.size()));
-    BucketSampler sampler(lengths, o.batch, bucket_window, o.seed);
+    BucketSampler sampler(lengths, o.batch, settings.bucket_window, o.seed);
     auto sched = make_schedule(o);
     int64_t step = run.resume();
     run.print(fmt::format("model: d_model {}, {} heads, {} layers, MLP {}, dropout {}, n-gram buckets {}; AdamW lr {} "
@@ -278,10 +273,11 @@ int main(int argc, char** argv) {
       for (; step < o.steps && !run.stop_requested(); ++step) {
         sched->set_lr(opt, step);
         Batch b = loader->next_step();
-        StepResult r = train_step(model, opt, b, o.clip, label_smoothing);
+        StepResult r = forward_backward(model, opt, b, settings.label_smoothing);
+        run.optimizer_step(step + 1, r.loss);  // clip, and a non-finite loss or norm skips the update
         run.step_done(step + 1, r.loss, b.labels.size(0), b.num_tokens);
         if (run.eval_due(step + 1)) {
-          EvalResult v = evaluate(model, valid, classes, eval_batch_tokens, eval_samples);
+          EvalResult v = evaluate(model, valid, classes, settings.eval_batch_tokens, settings.eval_samples);
           run.log_eval(step + 1, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
         }
         if (run.checkpoint_due(step + 1)) run.save(step + 1);
@@ -291,8 +287,8 @@ int main(int argc, char** argv) {
 
     // ---- the final evaluation: the whole validation and test splits ---------------------------
     t0 = std::chrono::steady_clock::now();
-    EvalResult v = evaluate(model, valid, classes, eval_batch_tokens);
-    EvalResult t = evaluate(model, test, classes, eval_batch_tokens);
+    EvalResult v = evaluate(model, valid, classes, settings.eval_batch_tokens);
+    EvalResult t = evaluate(model, test, classes, settings.eval_batch_tokens);
     run.print(fmt::format("final: validation accuracy {:.2f}% (loss {:.4f}), test accuracy {:.2f}% (loss {:.4f}) ({:.1f} s)",
                           100 * v.accuracy, v.loss, 100 * t.accuracy, t.loss, seconds_since(t0)));
     write_attention_svg(model, tok, test, split.test, run.path("attention.svg"));

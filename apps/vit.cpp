@@ -24,8 +24,8 @@
 //
 // In the run directory (default runs/vit): checkpoint.safetensors, metrics.jsonl, TensorBoard
 // events, curves.svg, report.json and attention.svg (the class token's attention in the last
-// block, averaged over heads, over a few test images). Resume with --resume; evaluate a saved
-// model with --eval-only [--checkpoint FILE].
+// block, averaged over heads, over a few test images). Resume with --resume (--stop-at K stops
+// after step K as Ctrl-C would); evaluate a saved model with --eval-only [--checkpoint FILE].
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -99,7 +99,8 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a) {
   for (; step < o.steps && !run.stop_requested(); ++step) {
     schedule->set_lr(opt, step);
     const data::Batch batch = loader->next_step();
-    const double loss = train_step(model, opt, batch, cfg.label_smoothing, o.clip);
+    const double loss = forward_backward(model, opt, batch, cfg.label_smoothing);
+    run.optimizer_step(step + 1, loss);  // clip, and a non-finite loss or norm skips the update
     run.step_done(step + 1, loss, o.batch);
     if (run.eval_due(step + 1)) {
       const bool final_eval = step + 1 == o.steps;
@@ -146,36 +147,43 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(vit_datasets()));
   cli.add_option("--patch", cfg.model.patch, "patch size in pixels (must divide the image size)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cli.add_option("--d-model", cfg.model.d_model, "token width")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(positive());
+  cli.add_option("--d-model", cfg.model.d_model, "token width")->capture_default_str()->check(positive());
   cli.add_option("--heads", cfg.model.n_heads, "attention heads (must divide d-model)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cli.add_option("--layers", cfg.model.n_layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(positive());
+  cli.add_option("--layers", cfg.model.n_layers, "transformer blocks")->capture_default_str()->check(positive());
   cli.add_option("--mlp", cfg.model.mlp_hidden, "hidden width of each block's MLP")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cli.add_option("--label-smoothing", cfg.label_smoothing, "label smoothing of the training loss")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
   cli.add_option("--crop-pad", cfg.augment.pad, "augmentation: random crop after padding this many pixels (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cli.add_flag("--flip", cfg.augment.flip, "augmentation: random left-right flips (not for digits)");
   cli.add_option("--eval-batch", a.eval_batch, "test images per forward pass when evaluating")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cli.add_option("--eval-limit", a.eval_limit,
                  "evaluate on the first N test images during training (0: all); the final evaluation uses all")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cli.add_option("--attention-images", a.attention_images, "test images drawn in attention.svg")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   if (const int rc = apps::parse_command_line(cli, argc, argv, "vit"); rc >= 0) return rc;
+  o.command_line.assign(argv, argv + argc);
 
-  try {
+  try {  // every option is checked before any data is read
     apply_run_options(o, "vit");
+    validate_vit_config(cfg);
+  } catch (const UsageError& e) {
+    apps::print_usage_error("vit", e.what());
+    return kExitUsage;
+  }
+  try {
     return o.eval_only ? evaluate_checkpoint(o, a) : train(o, cfg, a);
   } catch (const data::DatasetNotFound& e) {
     apps::print_error("vit", e.what());

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "data/text.h"
 
@@ -36,6 +37,21 @@ std::optional<std::string> missing_gpt_data(const std::string& dataset, const st
                        "(sudo apt-get install fortunes)", fortune_root);
   }
   return std::nullopt;  // an unknown dataset is load_gpt_text's error
+}
+
+void validate_gpt_config(const GPTConfig& c, int64_t eval_windows, const SampleSettings& s) {
+  usage_check(c.context >= 1 && c.context <= 4096, "gpt: --context {}: expected 1..4096 positions", c.context);
+  usage_check(c.d_model >= 1 && c.n_heads >= 1 && c.n_layers >= 1 && c.mlp_hidden >= 1,
+              "gpt: --d-model {}, --heads {}, --layers {}, --mlp {}: every size must be at least 1", c.d_model,
+              c.n_heads, c.n_layers, c.mlp_hidden);
+  usage_check(c.d_model % c.n_heads == 0, "gpt: --heads {} does not divide --d-model {} (each head gets d-model/heads)",
+              c.n_heads, c.d_model);
+  usage_check(eval_windows >= 1, "gpt: --eval-windows {}: expected at least 1", eval_windows);
+  usage_check(s.tokens >= 0, "gpt: --sample-tokens {}: expected >= 0", s.tokens);
+  usage_check(s.temperature >= 0 && std::isfinite(s.temperature), "gpt: --temperature {}: expected >= 0 (0: greedy)",
+              s.temperature);
+  usage_check(s.top_k >= 0, "gpt: --top-k {}: expected >= 0 (0: all)", s.top_k);
+  usage_check(s.seed >= -1, "gpt: --sample-seed {}: expected >= 0, or -1 for --seed", s.seed);
 }
 
 std::string load_gpt_text(const std::string& dataset, const std::string& text_file, const std::string& cache_dir,
@@ -69,8 +85,8 @@ nlohmann::json gpt_config_to_json(const GPTConfig& c) { return c; }  // the keys
 GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   GPTConfig c;
   auto field = [&](const char* name, int64_t& v) {
-    check(j.is_object() && j.contains(name) && j[name].is_number_integer(),
-          "gpt config: field '{}' is missing or not an integer in {}", name, j.dump());
+    if (!j.is_object() || !j.contains(name) || !j[name].is_number_integer())
+      fail("gpt config: field '{}' is missing or not an integer in {}", name, j.dump());
     v = j[name].get<int64_t>();
   };
   field("vocab", c.vocab), field("context", c.context), field("d_model", c.d_model);

@@ -33,6 +33,26 @@
 
 namespace ag::apps {
 
+// ---- the command line --------------------------------------------------------------------------
+
+// What to sample after training (or with --eval-only).
+struct SampleSettings {
+  std::string prompt;  // empty: "And God said" for the Bible, "\n" otherwise
+  int64_t tokens = 500;
+  double temperature = 0.8;
+  int64_t top_k = 0;
+  int64_t seed = -1;  // -1: --seed
+  bool no_kv_cache = false;
+  bool compare = false;
+};
+
+// The checks of the command line, before any text is read: a UsageError naming the option and
+// value when --context is outside [1, 4096], a size (--d-model, --heads, --layers, --mlp,
+// --eval-windows) is below 1, --heads does not divide --d-model, --sample-tokens, --temperature or
+// --top-k is negative, or --sample-seed is below -1. (Whether the text is longer than the context
+// is known only once it is read: an ag::Error then.)
+void validate_gpt_config(const GPTConfig& c, int64_t eval_windows, const SampleSettings& s);
+
 // ---- data --------------------------------------------------------------------------------------
 
 // The text of a corpus: dataset "bible" (data/text.h load_bible_kjv, cached as

@@ -245,8 +245,9 @@ std::string svg_line_chart(const LineChart& chart) {
     // In whichever corner covers the fewest points (top right first, on ties).
     double lx = left + pw - lw - 8, ly = top + 8;
     size_t fewest = SIZE_MAX;
-    for (const auto& [cx, cy] : {std::pair{left + pw - lw - 8, top + 8}, std::pair{left + pw - lw - 8, top + ph - lh - 8},
-                                 std::pair{left + 8, top + 8}, std::pair{left + 8, top + ph - lh - 8}}) {
+    for (const auto& corner : {std::pair{left + pw - lw - 8, top + 8}, std::pair{left + pw - lw - 8, top + ph - lh - 8},
+                               std::pair{left + 8, top + 8}, std::pair{left + 8, top + ph - lh - 8}}) {
+      const double cx = corner.first, cy = corner.second;  // not a structured binding: lambdas capture it
       size_t covered = 0;
       const auto inside = [&](double px, double py) {
         return px >= cx - 4 && px <= cx + lw + 4 && py >= cy - 4 && py <= cy + lh + 4;

@@ -201,7 +201,7 @@ double RunReport::tokens_per_second() const { return train_seconds > 0 ? tokens 
 
 std::string RunReport::to_text() const {
   std::vector<std::pair<std::string, std::string>> rows;
-  rows.reserve(12 + extra.size());  // also keeps GCC 12 from a false -Warray-bounds in the growth path
+  rows.reserve(14 + extra.size());  // also keeps GCC 12 from a false -Warray-bounds in the growth path
   rows.emplace_back("app", app + (interrupted ? " (interrupted)" : ""));
   rows.emplace_back("wall time", format_duration(wall_seconds));
   rows.emplace_back("training time", format_duration(train_seconds));
@@ -215,6 +215,7 @@ std::string RunReport::to_text() const {
   }
   rows.emplace_back("peak memory (RSS)", format_bytes(double(peak_rss_bytes)));
   if (peak_tensor_bytes > 0) rows.emplace_back("peak tensor memory", format_bytes(double(peak_tensor_bytes)));
+  if (skipped_steps > 0) rows.emplace_back("skipped steps", fmt::format("{} (non-finite loss or gradient norm)", skipped_steps));
   if (accuracy) rows.emplace_back("accuracy", fmt::format("{:.2f}%", 100 * *accuracy));
   for (const auto& [name, value] : extra) rows.emplace_back(name, fmt::format("{:.6g}", value));
 
@@ -238,7 +239,8 @@ nlohmann::json RunReport::to_json() const {
                       {"samples_per_second", samples_per_second()},
                       {"tokens_per_second", tokens_per_second()},
                       {"peak_rss_bytes", peak_rss_bytes},
-                      {"peak_tensor_bytes", peak_tensor_bytes}};
+                      {"peak_tensor_bytes", peak_tensor_bytes},
+                      {"skipped_steps", skipped_steps}};
   if (accuracy) j["accuracy"] = *accuracy;
   if (confusion) j["confusion"] = confusion->to_json();
   for (const auto& [name, value] : extra)

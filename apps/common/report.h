@@ -78,7 +78,8 @@ struct RunReport {
   double tokens = 0;                 // training tokens seen (0: not a sequence model)
   int64_t peak_rss_bytes = 0;          // peak_rss_bytes(): the whole process
   int64_t peak_tensor_bytes = 0;       // alloc_stats().peak_bytes_in_use: tensors only (0: not shown)
-  bool interrupted = false;          // stopped by Ctrl-C / SIGTERM
+  bool interrupted = false;          // stopped by Ctrl-C / SIGTERM / --stop-at before the last step
+  int64_t skipped_steps = 0;         // updates skipped for a non-finite loss or gradient norm
   std::optional<double> accuracy;    // final evaluation accuracy in [0, 1]
   std::optional<ConfusionMatrix> confusion;
   std::vector<std::pair<std::string, double>> extra;  // more numbers: {"val_loss", 1.23}, ...

@@ -1,9 +1,16 @@
 #include "apps/common/run.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <csignal>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <fmt/core.h>
 
@@ -12,6 +19,7 @@
 #include "core/parallel.h"
 #include "core/serialize.h"
 #include "nn/checkpoint.h"
+#include "optim/clip.h"
 
 namespace ag::apps {
 
@@ -34,22 +42,47 @@ std::pair<std::string, std::string> chart_and_series(const std::string& name) {
 
 }  // namespace
 
+namespace {
+CLI::Validator bound_check(bool strict, const char* name) {
+  return CLI::Validator(
+      [strict](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || std::isnan(v)) return fmt::format("'{}' is not a number", text);
+        if (strict ? v > 0 : v >= 0) return "";
+        return fmt::format("{} is not {} 0", text, strict ? ">" : ">=");
+      },
+      strict ? "> 0" : ">= 0", name);
+}
+}  // namespace
+
+CLI::Validator positive() { return bound_check(true, "POSITIVE"); }
+CLI::Validator non_negative() { return bound_check(false, "NONNEGATIVE"); }
+
 void add_run_options(CLI::App& cli, RunOptions& o) {
-  cli.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
-  cli.add_option("--batch", o.batch, "batch size")->capture_default_str()->check(CLI::PositiveNumber);
-  cli.add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str()->check(CLI::PositiveNumber);
-  cli.add_option("--min-lr", o.min_lr, "final learning rate of the cosine schedule")->capture_default_str();
+  cli.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(positive());
+  cli.add_option("--batch", o.batch, "batch size")->capture_default_str()->check(positive());
+  cli.add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str()->check(positive());
+  cli.add_option("--min-lr", o.min_lr, "final learning rate of the cosine schedule")
+      ->capture_default_str()
+      ->check(non_negative());
   cli.add_option("--warmup", o.warmup, "fraction of the steps with a linear warmup")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   cli.add_option("--schedule", o.schedule, "lr schedule: cosine (after warmup), constant, step (x0.1 every third)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cosine", "constant", "step"}));
-  cli.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
-  cli.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
+  cli.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str()
+      ->check(non_negative());
+  cli.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off; the norm is checked either way)")
+      ->capture_default_str()
+      ->check(non_negative());
   cli.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.99));
   cli.add_option("--seed", o.seed, "seed of initialisation, data order, dropout and sampling")->capture_default_str();
-  cli.add_option("--threads", o.threads, "CPU threads (0: every core)")->capture_default_str();
+  cli.add_option("--threads", o.threads, "CPU threads (0: every core)")->capture_default_str()->check(non_negative());
+  cli.add_flag("--deterministic", o.deterministic,
+               "the same results bit for bit at any --threads (ag::set_deterministic; costs nothing on the f32 "
+               "CPU path)");
   cli.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
   cli.add_option("--precision", o.precision, "fp32, or bf16 (CUDA only)")
       ->capture_default_str()
@@ -57,39 +90,131 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
   cli.add_option("--out,--checkpoint-dir", o.out_dir,
                  "run directory: checkpoint, metrics, TensorBoard events, plots, report (default runs/<app>)");
   cli.add_flag("--resume", o.resume, "continue from the checkpoint in the run directory");
-  cli.add_option("--eval-every", o.eval_every, "steps between evaluations (0: ten per run)")->capture_default_str();
+  cli.add_option("--eval-every", o.eval_every, "steps between evaluations (0: ten per run)")
+      ->capture_default_str()
+      ->check(non_negative());
   cli.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: at every evaluation)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_negative());
   cli.add_option("--data-dir", o.data_dir, "where the data is")->capture_default_str();
   cli.add_flag("--eval-only", o.eval_only, "evaluate --checkpoint (or the run directory's) and exit");
   cli.add_option("--checkpoint", o.checkpoint, "checkpoint file for --eval-only");
   cli.add_flag("--quiet", o.quiet, "no progress bar (evaluation lines and the report only)");
+  cli.add_option("--stop-at", o.stop_at,
+                 "stop after this step of the --steps schedule as Ctrl-C would: save, report, exit 0; continue "
+                 "with --resume (0: off)")
+      ->capture_default_str()
+      ->check(non_negative());
+  cli.add_option("--max-skips", o.max_skips,
+                 "stop (exit 1) after this many steps in a row with a non-finite loss or gradient norm, whose "
+                 "updates are skipped (0: never)")
+      ->capture_default_str()
+      ->check(non_negative());
+}
+
+void validate_run_options(const RunOptions& o, const std::string& app) {
+  // CLI11 already refuses most of these at parse time; checked again here for callers that fill
+  // RunOptions themselves, and for the combinations no single option's check can see
+  usage_check(o.steps >= 1, "{}: --steps {}: expected at least 1", app, o.steps);
+  usage_check(o.batch >= 1, "{}: --batch {}: expected at least 1", app, o.batch);
+  usage_check(o.lr > 0 && std::isfinite(o.lr), "{}: --lr {}: expected a finite value > 0", app, o.lr);
+  usage_check(o.min_lr >= 0 && o.min_lr <= o.lr, "{}: --min-lr {}: expected 0 <= min-lr <= --lr {}", app, o.min_lr,
+              o.lr);
+  usage_check(o.warmup >= 0 && o.warmup <= 1, "{}: --warmup {}: expected a fraction of the steps in [0, 1]", app,
+              o.warmup);
+  usage_check(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "{}: --weight-decay {}: expected >= 0", app,
+              o.weight_decay);
+  usage_check(o.clip >= 0 && std::isfinite(o.clip), "{}: --clip {}: expected >= 0 (0: off)", app, o.clip);
+  usage_check(o.dropout >= 0 && o.dropout < 1, "{}: --dropout {}: expected a probability in [0, 1)", app, o.dropout);
+  usage_check(o.threads >= 0, "{}: --threads {}: expected >= 0 (0: every core)", app, o.threads);
+  usage_check(o.eval_every >= 0, "{}: --eval-every {}: expected >= 0 (0: ten evaluations per run)", app,
+              o.eval_every);
+  usage_check(o.checkpoint_every >= 0, "{}: --checkpoint-every {}: expected >= 0 (0: at every evaluation)", app,
+              o.checkpoint_every);
+  usage_check(o.stop_at >= 0 && o.stop_at <= o.steps,
+              "{}: --stop-at {} is outside [0, --steps {}] (0: off; the run stops after that step, resumable)", app,
+              o.stop_at, o.steps);
+  usage_check(o.max_skips >= 0, "{}: --max-skips {}: expected >= 0 (0: never stop)", app, o.max_skips);
+  usage_check(o.device == "cpu" || o.device.rfind("cuda", 0) == 0, "{}: --device: expected cpu or cuda[:N], got '{}'",
+              app, o.device);
+#if ATTOGRAD_WITH_CUDA
+  usage_check(o.device == "cpu",
+              "{}: --device {}: the CUDA backend of this build has memory and copies but not yet the kernels "
+              "training needs; use --device cpu",
+              app, o.device);
+#else
+  usage_check(o.device == "cpu",
+              "{}: --device {}: this build has no CUDA backend (configure with -DATTOGRAD_CUDA=ON on a machine "
+              "with nvcc); use --device cpu",
+              app, o.device);
+#endif
+  usage_check(o.precision == "fp32",
+              "{}: --precision {}: mixed precision runs on the CUDA backend; the CPU trains in fp32", app,
+              o.precision);
 }
 
 void apply_run_options(RunOptions& o, const std::string& app) {
+  validate_run_options(o, app);
   if (o.threads > 0) set_num_threads(o.threads);
-  check(o.device == "cpu" || o.device.rfind("cuda", 0) == 0, "--device: expected cpu or cuda[:N], got '{}'",
-        o.device);
-  if (o.device != "cpu") {
-#if ATTOGRAD_WITH_CUDA
-    throw Error(fmt::format("--device {}: the CUDA backend of this build has memory and copies but not yet the "
-                            "kernels training needs; use --device cpu",
-                            o.device));
-#else
-    throw Error(fmt::format("--device {}: this build has no CUDA backend (configure with -DATTOGRAD_CUDA=ON on a "
-                            "machine with nvcc); use --device cpu",
-                            o.device));
-#endif
-  }
-  check(o.precision == "fp32", "--precision {}: mixed precision runs on the CUDA backend; the CPU trains in fp32",
-        o.precision);
-  check(o.clip >= 0 && o.weight_decay >= 0 && o.min_lr >= 0 && o.min_lr <= o.lr,
-        "{}: expected clip >= 0, weight decay >= 0 and 0 <= min-lr <= lr, got {}, {}, {} and {}", app, o.clip,
-        o.weight_decay, o.min_lr, o.lr);
+  if (o.deterministic) set_deterministic(true);
   if (o.out_dir.empty()) o.out_dir = "runs/" + app;
   if (o.eval_every <= 0) o.eval_every = std::max<int64_t>(1, o.steps / 10);
   if (o.checkpoint_every <= 0) o.checkpoint_every = o.eval_every;
   if (o.checkpoint.empty()) o.checkpoint = o.out_dir + "/checkpoint.safetensors";
+}
+
+std::string resume_command(const std::vector<std::string>& argv) {
+  // a word the shell reads as it is: letters, digits and a few punctuation marks; anything else
+  // goes in single quotes (a ' inside becomes '\'')
+  auto quote = [](const std::string& w) {
+    const bool plain = !w.empty() && std::all_of(w.begin(), w.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./=:,+@%", c) != nullptr;
+    });
+    if (plain) return w;
+    std::string q = "'";
+    for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  std::string cmd;
+  bool has_resume = false;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--stop-at") {  // and its value
+      ++i;
+      continue;
+    }
+    if (argv[i].rfind("--stop-at=", 0) == 0) continue;
+    has_resume = has_resume || argv[i] == "--resume";
+    cmd += (cmd.empty() ? "" : " ") + quote(argv[i]);
+  }
+  return has_resume ? cmd : cmd + " --resume";
+}
+
+int64_t current_rss_bytes() {
+  // statm: size resident shared text lib data dt, in pages
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return resident * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+bool all_finite(const std::vector<Tensor>& tensors) {
+  NoGradGuard no_grad;
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || !is_floating(t.dtype())) continue;
+    const Tensor c = t.to(Device::cpu()).contiguous();
+    bool ok = true;
+    visit_floating("all_finite", c.dtype(), [&]<class T>() {
+      const T* p = c.data<T>();
+      const int64_t n = c.numel();
+      // x - x is 0 for a finite x and NaN for an infinite or NaN one: one branch-free sum
+      T acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t i = 0; i < n; ++i) acc += p[i] - p[i];
+      ok = acc == T(0);
+    });
+    if (!ok) return false;
+  }
+  return true;
 }
 
 std::unique_ptr<optim::Schedule> make_schedule(const RunOptions& o) {
@@ -124,8 +249,8 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
     : app_(std::move(app)), dir_(o.out_dir), o_(o), model_(model), opt_(opt), gen_(gen), config_(std::move(config)),
       extra_(std::move(extra)), start_time_(now_seconds()) {
   check(!dir_.empty(), "{}: no run directory (call apply_run_options first)", app_);
-  check(extra_.count("config") == 0 && extra_.count("steps") == 0,
-        "{}: 'config' and 'steps' are reserved in the checkpoint metadata", app_);
+  for (const char* key : {"config", "steps", "run.loss_sum", "run.loss_count", "run.skipped", "run.skips_in_a_row"})
+    check(extra_.count(key) == 0, "{}: '{}' is reserved in the checkpoint metadata", app_, key);
   std::error_code ec;
   fs::create_directories(dir_, ec);
   check(!ec, "{}: cannot create the run directory '{}': {}", app_, dir_, ec.message());
@@ -147,7 +272,23 @@ int64_t Run::resume() {
     check(!info.extra.count("steps") || info.extra.at("steps") == std::to_string(o_.steps),
           "{}: --resume: {} belongs to a run of {} steps (its lr schedule), this run asks for --steps {}", app_,
           ckpt, info.extra.count("steps") ? info.extra.at("steps") : "", o_.steps);
-    first_step_ = nn::load_checkpoint(ckpt, model_, &opt_, &gen_).step;
+    const nn::Checkpoint c = nn::load_checkpoint(ckpt, model_, &opt_, &gen_);
+    first_step_ = c.step;
+    // the partial training-loss average of the next log line and the skip counts, as they were
+    // (absent in checkpoints written before them: zero)
+    auto entry = [&](const char* key) -> std::string {
+      auto it = c.extra.find(key);
+      return it == c.extra.end() ? "0" : it->second;
+    };
+    try {
+      loss_sum_ = std::stod(entry("run.loss_sum"));  // written with 17 digits: the same double
+      loss_count_ = std::stoll(entry("run.loss_count"));
+      skipped_ = std::stoll(entry("run.skipped"));
+      skips_in_a_row_ = std::stoll(entry("run.skips_in_a_row"));
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{}: --resume: {} has unreadable run.* metadata ({})", app_, ckpt, e.what()));
+    }
+    last_saved_step_ = first_step_;
     // the curves so far come back from the metrics of the interrupted run
     std::ifstream in(path("metrics.jsonl"));
     for (std::string line; std::getline(in, line);) {
@@ -172,7 +313,37 @@ int64_t Run::resume() {
   return first_step_;
 }
 
-bool Run::stop_requested() const { return apps::stop_requested(); }
+bool Run::stop_requested() const {
+  // --stop-at equal to --steps is the normal end of the run, not a stop
+  return apps::stop_requested() || (o_.stop_at > 0 && o_.stop_at < o_.steps && last_step_ >= o_.stop_at);
+}
+
+bool Run::optimizer_step(int64_t step, double loss) {
+  // --clip 0 only measures: with the largest finite max_norm the clip coefficient of a finite
+  // norm is >= 1, so nothing is scaled (a non-finite norm scales by 0 or NaN: dropped below)
+  const double max_norm = o_.clip > 0 ? o_.clip : std::numeric_limits<double>::max();
+  last_grad_norm_ = optim::clip_grad_norm(opt_.params(), max_norm);
+  if (std::isfinite(loss) && std::isfinite(last_grad_norm_)) {
+    opt_.step();
+    skips_in_a_row_ = 0;
+    return true;
+  }
+  opt_.zero_grad();  // the gradients go; the parameters and the optimizer state stay as they were
+  ++skipped_, ++skips_in_a_row_;
+  const std::string what = !std::isfinite(loss) ? fmt::format("the loss is {}", loss)
+                                                : fmt::format("the gradient norm is {} (loss {:.4g})", last_grad_norm_, loss);
+  print(fmt::format("{}: step {}: {}: update skipped ({} skipped so far, {} in a row). If this recurs, rerun with "
+                    "a lower --lr (now {}) or with gradient clipping (--clip, now {})",
+                    app_, step, what, skipped_, skips_in_a_row_, o_.lr, o_.clip));
+  check(o_.max_skips == 0 || skips_in_a_row_ < o_.max_skips,
+        "{}: stopping at step {}: {} steps in a row had a non-finite loss or gradient norm (--max-skips {}); {}. "
+        "Rerun with a lower --lr or with --clip",
+        app_, step, skips_in_a_row_, o_.max_skips,
+        last_saved_step_ >= 0
+            ? fmt::format("{} still holds the finite model of step {}", path("checkpoint.safetensors"), last_saved_step_)
+            : std::string("no checkpoint was written by this run"));
+  return false;
+}
 
 void Run::step_done(int64_t step, double loss, int64_t samples, int64_t tokens) {
   const double t = now_seconds();
@@ -180,8 +351,9 @@ void Run::step_done(int64_t step, double loss, int64_t samples, int64_t tokens) 
   last_step_time_ = t;
   last_step_ = step;
   samples_ += samples, tokens_ += tokens;
-  loss_sum_ += loss, ++loss_count_;
-  if (bar_) bar_->update(step, {{"loss", loss_sum_ / double(loss_count_)}, {"lr", opt_.lr()}});
+  if (std::isfinite(loss)) loss_sum_ += loss, ++loss_count_;  // a skipped step's NaN would poison the mean
+  if (bar_)
+    bar_->update(step, {{"loss", loss_count_ > 0 ? loss_sum_ / double(loss_count_) : loss}, {"lr", opt_.lr()}});
 }
 
 bool Run::eval_due(int64_t step) const { return step % o_.eval_every == 0 || step == o_.steps; }
@@ -192,12 +364,17 @@ void Run::log_eval(int64_t step, const Scalars& scalars) {
   if (loss_count_ > 0) all.emplace_back("train_loss", loss_sum_ / double(loss_count_));
   all.insert(all.end(), scalars.begin(), scalars.end());
   all.emplace_back("lr", opt_.lr());
+  all.emplace_back("skipped_steps", double(skipped_));
+  const size_t shown = all.size();  // rss_mb goes to the metrics only
+  all.emplace_back("rss_mb", double(current_rss_bytes()) / (1 << 20));
   check(metrics_ != nullptr, "{}: log_eval before resume()", app_);
   metrics_->log(step, all);
   std::string line = fmt::format("step {}/{}:", step, o_.steps);
-  for (const auto& [name, value] : all) {
+  for (size_t i = 0; i < shown; ++i) {
+    const auto& [name, value] = all[i];
+    if (name == "skipped_steps" && skipped_ == 0) continue;
     line += fmt::format(" {} {:.4g}", name, value);
-    if (name == "lr") continue;
+    if (name == "lr" || name == "skipped_steps") continue;
     auto [chart, series] = chart_and_series(name);
     curves_.add(chart, series, double(step), value);
   }
@@ -207,12 +384,27 @@ void Run::log_eval(int64_t step, const Scalars& scalars) {
   last_step_time_ = now_seconds();  // evaluation time is not training time
 }
 
-void Run::save(int64_t step) {
+bool Run::save(int64_t step) {
+  std::vector<Tensor> state;
+  for (const auto& [name, t] : opt_.state_dict()) state.push_back(t);
+  if (!all_finite(model_.parameters()) || !all_finite(state)) {
+    print(fmt::format("{}: step {}: a parameter or an optimizer moment is NaN or infinite: NOT saving; {} keeps {}",
+                      app_, step, path("checkpoint.safetensors"),
+                      last_saved_step_ >= 0 ? fmt::format("step {}", last_saved_step_)
+                                            : std::string("what it held (no checkpoint of this run yet)")));
+    return false;
+  }
   std::map<std::string, std::string> meta = extra_;
   meta["config"] = config_.dump();
   meta["steps"] = std::to_string(o_.steps);
+  meta["run.loss_sum"] = fmt::format("{:.17g}", loss_sum_);
+  meta["run.loss_count"] = std::to_string(loss_count_);
+  meta["run.skipped"] = std::to_string(skipped_);
+  meta["run.skips_in_a_row"] = std::to_string(skips_in_a_row_);
   nn::save_checkpoint(path("checkpoint.safetensors"), model_, opt_, step, gen_, meta);
+  last_saved_step_ = step;
   last_step_time_ = now_seconds();
+  return true;
 }
 
 void Run::print(const std::string& line) {
@@ -233,12 +425,24 @@ void Run::finish(RunReport& report) {
   report.tokens = double(tokens_);
   report.peak_rss_bytes = peak_rss_bytes();
   report.peak_tensor_bytes = int64_t(alloc_stats().peak_bytes_in_use);
-  report.interrupted = apps::stop_requested();
+  report.skipped_steps = skipped_;
+  const bool stopped = stop_requested() && last_step_ < o_.steps;
+  report.interrupted = stopped;
   fmt::print("{}", report.to_text());
   nlohmann::json j = report.to_json();
   j["config"] = config_;
   write_file_atomic(path("report.json"), j.dump(2) + "\n");
   fmt::print("run directory: {} (curves.svg, metrics.jsonl, TensorBoard events, report.json, checkpoint)\n", dir_);
+  if (stopped) {
+    const std::string why = apps::stop_signal() != 0 ? (apps::stop_signal() == SIGINT ? "Ctrl-C" : "SIGTERM")
+                                                     : fmt::format("--stop-at {}", o_.stop_at);
+    const std::string cmd =
+        o_.command_line.empty() ? fmt::format("{} <the same options> --resume", app_) : resume_command(o_.command_line);
+    fmt::print("stopped after step {} of {} ({}); {}. To continue:\n  {}\n", last_step_, o_.steps, why,
+               last_saved_step_ == last_step_ ? "the checkpoint holds it"
+                                              : fmt::format("the checkpoint holds step {}", last_saved_step_),
+               cmd);
+  }
 }
 
 int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const std::string& app) {
@@ -250,6 +454,12 @@ int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const s
     fmt::print(stderr, "{}: {} ({} --help lists every option)\n", app, e.what(), app);
     return kExitUsage;
   }
+}
+
+void print_usage_error(const std::string& app, const std::string& message) {
+  const std::string prefix = app + ":";
+  const std::string text = message.compare(0, prefix.size(), prefix) == 0 ? message : prefix + " " + message;
+  fmt::print(stderr, "{} ({} --help lists every option)\n", text, app);
 }
 
 void print_error(const std::string& app, const std::string& message) {

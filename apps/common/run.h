@@ -17,28 +17,41 @@
 //
 //   Run run("vit", opts, model, opt, gen, config);   // header line, Ctrl-C handler, metrics files
 //   int64_t step = run.resume();                      // --resume: load the checkpoint, else 0
-//   for (; step < opts.steps && !run.stop_requested(); ++step) {
+//   for (; step < opts.steps && !run.stop_requested(); ++step) {   // Ctrl-C, SIGTERM, --stop-at
 //     sched.set_lr(opt, step);
-//     ... forward, backward, clip, opt.step() ...
+//     ... forward, zero_grad, backward ...
+//     run.optimizer_step(step + 1, loss);            // clip, health check, opt.step() or a skip
 //     run.step_done(step + 1, loss, batch_samples, batch_tokens);   // progress bar, throughput
 //     if (run.eval_due(step + 1)) run.log_eval(step + 1, evaluate(...));
 //     if (run.checkpoint_due(step + 1)) run.save(step + 1);
 //   }
 //   run.save(step);   // also after Ctrl-C: nothing trained is lost
-//   run.finish(report);
+//   run.finish(report);   // after a stop: prints the command line that resumes
+//
+// Training health. A step whose loss or global gradient norm is NaN or infinite does not update
+// anything: its gradients are dropped, the optimizer's moments and step counts stay as they were,
+// the schedule moves on (the step counts as taken), one line names the step and the value, and
+// the skip is counted (metrics.jsonl "skipped_steps", the report). After --max-skips skips in a
+// row the run stops (an ag::Error: exit 1). A checkpoint is written only when every parameter and
+// every optimizer moment is finite, so a run that went non-finite never replaces a good one.
 #include <CLI/CLI.hpp>
 
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <fmt/core.h>
 
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
 #include "apps/common/report.h"
 #include "apps/common/signal.h"
+#include "core/error.h"
 #include "core/random.h"
+#include "core/tensor.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -52,10 +65,27 @@ constexpr int kExitError = 1;
 constexpr int kExitNoData = 2;
 constexpr int kExitUsage = 2;
 
+// A bad option value or combination, found before any work starts (the apps exit kExitUsage and
+// print it as one line with a pointer to --help). Raise it with usage_check.
+struct UsageError : Error {
+  using Error::Error;
+};
+template <class... Args>
+void usage_check(bool cond, fmt::format_string<Args...> f, Args&&... args) {
+  if (!cond) throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
+// The one line an app prints for a UsageError: "app: <message> (app --help lists every option)".
+void print_usage_error(const std::string& app, const std::string& message);
+
 // Parses an app's command line. Returns -1 to go on; otherwise the code to exit with at once: 0
 // after --help (printed), kExitUsage after a bad flag or value, reported on stderr in one line:
 // "app: <what CLI11 found> (app --help lists every option)".
 int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const std::string& app);
+
+// CLI11 checks for sizes and rates whose message states the bound ("--steps: -1 is not > 0");
+// CLI::PositiveNumber's prints the largest double in full.
+CLI::Validator positive();      // a number > 0
+CLI::Validator non_negative();  // a number >= 0
 
 struct RunOptions {
   int64_t steps = 1000;       // optimizer steps (the cosine schedule needs the total up front)
@@ -69,6 +99,7 @@ struct RunOptions {
   double dropout = 0.0;
   uint64_t seed = 1;
   int threads = 0;             // 0: every core
+  bool deterministic = false;  // ag::set_deterministic: the same bits at any thread count
   std::string device = "cpu";
   std::string precision = "fp32";
   std::string out_dir;         // run directory; default runs/<app>
@@ -79,16 +110,34 @@ struct RunOptions {
   bool eval_only = false;      // evaluate --checkpoint and exit
   std::string checkpoint;      // for --eval-only (default <out>/checkpoint.safetensors)
   bool quiet = false;          // no progress bar
+  int64_t stop_at = 0;         // stop after this step as Ctrl-C would: save, report, exit 0 (0: off)
+  int64_t max_skips = 10;      // stop (exit 1) after this many non-finite steps in a row (0: never)
+  std::vector<std::string> command_line;  // argv as given: the resume hint repeats it + --resume
 };
 
 // Registers every RunOptions field as --steps, --batch, --lr, ..., showing the defaults the
 // app set in `o` beforehand; the app adds its own model and data options next to them.
 void add_run_options(CLI::App& cli, RunOptions& o);
 
-// After parsing: sets the thread count, checks device and precision (an ag::Error naming the
-// option when the build or machine cannot honour it), fills the defaults that depend on others
-// (out_dir, eval_every, checkpoint path).
+// After parsing: checks every value and combination (validate_run_options), sets the thread
+// count, fills the defaults that depend on others (out_dir, eval_every, checkpoint path).
 void apply_run_options(RunOptions& o, const std::string& app);
+// The checks alone, before anything is set up: a UsageError naming the option and its value for
+// steps, batch, lr < 1; min-lr outside [0, lr]; warmup outside [0, 1]; weight decay, clip,
+// threads, eval/checkpoint cadence or max-skips < 0; dropout outside [0, 1); stop-at outside
+// [0, steps]; a device other than cpu (this backend trains on the CPU) or a precision other than fp32.
+void validate_run_options(const RunOptions& o, const std::string& app);
+
+// The shell command that resumes a stopped run: `argv` (quoted where the shell needs it) without
+// --stop-at and its value, plus --resume (unless already there).
+std::string resume_command(const std::vector<std::string>& argv);
+
+// The current resident set size of this process in bytes (/proc/self/statm: resident pages times
+// the page size; 0 where that file is missing). Current, not peak: what metrics.jsonl logs.
+int64_t current_rss_bytes();
+
+// Whether every element of every floating tensor is finite (integer tensors are skipped).
+bool all_finite(const std::vector<Tensor>& tensors);
 
 // The schedule the options describe (warmup + cosine to min_lr, constant, or step decay by 0.1
 // at 50% and 75%).
@@ -115,23 +164,37 @@ class Run {
   // With --resume and a checkpoint in the run dir: loads model, optimizer, RNG and returns its
   // step (the metrics files are appended to). Otherwise 0.
   int64_t resume();
+  // Ctrl-C or SIGTERM arrived, or --stop-at's step (when before the last) is done.
   bool stop_requested() const;
+
+  // After backward: the guarded update of step `step` (1-based, as step_done). Clips the global
+  // gradient norm to --clip (with --clip 0 the norm is only measured), then, when `loss` and the
+  // norm are both finite, opt.step() and returns true. Otherwise skips the update as described at
+  // the top of this file and returns false; raises ag::Error when that makes --max-skips in a row.
+  bool optimizer_step(int64_t step, double loss);
+  double last_grad_norm() const { return last_grad_norm_; }  // before clipping
+  int64_t skipped_steps() const { return skipped_; }
 
   // After the update that made `step` steps: advances the progress bar (loss, lr, smoothed
   // throughput) and averages the training loss for the next log line.
   void step_done(int64_t step, double loss, int64_t samples, int64_t tokens = 0);
   bool eval_due(int64_t step) const;
   bool checkpoint_due(int64_t step) const;
-  // Logs scalars (e.g. {"val_loss", ..}, {"val_accuracy", ..}) with the mean training loss since
-  // the last call, to metrics.jsonl, tfevents and curves.svg; prints one line.
+  // Logs scalars (e.g. {"val_loss", ..}, {"val_accuracy", ..}) with the mean finite training loss
+  // since the last call, the learning rate, the skipped steps so far and the current RSS
+  // ("rss_mb"), to metrics.jsonl and tfevents (curves.svg gets the losses and accuracies); prints
+  // one line.
   void log_eval(int64_t step, const Scalars& scalars);
-  // Writes the checkpoint atomically (model, optimizer, step, RNG, config, extra).
-  void save(int64_t step);
+  // Writes the checkpoint atomically (model, optimizer, step, RNG, config, extra, and the partial
+  // training-loss average and skip counts, so a resumed run logs what an unbroken one would).
+  // Refuses when a parameter or an optimizer moment is not finite: says so, leaves the previous
+  // checkpoint as it was and returns false.
+  bool save(int64_t step);
   // Prints a line without breaking the progress bar.
   void print(const std::string& line);
 
-  // Fills the timing, throughput and memory fields of `report`, prints it and writes
-  // <out>/report.json.
+  // Fills the timing, throughput, memory and skip fields of `report`, prints it and writes
+  // <out>/report.json. After Ctrl-C, SIGTERM or --stop-at, prints how to resume.
   void finish(RunReport& report);
 
   const std::string& dir() const { return dir_; }
@@ -152,6 +215,8 @@ class Run {
   double start_time_, train_seconds_ = 0, last_step_time_ = 0;
   double loss_sum_ = 0;
   int64_t loss_count_ = 0, first_step_ = 0, last_step_ = 0, samples_ = 0, tokens_ = 0;
+  double last_grad_norm_ = 0;
+  int64_t skipped_ = 0, skips_in_a_row_ = 0, last_saved_step_ = -1;
 };
 
 // Prints "app: message" on stderr: the one line an app prints for an error before it exits. A

@@ -3,11 +3,13 @@
 #include "apps/common/textclf_lib.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <numeric>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "optim/clip.h"
 
@@ -109,10 +111,10 @@ TextTokenizer TextTokenizer::from_json(const std::string& json, const std::strin
 nlohmann::json config_to_json(const TextClassifierConfig& c) { return c; }  // the keys of models.h's to_json
 
 TextClassifierConfig config_from_json(const nlohmann::json& j) {
-  check(j.is_object(), "textclf config: expected a JSON object, got {}", j.dump());
+  if (!j.is_object()) fail("textclf config: expected a JSON object, got {}", j.dump());
   auto get_int = [&](const char* key) {
-    check(j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() > 0,
-          "textclf config: '{}' must be a positive integer, got {}", key, j.contains(key) ? j[key].dump() : "nothing");
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
+      fail("textclf config: '{}' must be a positive integer, got {}", key, j.contains(key) ? j[key].dump() : "nothing");
     return j[key].get<int64_t>();
   };
   TextClassifierConfig c;
@@ -123,15 +125,15 @@ TextClassifierConfig config_from_json(const nlohmann::json& j) {
   c.n_heads = get_int("n_heads");
   c.n_layers = get_int("n_layers");
   c.mlp_hidden = get_int("mlp_hidden");
-  check(j.contains("dropout") && j["dropout"].is_number() && j["dropout"].get<double>() >= 0 &&
-            j["dropout"].get<double>() < 1,
-        "textclf config: 'dropout' must be a number in [0, 1), got {}", j.contains("dropout") ? j["dropout"].dump() : "nothing");
+  if (!j.contains("dropout") || !j["dropout"].is_number() || !(j["dropout"].get<double>() >= 0) ||
+      !(j["dropout"].get<double>() < 1))
+    fail("textclf config: 'dropout' must be a number in [0, 1), got {}", j.contains("dropout") ? j["dropout"].dump() : "nothing");
   c.dropout = j["dropout"].get<double>();
   // n-gram settings: optional, so that checkpoints made before them load (n-grams off)
   auto get_optional = [&](const char* key, int64_t fallback, int64_t lo) {
     if (!j.contains(key)) return fallback;
-    check(j[key].is_number_integer() && j[key].get<int64_t>() >= lo, "textclf config: '{}' must be an integer >= {}, got {}",
-          key, lo, j[key].dump());
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < lo)
+      fail("textclf config: '{}' must be an integer >= {}, got {}", key, lo, j[key].dump());
     return j[key].get<int64_t>();
   };
   c.ngram_buckets = get_optional("ngram_buckets", 0, 0);
@@ -206,6 +208,57 @@ DataOptions data_from_json(const nlohmann::json& j) {
     throw Error(fmt::format("textclf config: malformed data entry {}: {}", j.dump(), e.what()));
   }
   return d;
+}
+
+std::pair<int64_t, int64_t> parse_ngram_range(const std::string& text) {
+  const char *first = text.data(), *last = first + text.size();
+  const char* dash = std::find(first, last, '-');
+  int64_t lo_n = 0, hi_n = 0;
+  const auto lo = std::from_chars(first, dash, lo_n);
+  const auto hi =
+      dash == last ? std::from_chars_result{last, std::errc::invalid_argument} : std::from_chars(dash + 1, last, hi_n);
+  usage_check(lo.ec == std::errc() && lo.ptr == dash && hi.ec == std::errc() && hi.ptr == last,
+              "textclf: --ngrams '{}' is not MIN-MAX (e.g. 2-5)", text);
+  usage_check(lo_n >= 1 && hi_n >= lo_n && hi_n <= 64, "textclf: --ngrams {}: expected 1 <= MIN <= MAX <= 64", text);
+  return {lo_n, hi_n};
+}
+
+void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const TrainSettings& t) {
+  usage_check(d.max_len >= 1 && d.max_len <= 4096, "textclf: --max-len {}: expected 1..4096 tokens per text",
+              d.max_len);
+  usage_check(d.min_freq >= 1, "textclf: --min-freq {}: expected at least 1", d.min_freq);
+  usage_check(d.max_words >= 3, "textclf: --max-words {}: expected at least 3 (<pad>, <unk> and one word)",
+              d.max_words);
+  usage_check(d.dataset == "tsv" || (d.tsv_file.empty() && d.tsv_test.empty()),
+              "textclf: --tsv-file/--tsv-test '{}{}' need --dataset tsv (not {})", d.tsv_file,
+              d.tsv_test.empty() ? "" : "', '" + d.tsv_test, d.dataset);
+  usage_check(d.dataset == "fortunes" || d.dataset == "imdb" || d.dataset == "tsv",
+              "textclf: --dataset {}: expected fortunes, imdb or tsv", d.dataset);
+  usage_check(d.tokenizer == "auto" || d.tokenizer == "char" || d.tokenizer == "word",
+              "textclf: --tokenizer {}: expected char, word or auto", d.tokenizer);
+  usage_check(mc.d_model >= 1 && mc.n_heads >= 1 && mc.n_layers >= 1 && mc.mlp_hidden >= 1,
+              "textclf: --d-model {}, --heads {}, --layers {}, --mlp {}: every size must be at least 1", mc.d_model,
+              mc.n_heads, mc.n_layers, mc.mlp_hidden);
+  usage_check(mc.d_model % mc.n_heads == 0,
+              "textclf: --heads {} does not divide --d-model {} (each head gets d-model/heads)", mc.n_heads,
+              mc.d_model);
+  usage_check(t.label_smoothing >= 0 && t.label_smoothing < 1, "textclf: --label-smoothing {}: expected [0, 1)",
+              t.label_smoothing);
+  usage_check(t.bucket_window >= 1, "textclf: --bucket-window {}: expected at least 1 (1: no bucketing)",
+              t.bucket_window);
+  usage_check(t.eval_samples >= 0, "textclf: --eval-samples {}: expected >= 0 (0: all)", t.eval_samples);
+  usage_check(t.eval_batch_tokens >= 1, "textclf: --eval-batch-tokens {}: expected at least 1", t.eval_batch_tokens);
+  usage_check(t.ngram_buckets == -1 || (t.ngram_buckets >= 0 && t.ngram_buckets <= (int64_t(1) << 26)),
+              "textclf: --ngram-buckets {}: expected 0..{} (0: off)", t.ngram_buckets, int64_t(1) << 26);
+  const std::string tok = resolve_tokenizer(d);
+  usage_check(t.ngram_buckets <= 0 || tok == "word",
+              "textclf: --ngram-buckets {}: subword n-grams need the word tokenizer (this run uses {}); pass "
+              "--ngram-buckets 0 or leave it out",
+              t.ngram_buckets, tok);
+  parse_ngram_range(t.ngram_range);
+  usage_check(mc.ngrams_per_token >= 1, "textclf: --ngrams-per-token {}: expected at least 1", mc.ngrams_per_token);
+  usage_check(t.nb_alpha > 0 && std::isfinite(t.nb_alpha), "textclf: --nb-alpha {}: expected a finite value > 0",
+              t.nb_alpha);
 }
 
 std::string resolve_tokenizer(const DataOptions& d) {
@@ -362,8 +415,7 @@ std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set
 
 // ---- training and evaluation --------------------------------------------------------------------
 
-StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
-                      double label_smoothing) {
+StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing) {
   model.train();
   Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);  // (B, K)
   Tensor loss = cross_entropy(logits, b.labels, "mean", -100, label_smoothing);
@@ -371,6 +423,12 @@ StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch&
   loss.backward();
   StepResult r;
   r.loss = loss.item<double>();
+  return r;
+}
+
+StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
+                      double label_smoothing) {
+  StepResult r = forward_backward(model, opt, b, label_smoothing);
   if (clip > 0) r.grad_norm = optim::clip_grad_norm(model.parameters(), clip);
   opt.step();
   return r;

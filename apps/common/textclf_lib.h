@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -123,6 +124,27 @@ DataOptions data_from_json(const nlohmann::json& j);  // ag::Error "textclf conf
 std::string resolve_tokenizer(const DataOptions& d);
 // Empty when the data is there; otherwise what to install or where to put it (the app exits 2).
 std::string missing_data(const DataOptions& d);
+// The command line's settings that the model and data config do not hold (apps/textclf.cpp).
+struct TrainSettings {
+  double label_smoothing = 0.0;
+  int64_t bucket_window = 16;        // batches sorted by length together
+  int64_t eval_samples = 2000;       // validation texts per evaluation during training (0: all)
+  int64_t eval_batch_tokens = 16384; // padded tokens per evaluation batch
+  int64_t ngram_buckets = -1;        // -1: auto (65536 with the word tokenizer, 0 with the char one)
+  std::string ngram_range = "2-5";   // --ngrams MIN-MAX
+  double nb_alpha = 0.1;             // the baseline's add-alpha smoothing
+};
+// --ngrams "MIN-MAX": two integers around one dash, nothing else, 1 <= MIN <= MAX <= 64; a
+// UsageError naming the text otherwise.
+std::pair<int64_t, int64_t> parse_ngram_range(const std::string& text);
+// The checks of the command line, before any data is read: a UsageError naming the option and
+// value when --max-len is outside [1, 4096], --min-freq < 1, --max-words < 3 (<pad>, <unk> and a
+// word), --tsv-file/--tsv-test without --dataset tsv, a model size < 1, --heads not dividing
+// --d-model, --label-smoothing outside [0, 1), --bucket-window or --eval-batch-tokens < 1,
+// --eval-samples < 0, --ngram-buckets outside [0, 2^26] (or > 0 with the char tokenizer),
+// --ngrams malformed, --ngrams-per-token < 1, --nb-alpha <= 0.
+void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const TrainSettings& t);
+
 // The train / valid / test split the options describe (ag::Error on malformed data).
 data::TextSplit load_split(const DataOptions& d);
 
@@ -176,7 +198,10 @@ struct StepResult {
   double loss = 0;       // mean cross-entropy of the batch (with label smoothing, if any)
   double grad_norm = 0;  // before clipping
 };
-// One update: model.train(), logits, cross_entropy, zero_grad, backward, clip (clip > 0), step.
+// The gradients of one batch, no update: model.train(), logits, cross_entropy, zero_grad,
+// backward. Returns the loss (grad_norm 0: Run::optimizer_step measures and clips it).
+StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing = 0.0);
+// One unguarded update: forward_backward, clip (clip > 0), step.
 StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
                       double label_smoothing = 0.0);
 

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include "apps/common/plot.h"
+#include "apps/common/run.h"
 #include "autograd/ops.h"
 #include "autograd/tape.h"
 #include "core/error.h"
@@ -29,7 +30,7 @@ namespace {
 // nor which file).
 template <class T>
 T config_value(const nlohmann::json& j, const char* key) {
-  check(j.is_object() && j.contains(key), "vit: the config has no '{}' entry: {}", key, j.dump());
+  if (!j.is_object() || !j.contains(key)) fail("vit: the config has no '{}' entry: {}", key, j.dump());
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception&) {
@@ -68,6 +69,27 @@ std::string default_data_dir(const std::string& dataset) {
   if (dataset == "mnist") return "data/mnist";
   if (dataset == "cifar10") return "data/cifar10";
   throw Error(fmt::format("vit: unknown dataset '{}' (expected fashion-mnist, mnist or cifar10)", dataset));
+}
+
+int64_t vit_image_size(const std::string& dataset) {
+  default_data_dir(dataset);  // raises the unknown-dataset error
+  return dataset == "cifar10" ? 32 : 28;
+}
+
+void validate_vit_config(const VitRunConfig& c) {
+  const ViTConfig& m = c.model;
+  usage_check(m.patch >= 1 && m.d_model >= 1 && m.n_heads >= 1 && m.n_layers >= 1 && m.mlp_hidden >= 1,
+              "vit: --patch {}, --d-model {}, --heads {}, --layers {}, --mlp {}: every size must be at least 1",
+              m.patch, m.d_model, m.n_heads, m.n_layers, m.mlp_hidden);
+  usage_check(m.d_model % m.n_heads == 0, "vit: --heads {} does not divide --d-model {} (each head gets d-model/heads)",
+              m.n_heads, m.d_model);
+  const int64_t S = vit_image_size(c.dataset);
+  usage_check(S % m.patch == 0, "vit: --patch {} does not divide the {}x{} images of {} (try a divisor of {})",
+              m.patch, S, S, c.dataset, S);
+  usage_check(c.augment.pad >= 0 && c.augment.pad < S, "vit: --crop-pad {}: expected 0 <= pad < the image size {}",
+              c.augment.pad, S);
+  usage_check(c.label_smoothing >= 0 && c.label_smoothing < 1, "vit: --label-smoothing {}: expected a value in [0, 1)",
+              c.label_smoothing);
 }
 
 VitData load_vit_data(const std::string& dataset, const std::string& dir) {
@@ -121,15 +143,20 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
 
 // ---- training and evaluation -------------------------------------------------------------------
 
-double train_step(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing, double clip) {
+double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing) {
   model.train();
   Tensor logits = model.forward(batch.images);  // (B, K)
   Tensor loss = cross_entropy(logits, batch.labels, "mean", -100, label_smoothing);
   opt.zero_grad();
   loss.backward();
+  return loss.item<double>();
+}
+
+double train_step(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing, double clip) {
+  const double loss = forward_backward(model, opt, batch, label_smoothing);
   if (clip > 0) optim::clip_grad_norm(opt.params(), clip);
   opt.step();
-  return loss.item<double>();
+  return loss;
 }
 
 EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm, int64_t batch,

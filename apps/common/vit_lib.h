@@ -42,6 +42,16 @@ VitRunConfig vit_config_from_json(const nlohmann::json& j);
 // The datasets --dataset accepts and where each is looked for when --data-dir is not given.
 const std::vector<std::string>& vit_datasets();  // {"fashion-mnist", "mnist", "cifar10"}
 std::string default_data_dir(const std::string& dataset);
+// The side of the dataset's square images, known without reading them: 28 for fashion-mnist and
+// mnist, 32 for cifar10 (ag::Error for another name).
+int64_t vit_image_size(const std::string& dataset);
+
+// The checks of the command line, before any data is read: a UsageError ("vit: --heads 3 does not
+// divide --d-model 64", naming the options and values) when --patch does not divide the dataset's
+// image size, --heads does not divide --d-model, a size (--patch, --d-model, --heads, --layers,
+// --mlp) is below 1, --crop-pad is negative or not below the image size, or the label smoothing is
+// outside [0, 1).
+void validate_vit_config(const VitRunConfig& c);
 
 struct VitData {
   data::ImageSplits splits;   // train, test
@@ -65,9 +75,12 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
                                                                  uint64_t seed, int64_t start_step, int prefetch = 2);
 
 // ---- training and evaluation -------------------------------------------------------------------
-// One update: loss = cross_entropy(model(images), labels, label_smoothing); backward; clip the
-// global gradient norm to `clip` (0: no clipping); opt.step(). The caller sets the learning rate.
-// Returns the loss before the update.
+// The gradients of one batch, no update: model.train(); loss = cross_entropy(model(images), labels,
+// label_smoothing); opt.zero_grad(); backward. Returns the loss. The app then calls
+// Run::optimizer_step (clip, the non-finite check, opt.step()).
+double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing);
+// One unguarded update: forward_backward, clip the global gradient norm to `clip` (0: no
+// clipping), opt.step(). The caller sets the learning rate. Returns the loss before the update.
 double train_step(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing, double clip);
 
 struct EvalResult {

@@ -226,7 +226,7 @@ Tensor where(const Tensor& cond, const Tensor& a_, const Tensor& b_) {
     KERNEL(a.device(), map3, y.data<T>(), cond.data<bool>(), layout_as(cond, s), a.data<T>(), layout(a),
            b.data<T>(), layout(b), pw::Where{});
   });
-  record("where", {a, b}, y, [c = cond, s](const Tensor& g) {
+  record("where", {a, b}, y, [c = cond](const Tensor& g) {
     Tensor zero = zeros({}, g.dtype(), g.device());
     return std::vector{where(c, g, zero), where(c, zero, g)};
   });

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "apps/common/gpt_lib.h"
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "data/loader.h"
 #include "optim/adam.h"
@@ -249,4 +250,48 @@ TEST_CASE("gpt: config JSON round trip and data errors") {
   write_bytes(tmp.file("cache") + "/bible-kjv.txt", "In the beginning");
   CHECK_FALSE(missing_gpt_data("bible", "", tmp.file("cache"), tmp.file("none")).has_value());
   AG_CHECK_ERROR(load_gpt_text("poems", "", tmp.file("cache"), tmp.file("none")), "load_gpt_text", "poems");
+}
+
+namespace {
+// Checks that f() raises a UsageError whose message is one line holding each of `parts`.
+template <class F>
+void check_usage_error(F&& f, std::initializer_list<const char*> parts) {
+  std::string m;
+  try {
+    f();
+  } catch (const UsageError& e) {
+    m = e.what();
+  }
+  INFO("message: " << m);
+  CHECK(!m.empty());
+  CHECK(m.find('\n') == std::string::npos);
+  for (const char* p : parts) CHECK_MESSAGE(m.find(p) != std::string::npos, p);
+}
+}  // namespace
+
+TEST_CASE("gpt: the command line is checked before any text is read") {
+  GPTConfig c0;  // the defaults: context 128, d 128, 4 heads
+  const SampleSettings s0;
+  CHECK_NOTHROW(validate_gpt_config(c0, 256, s0));
+  auto with_model = [&](auto edit) {
+    GPTConfig c = c0;
+    edit(c);
+    return [=] { validate_gpt_config(c, 256, s0); };
+  };
+  auto with_sample = [&](auto edit) {
+    SampleSettings s = s0;
+    edit(s);
+    return [=] { validate_gpt_config(c0, 256, s); };
+  };
+  check_usage_error(with_model([](auto& c) { c.n_heads = 3; }), {"gpt:", "--heads 3", "--d-model 128"});
+  check_usage_error(with_model([](auto& c) { c.context = 0; }), {"--context 0"});
+  check_usage_error(with_model([](auto& c) { c.context = 4097; }), {"--context 4097"});
+  check_usage_error(with_model([](auto& c) { c.d_model = 0; }), {"--d-model 0"});
+  check_usage_error(with_model([](auto& c) { c.n_layers = 0; }), {"--layers 0"});
+  check_usage_error(with_model([](auto& c) { c.mlp_hidden = -1; }), {"--mlp -1"});
+  check_usage_error([&] { validate_gpt_config(c0, 0, s0); }, {"--eval-windows 0"});
+  check_usage_error(with_sample([](auto& s) { s.tokens = -1; }), {"--sample-tokens -1"});
+  check_usage_error(with_sample([](auto& s) { s.temperature = -0.5; }), {"--temperature -0.5"});
+  check_usage_error(with_sample([](auto& s) { s.top_k = -1; }), {"--top-k -1"});
+  check_usage_error(with_sample([](auto& s) { s.seed = -2; }), {"--sample-seed -2"});
 }

@@ -1,7 +1,10 @@
 // apps/common/run.h: the options every app shares and the run directory (checkpoint, resume,
 // metrics, curves, report).
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <memory>
 
 #include "apps/common/run.h"
 #include "attograd.h"
@@ -150,4 +153,280 @@ TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") 
     AG_CHECK_ERROR(run.resume(), "a run of 6 steps", "--steps 8");
   }
   AG_CHECK_ERROR(read_checkpoint_info(dir + "/nothing.safetensors"), "nothing.safetensors", "does not exist");
+}
+
+// ---- training health, --stop-at, rss_mb, option checks --------------------------------------------
+
+namespace {
+
+// A tiny run to poke at: Linear(3 -> 2) with AdamW on fixed data, in its own run directory.
+struct TinyRun {
+  Generator gen{1};
+  nn::Linear lin{3, 2, true, DType::f32, &gen};
+  optim::AdamW opt{lin.parameters(), {.lr = 0.05}};
+  Tensor x, y;
+  RunOptions o;
+  std::unique_ptr<Run> run;
+  int64_t first_step = 0;  // what resume() returned
+  TinyRun(const std::string& dir, std::vector<std::string> args = {}) {
+    Generator data(9);
+    x = randn({8, 3}, DType::f32, &data), y = randn({8, 2}, DType::f32, &data);
+    std::vector<std::string> all = {"--steps", "6", "--out", dir, "--eval-every", "2", "--quiet"};
+    all.insert(all.end(), args.begin(), args.end());
+    o = parse(all);
+    run = std::make_unique<Run>("demo", o, lin, opt, gen, nlohmann::json{{"width", 3}});
+    first_step = run->resume();
+  }
+  // forward + backward: the loss (gradients in place, no update yet)
+  double backward() {
+    opt.zero_grad();
+    Tensor loss = mse_loss(lin.forward(x), y);
+    loss.backward();
+    return loss.item<double>();
+  }
+  std::vector<std::vector<float>> params() const {
+    return {lin.weight.to_vector<float>(), lin.bias.to_vector<float>()};
+  }
+  std::vector<std::vector<double>> optimizer_state() const {  // moments and step counts, as doubles
+    std::vector<std::vector<double>> out;
+    for (const auto& [name, t] : opt.state_dict()) out.push_back(t.to(DType::f64).to_vector<double>());
+    return out;
+  }
+};
+
+std::vector<nlohmann::json> metrics_lines(const std::string& dir) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("run: a NaN loss or an infinite gradient norm skips the update and is counted") {
+  TempDir tmp("run_skip");
+  TinyRun t(tmp.file("r"));
+  const double loss1 = t.backward();
+  CHECK(t.run->optimizer_step(1, loss1));  // a healthy step updates
+  t.run->step_done(1, loss1, 8);
+  const auto params = t.params();
+  const auto state = t.optimizer_state();
+
+  // step 2: the loss is NaN (as if the forward had overflowed): no update at all
+  t.backward();
+  CHECK_FALSE(t.run->optimizer_step(2, std::nan("")));
+  t.run->step_done(2, std::nan(""), 8);
+  CHECK(t.params() == params);           // bitwise: the parameters did not move
+  CHECK(t.optimizer_state() == state);   // nor the moments, nor the per-parameter step counts
+  CHECK_FALSE(t.lin.weight.grad().defined());  // the gradients were dropped
+  CHECK(t.run->skipped_steps() == 1);
+
+  // step 3: a finite loss but an infinite gradient
+  const double loss3 = t.backward();
+  t.lin.weight.grad().data<float>()[4] = std::numeric_limits<float>::infinity();
+  CHECK_FALSE(t.run->optimizer_step(3, loss3));
+  CHECK(std::isinf(t.run->last_grad_norm()));
+  t.run->step_done(3, loss3, 8);
+  CHECK(t.params() == params);
+  CHECK(t.optimizer_state() == state);
+  CHECK(t.run->skipped_steps() == 2);
+
+  // step 4 is healthy again: it updates, from the state of step 1
+  const double loss4 = t.backward();
+  CHECK(t.run->optimizer_step(4, loss4));
+  t.run->step_done(4, loss4, 8);
+  CHECK(t.params() != params);
+  t.run->log_eval(4, {});
+  // metrics.jsonl: the skips so far, and the mean training loss over the finite steps 1, 3, 4
+  const auto lines = metrics_lines(tmp.file("r"));
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0]["skipped_steps"] == 2);
+  CHECK(lines[0]["train_loss"].get<double>() == doctest::Approx((loss1 + loss3 + loss4) / 3));
+  RunReport report;
+  t.run->finish(report);
+  CHECK(report.skipped_steps == 2);
+  CHECK(nlohmann::json::parse(read_bytes(tmp.file("r/report.json")))["skipped_steps"] == 2);
+}
+
+TEST_CASE("run: --clip 0 still measures the gradient norm, and leaves the gradients as they are") {
+  TempDir tmp("run_clip0");
+  TinyRun t(tmp.file("r"), {"--clip", "0"});
+  const double loss = t.backward();
+  // the norm by hand: sqrt of the sum of every squared gradient element
+  double sq = 0;
+  for (const Tensor& p : t.lin.parameters())
+    for (float g : p.grad().to_vector<float>()) sq += double(g) * g;
+  const std::vector<float> before = t.lin.weight.grad().to_vector<float>();
+  Tensor g = t.lin.weight.grad();  // the optimizer step reads this same tensor
+  REQUIRE(std::sqrt(sq) > 0);
+  CHECK(t.run->optimizer_step(1, loss));
+  CHECK(t.run->last_grad_norm() == doctest::Approx(std::sqrt(sq)).epsilon(1e-6));
+  CHECK(g.to_vector<float>() == before);  // not scaled
+  TinyRun c(tmp.file("c"), {"--clip", "1e-3"});  // a clip below the norm scales the gradients down
+  const double loss_c = c.backward();
+  Tensor gc = c.lin.weight.grad();
+  const std::vector<float> before_c = gc.to_vector<float>();
+  CHECK(c.run->optimizer_step(1, loss_c));
+  CHECK(std::abs(gc.to_vector<float>()[0]) < std::abs(before_c[0]));
+}
+
+TEST_CASE("run: --max-skips stops after that many non-finite steps in a row, a good step resets the count") {
+  TempDir tmp("run_maxskips");
+  TinyRun t(tmp.file("r"), {"--max-skips", "3"});
+  auto nan_step = [&](int64_t step) {
+    t.backward();
+    return t.run->optimizer_step(step, std::nan(""));
+  };
+  CHECK_FALSE(nan_step(1));
+  CHECK_FALSE(nan_step(2));
+  CHECK(t.run->optimizer_step(3, t.backward()));  // finite: the run of skips is broken
+  CHECK_FALSE(nan_step(4));
+  CHECK_FALSE(nan_step(5));
+  AG_CHECK_ERROR(nan_step(6), "step 6", "3 steps in a row", "--max-skips 3", "--lr");
+  CHECK(t.run->skipped_steps() == 5);
+
+  TinyRun never(tmp.file("n"), {"--max-skips", "0"});  // 0: never stop
+  for (int64_t s = 1; s <= 12; ++s) {
+    never.backward();
+    CHECK_FALSE(never.run->optimizer_step(s, std::nan("")));
+  }
+}
+
+TEST_CASE("run: save refuses a non-finite model and keeps the previous checkpoint") {
+  TempDir tmp("run_save_nonfinite");
+  TinyRun t(tmp.file("r"));
+  CHECK(t.run->optimizer_step(1, t.backward()));
+  REQUIRE(t.run->save(1));
+  const std::string ckpt = tmp.file("r/checkpoint.safetensors");
+  const std::string good = read_bytes(ckpt);
+
+  const float w0 = t.lin.weight.data<float>()[0];
+  t.lin.weight.data<float>()[0] = std::nanf("");  // a parameter went NaN
+  CHECK_FALSE(t.run->save(2));
+  CHECK(read_bytes(ckpt) == good);  // the step-1 file, byte for byte
+  CHECK(read_checkpoint_info(ckpt).step == 1);
+  t.lin.weight.data<float>()[0] = w0;
+
+  for (const auto& [name, s] : t.opt.state_dict())  // an optimizer moment went infinite
+    if (name.find("exp_avg_sq") != std::string::npos) {
+      s.data<float>()[0] = std::numeric_limits<float>::infinity();
+      break;
+    }
+  CHECK_FALSE(t.run->save(3));
+  CHECK(read_bytes(ckpt) == good);
+}
+
+TEST_CASE("run: all_finite and current_rss_bytes") {
+  CHECK(all_finite({tensor({1.f, -2.f}), tensor<double>({3.0, 1e300}), Tensor()}));
+  CHECK_FALSE(all_finite({tensor({1.f, std::numeric_limits<float>::infinity()})}));
+  CHECK_FALSE(all_finite({tensor({1.f}), tensor<double>({std::nan(""), 0.0})}));
+  const Tensor strided = tensor({1.f, std::nanf(""), 3.f, 4.f});  // views: only their own elements count
+  CHECK(all_finite({strided.slice(0, 0, 4, 2)}));
+  CHECK_FALSE(all_finite({strided.slice(0, 1, 4, 2)}));
+  const int64_t rss = current_rss_bytes();
+  CHECK(rss > (int64_t(1) << 20));         // this binary holds more than 1 MiB
+  // current <= peak, give or take: the kernel folds its per-thread RSS counters into ru_maxrss
+  // lazily, so the peak can trail the current figure by a few hundred KiB
+  CHECK(rss <= peak_rss_bytes() + (int64_t(4) << 20));
+}
+
+TEST_CASE("run: --stop-at stops after that step as Ctrl-C would, the resumed run logs what a straight one did") {
+  TempDir tmp("run_stop_at");
+  auto losses_and_metrics = [&](const std::string& name, std::vector<std::string> args, int64_t from) {
+    TinyRun t(tmp.file(name), args);
+    REQUIRE(t.first_step == from);
+    int64_t step = from;
+    for (; step < t.o.steps && !t.run->stop_requested(); ++step) {
+      make_schedule(t.o)->set_lr(t.opt, step);
+      const double loss = t.backward();
+      t.run->optimizer_step(step + 1, loss);
+      t.run->step_done(step + 1, loss, 8);
+      if (t.run->eval_due(step + 1)) t.run->log_eval(step + 1, {});
+      if (t.run->checkpoint_due(step + 1)) t.run->save(step + 1);
+    }
+    t.run->save(step);
+    RunReport report;
+    t.run->finish(report);
+    return std::make_pair(step, report.interrupted);
+  };
+  CHECK(losses_and_metrics("straight", {}, 0) == std::make_pair(int64_t(6), false));
+  CHECK(losses_and_metrics("to_the_end", {"--stop-at", "6"}, 0) == std::make_pair(int64_t(6), false));  // = --steps
+  // stop after step 3, between the evaluations at 2 and 4: the half-averaged training loss of
+  // step 3 travels in the checkpoint
+  CHECK(losses_and_metrics("split", {"--stop-at", "3"}, 0) == std::make_pair(int64_t(3), true));
+  CHECK(read_checkpoint_info(tmp.file("split/checkpoint.safetensors")).step == 3);
+  CHECK(losses_and_metrics("split", {"--resume"}, 3) == std::make_pair(int64_t(6), false));
+  const auto a = metrics_lines(tmp.file("straight")), b = metrics_lines(tmp.file("split"));
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i]["step"] == b[i]["step"]);
+    CHECK(a[i]["train_loss"].get<double>() == b[i]["train_loss"].get<double>());  // bitwise
+    CHECK(b[i]["rss_mb"].get<double>() > 1.0);  // every line has the resident memory
+    CHECK(b[i]["skipped_steps"] == 0);
+  }
+  CHECK(read_bytes(tmp.file("straight/checkpoint.safetensors")).size() > 0);
+}
+
+TEST_CASE("run: the resume command is the command line without --stop-at, plus --resume") {
+  CHECK(resume_command({"build/vit", "--steps", "6", "--stop-at", "3", "--out", "runs/a"}) ==
+        "build/vit --steps 6 --out runs/a --resume");
+  CHECK(resume_command({"build/gpt", "--stop-at=3", "--prompt", "And God said", "--resume"}) ==
+        "build/gpt --prompt 'And God said' --resume");  // quoted for the shell; --resume once
+  CHECK(resume_command({"textclf", "--tsv-file", "it's.tsv"}) == "textclf --tsv-file 'it'\\''s.tsv' --resume");
+}
+
+TEST_CASE("run: option values out of range are usage errors naming the option and value") {
+  // through CLI11 (what a user types) and through validate_run_options (RunOptions filled by code)
+  auto cli_code = [](std::vector<const char*> argv) {
+    CLI::App cli{"demo"};
+    RunOptions o;
+    add_run_options(cli, o);
+    return parse_command_line(cli, int(argv.size()), argv.data(), "demo");
+  };
+  for (const char* flag : {"--eval-every", "--checkpoint-every", "--stop-at", "--max-skips", "--threads", "--clip",
+                           "--weight-decay", "--min-lr"})
+    CHECK_MESSAGE(cli_code({"demo", flag, "-1"}) == kExitUsage, flag);
+  CHECK(cli_code({"demo", "--batch", "0"}) == kExitUsage);
+  auto check_one = [](RunOptions o, const char* what, const char* value) {
+    try {
+      validate_run_options(o, "demo");
+      FAIL("no UsageError for " << what);
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      CHECK_MESSAGE(m.find(what) != std::string::npos, m);
+      CHECK_MESSAGE(m.find(value) != std::string::npos, m);
+      CHECK_MESSAGE(m.find('\n') == std::string::npos, m);  // one line
+    }
+  };
+  RunOptions ok;
+  ok.steps = 10;
+  CHECK_NOTHROW(validate_run_options(ok, "demo"));
+  RunOptions o = ok;
+  o.stop_at = 11;
+  check_one(o, "--stop-at", "11");
+  o = ok, o.stop_at = -1;
+  check_one(o, "--stop-at", "-1");
+  o = ok, o.eval_every = -2;
+  check_one(o, "--eval-every", "-2");
+  o = ok, o.checkpoint_every = -3;
+  check_one(o, "--checkpoint-every", "-3");
+  o = ok, o.max_skips = -1;
+  check_one(o, "--max-skips", "-1");
+  o = ok, o.threads = -4;
+  check_one(o, "--threads", "-4");
+  o = ok, o.steps = 0;
+  check_one(o, "--steps", "0");
+  o = ok, o.batch = 0;
+  check_one(o, "--batch", "0");
+  o = ok, o.lr = 0;
+  check_one(o, "--lr", "0");
+  o = ok, o.warmup = 1.5;
+  check_one(o, "--warmup", "1.5");
+  o = ok, o.dropout = 1;
+  check_one(o, "--dropout", "1");
+  o = ok, o.clip = -1;
+  check_one(o, "--clip", "-1");
+  o = ok, o.device = "cuda:1";
+  check_one(o, "--device cuda:1", "cpu");
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 
+#include "apps/common/run.h"
 #include "apps/common/textclf_lib.h"
 #include "nn/checkpoint.h"
 #include "optim/adam.h"
@@ -431,4 +432,72 @@ TEST_CASE("textclf: with n-grams a word model learns from subwords where every w
                                           make_batch(test, std::vector<int64_t>{0}, cfg.max_len).ngrams),
                             1)
                          .item<int64_t>());
+}
+
+namespace {
+// Checks that f() raises a UsageError whose message is one line holding each of `parts`.
+template <class F>
+void check_usage_error(F&& f, std::initializer_list<const char*> parts) {
+  std::string m;
+  try {
+    f();
+  } catch (const UsageError& e) {
+    m = e.what();
+  }
+  INFO("message: " << m);
+  CHECK(!m.empty());
+  CHECK(m.find('\n') == std::string::npos);
+  for (const char* p : parts) CHECK_MESSAGE(m.find(p) != std::string::npos, p);
+}
+}  // namespace
+
+TEST_CASE("textclf: the command line is checked before any data is read") {
+  const DataOptions d0;  // fortunes, auto (word) tokenizer, max_len 128
+  TextClassifierConfig m0;
+  m0.d_model = 64, m0.n_heads = 4, m0.n_layers = 2, m0.mlp_hidden = 256;
+  const TrainSettings t0;
+  CHECK_NOTHROW(validate_config(d0, m0, t0));
+  auto with_data = [&](auto edit) {
+    DataOptions d = d0;
+    edit(d);
+    return [=] { validate_config(d, m0, t0); };
+  };
+  auto with_model = [&](auto edit) {
+    TextClassifierConfig m = m0;
+    edit(m);
+    return [=] { validate_config(d0, m, t0); };
+  };
+  auto with_settings = [&](auto edit) {
+    TrainSettings t = t0;
+    edit(t);
+    return [=] { validate_config(d0, m0, t); };
+  };
+  check_usage_error(with_model([](auto& m) { m.n_heads = 3; }), {"textclf:", "--heads 3", "--d-model 64"});
+  check_usage_error(with_model([](auto& m) { m.d_model = 0; }), {"--d-model 0"});
+  check_usage_error(with_model([](auto& m) { m.n_layers = -1; }), {"--layers -1"});
+  check_usage_error(with_model([](auto& m) { m.mlp_hidden = 0; }), {"--mlp 0"});
+  check_usage_error(with_model([](auto& m) { m.ngrams_per_token = 0; }), {"--ngrams-per-token 0"});
+  check_usage_error(with_data([](auto& d) { d.max_len = 0; }), {"--max-len 0"});
+  check_usage_error(with_data([](auto& d) { d.max_len = 5000; }), {"--max-len 5000", "4096"});
+  check_usage_error(with_data([](auto& d) { d.min_freq = 0; }), {"--min-freq 0"});
+  check_usage_error(with_data([](auto& d) { d.max_words = 2; }), {"--max-words 2", "<unk>"});
+  check_usage_error(with_data([](auto& d) { d.tsv_file = "x.tsv"; }), {"--tsv-file", "x.tsv", "--dataset tsv", "fortunes"});
+  check_usage_error(with_settings([](auto& t) { t.label_smoothing = 1.0; }), {"--label-smoothing 1"});
+  check_usage_error(with_settings([](auto& t) { t.bucket_window = 0; }), {"--bucket-window 0"});
+  check_usage_error(with_settings([](auto& t) { t.eval_samples = -5; }), {"--eval-samples -5"});
+  check_usage_error(with_settings([](auto& t) { t.eval_batch_tokens = 0; }), {"--eval-batch-tokens 0"});
+  check_usage_error(with_settings([](auto& t) { t.ngram_buckets = -2; }), {"--ngram-buckets -2"});
+  check_usage_error(with_settings([](auto& t) { t.ngram_range = "2-"; }), {"--ngrams '2-'", "MIN-MAX"});
+  check_usage_error(with_settings([](auto& t) { t.ngram_range = "5-2"; }), {"--ngrams 5-2", "MIN <= MAX"});
+  check_usage_error(with_settings([](auto& t) { t.ngram_range = "0-3"; }), {"--ngrams 0-3"});
+  check_usage_error(with_settings([](auto& t) { t.nb_alpha = 0; }), {"--nb-alpha 0"});
+  // n-grams need the word tokenizer: a TSV's auto tokenizer is char
+  DataOptions tsv = d0;
+  tsv.dataset = "tsv", tsv.tsv_file = "x.tsv";
+  TrainSettings buckets = t0;
+  buckets.ngram_buckets = 1024;
+  check_usage_error([&] { validate_config(tsv, m0, buckets); }, {"--ngram-buckets 1024", "char"});
+  tsv.tokenizer = "word";
+  CHECK_NOTHROW(validate_config(tsv, m0, buckets));
+  CHECK(parse_ngram_range("3-6") == std::pair<int64_t, int64_t>{3, 6});
 }

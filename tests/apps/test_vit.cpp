@@ -1,7 +1,11 @@
 // The ViT app's pieces (apps/common/vit_lib.h) on tiny models and synthetic IDX files: its config
 // through a checkpoint's metadata, the class token's attention grid, evaluation, a short run whose
 // loss falls, and a resumed run equal to an uninterrupted one.
+#include <sys/wait.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -79,7 +83,8 @@ std::vector<double> run_steps(const std::string& data_dir, const std::string& di
   for (; step < steps; ++step) {
     schedule->set_lr(opt, step);
     const data::Batch batch = loader->next_step();
-    losses.push_back(train_step(model, opt, batch, cfg.label_smoothing, o.clip));
+    losses.push_back(forward_backward(model, opt, batch, cfg.label_smoothing));
+    run.optimizer_step(step + 1, losses.back());
     run.step_done(step + 1, losses.back(), o.batch);
   }
   run.save(step);
@@ -268,4 +273,66 @@ TEST_CASE("vit: a resumed run equals an uninterrupted one") {
   resumed.insert(resumed.end(), rest.begin(), rest.end());
   REQUIRE(resumed.size() == straight.size());
   for (size_t i = 0; i < straight.size(); ++i) CHECK_MESSAGE(resumed[i] == straight[i], "step ", i);  // bitwise
+}
+
+namespace {
+// The message of the UsageError that f() raises ("" and a failed check when it raises none), after
+// checking it is one line holding each of `parts`.
+template <class F>
+void check_usage_error(F&& f, std::initializer_list<const char*> parts) {
+  std::string m;
+  try {
+    f();
+  } catch (const UsageError& e) {
+    m = e.what();
+  }
+  INFO("message: " << m);
+  CHECK(!m.empty());
+  CHECK(m.find('\n') == std::string::npos);
+  for (const char* p : parts) CHECK_MESSAGE(m.find(p) != std::string::npos, p);
+}
+}  // namespace
+
+TEST_CASE("vit: the command line is checked before any data is read") {
+  VitRunConfig ok;  // the defaults: 28x28 fashion-mnist, patch 7, d 64, 4 heads
+  CHECK_NOTHROW(validate_vit_config(ok));
+  VitRunConfig c = ok;
+  c.model.n_heads = 3;  // 64 = 3 * 21 + 1
+  check_usage_error([&] { validate_vit_config(c); }, {"vit:", "--heads 3", "--d-model 64"});
+  c = ok, c.model.patch = 5;  // 28 = 5 * 5 + 3
+  check_usage_error([&] { validate_vit_config(c); }, {"--patch 5", "28x28", "fashion-mnist"});
+  c = ok, c.dataset = "cifar10", c.model.patch = 7;  // 32 = 7 * 4 + 4, while 28 = 7 * 4
+  check_usage_error([&] { validate_vit_config(c); }, {"--patch 7", "32x32", "cifar10"});
+  c.model.patch = 8;  // 32 = 8 * 4
+  CHECK_NOTHROW(validate_vit_config(c));
+  c = ok, c.model.patch = 0;  // zero or negative sizes (CLI11 refuses them first; code may not)
+  check_usage_error([&] { validate_vit_config(c); }, {"--patch 0"});
+  c = ok, c.model.d_model = -64;
+  check_usage_error([&] { validate_vit_config(c); }, {"--d-model -64"});
+  c = ok, c.model.n_layers = 0;
+  check_usage_error([&] { validate_vit_config(c); }, {"--layers 0"});
+  c = ok, c.model.mlp_hidden = 0;
+  check_usage_error([&] { validate_vit_config(c); }, {"--mlp 0"});
+  c = ok, c.augment.pad = 28;
+  check_usage_error([&] { validate_vit_config(c); }, {"--crop-pad 28"});
+  c = ok, c.label_smoothing = 1;
+  check_usage_error([&] { validate_vit_config(c); }, {"--label-smoothing 1"});
+  CHECK(vit_image_size("mnist") == 28);
+  CHECK(vit_image_size("cifar10") == 32);
+}
+
+TEST_CASE("vit: the binary exits 2 with one line for --heads 3, before any work") {
+  TempDir dir("vit_cli");
+  const std::string out = dir.file("run"), err = dir.file("stderr.txt");
+  // --data-dir points at nothing: the usage error must come before the data is looked for
+  const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/vit' --heads 3 --out '" + out + "' --data-dir '" +
+                          dir.file("no-data") + "' > /dev/null 2> '" + err + "'";
+  const int status = std::system(cmd.c_str());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == kExitUsage);
+  const std::string text = read_bytes(err);
+  INFO("stderr: " << text);
+  CHECK(text == "vit: --heads 3 does not divide --d-model 64 (each head gets d-model/heads) (vit --help lists every "
+                "option)\n");
+  CHECK_FALSE(std::filesystem::exists(out));  // no run directory: nothing started
 }
