@@ -5,6 +5,8 @@
 //   transposed gradients that sum() would not), then for every element x_j of every input that
 //   requires grad:  numeric_j = (L(x + eps e_j) - L(x - eps e_j)) / (2 eps)  vs  dL/dx_j from backward.
 // Passes when |analytic - numeric| <= atol + rtol * |numeric| everywhere.
+// The public form, with the failing input and element in its result: ag::testing::gradcheck
+// (autograd/testing.h, where the check is written); this is its short result under the old name.
 #include <functional>
 #include <string>
 #include <vector>
