@@ -3,7 +3,7 @@ BUILD   ?= build
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench compare clean
+.PHONY: all deps configure build demo test test-sanitize fuzz docs bench compare clean
 
 all: build
 
@@ -28,6 +28,28 @@ demo: build
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
+# The whole suite again under AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer,
+# in its own build directory; any report fails its case (options: CMakeLists.txt, ATTOGRAD_SANITIZE).
+# Debug keeps assert() on; the sanitizers' -O1 comes after it. CPU only: nvcc's device code is not
+# instrumented and the CUDA runtime needs ASan's shadow-gap protection off, so the GPU is tested by
+# `make test` alone. Slower than `make test` (ASan's shadow memory, quarantine and leak check).
+SAN_BUILD ?= build-sanitize
+test-sanitize: deps
+	@cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DATTOGRAD_SANITIZE=ON -DATTOGRAD_CUDA=OFF -DATTOGRAD_BENCH=OFF $(CMAKE_FLAGS) > $(SAN_BUILD).configure.log 2>&1 || { cat $(SAN_BUILD).configure.log; exit 1; }
+	@cmake --build $(SAN_BUILD) -j $(JOBS)
+	@cd $(SAN_BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1800
+
+# libFuzzer targets of every file parser (tests/fuzz/, clang), each FUZZ_SECONDS on a copy of its
+# seed corpus; FUZZ_SECONDS=600 for the campaigns of docs/reliability.md.
+FUZZ_SECONDS ?= 20
+fuzz:
+	@scripts/install-deps.sh --fuzz
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# Regenerates docs/ops.md from the spec comments of autograd/ops.h (make test checks it is current).
+docs: configure
+	@cmake --build $(BUILD) --target opsdoc && ./$(BUILD)/opsdoc
+
 bench: build
 	@scripts/bench.sh $(BUILD)
 
@@ -38,4 +60,4 @@ compare: build
 	@bench/compare_pytorch --build $(BUILD) --markdown $(BUILD)/compare_pytorch.md
 
 clean:
-	rm -rf $(BUILD) $(BUILD).configure.log
+	rm -rf $(BUILD) $(BUILD).configure.log $(SAN_BUILD) $(SAN_BUILD).configure.log build-fuzz

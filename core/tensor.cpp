@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "core/allocator.h"
 #include "core/dispatch.h"
@@ -168,13 +170,31 @@ Tensor host_contiguous(const Tensor& t) {
   return out;
 }
 
+// static_cast<T>(v), defined for every v: a float going to an integer type is truncated toward
+// zero to int64 first (NaN -> 0, beyond int64's range -> its nearest end), then wrapped into T as
+// C++20 integer conversion does (-2.5 -> -2 -> 254 as uint8, PyTorch's result on x86). A plain
+// cast of NaN, 1e30 or -2.5 to uint8 is undefined behaviour (UBSan's float-cast-overflow).
+namespace {
+template <class T, class S>
+T convert(S v) {
+  if constexpr (std::is_floating_point_v<S> && std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (std::isnan(v)) return T(0);
+    if (v >= S(0x1p63)) return T(std::numeric_limits<int64_t>::max());
+    if (v < S(-0x1p63)) return T(std::numeric_limits<int64_t>::min());
+    return T(int64_t(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+}  // namespace
+
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   Tensor h = host_contiguous(*this);
   std::vector<T> out(size_t(h.numel()));
   visit_dtype(h.dtype(), [&]<class S>() {
     const S* p = h.data<S>();
-    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(p[i]);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = convert<T>(p[i]);
   });
   return out;
 }
@@ -188,7 +208,7 @@ template <class T>
 T Tensor::item() const {
   check(numel() == 1, "item: expected a tensor with one element, got shape {}", shape());
   Tensor h = host_contiguous(*this);
-  return visit_dtype(h.dtype(), [&]<class S>() { return static_cast<T>(*h.data<S>()); });
+  return visit_dtype(h.dtype(), [&]<class S>() { return convert<T>(*h.data<S>()); });
 }
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;

@@ -99,7 +99,13 @@ TEST_CASE("tensor: item and to_vector conversions") {
   CHECK(t.to_vector<double>() == std::vector<double>{1.75, -2.5, 3, 0});
   CHECK(t.to_vector<int64_t>() == std::vector<int64_t>{1, -2, 3, 0});  // C++ truncation toward 0
   CHECK(t.to_vector<int>() == std::vector<int>{1, -2, 3, 0});
-  CHECK(t.to_vector<uint8_t>() == std::vector<uint8_t>{1, 254, 3, 0});
+  CHECK(t.to_vector<uint8_t>() == std::vector<uint8_t>{1, 254, 3, 0});  // -2.5 -> -2 -> 256 - 2
+  // NaN and values beyond int64 are defined too (a plain cast is undefined behaviour): 0 and the ends
+  const float inf = INFINITY;
+  CHECK(tensor({NAN, 1e30f, -1e30f, -inf}).to_vector<int64_t>() ==
+        std::vector<int64_t>{0, INT64_MAX, INT64_MIN, INT64_MIN});
+  CHECK(scalar_tensor(NAN, DType::f64).item<int>() == 0);
+  CHECK(scalar_tensor(inf, DType::f64).item<int64_t>() == INT64_MAX);
   // to_vector reads in row-major order of the *view*, not of the storage
   CHECK(t.transpose(0, 1).to_vector<float>() == std::vector<float>{1.75f, 3.f, -2.5f, 0.f});
   CHECK(t.select(1, 1).to_vector<float>() == std::vector<float>{-2.5f, 0.f});
