@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages attograd needs to build, test and run its demo; with --bench also
-# what bench/compare_pytorch needs for its PyTorch side (a venv for pip's torch, tcmalloc).
+# what bench/compare_pytorch needs for its PyTorch side (a venv for pip's torch, tcmalloc); with
+# --fuzz what scripts/fuzz.sh needs (clang with libFuzzer and its sanitizers, clang's OpenMP).
 # Idempotent: prints nothing and exits 0 when everything is already installed.
 # Without root (and without passwordless sudo) it prints the exact apt-get line and exits 1.
 set -euo pipefail
@@ -23,8 +24,14 @@ if [[ "${1:-}" == "--bench" ]]; then
     python3-venv           # bench/compare_pytorch: a virtual environment for pip's newest torch
     libtcmalloc-minimal4   # preloaded into the PyTorch processes: their fastest malloc here
   )
+elif [[ "${1:-}" == "--fuzz" ]]; then
+  PACKAGES+=(
+    clang libclang-rt-dev   # clang++ (Debian's default version) and libFuzzer + ASan/UBSan runtimes
+    libomp-dev              # OpenMP for clang: the library is built with -fopenmp
+    ccache                  # the fuzz build compiles the whole library again, with clang
+  )
 elif [[ $# -gt 0 ]]; then
-  echo "usage: scripts/install-deps.sh [--bench]" >&2
+  echo "usage: scripts/install-deps.sh [--bench | --fuzz]" >&2
   exit 2
 fi
 
