@@ -2,8 +2,9 @@
 // Linear: y = x W^T + b, as torch.nn.Linear.        x (..., in) -> y (..., out)
 //   weight (out, in) ~ kaiming_uniform(a = sqrt 5) = U(-1/sqrt(in), 1/sqrt(in))
 //   bias   (out)     ~ U(-1/sqrt(in), 1/sqrt(in))
-// W^T is a view (mT) that matmul hands to BLAS as a transpose flag, not a copy; the gradients
-// come from matmul's and add's backward (dW = g^T x summed over rows, db = g summed over rows).
+// forward is ag::linear: one GEMM reading W transposed (a flag, not a copy) with the bias added in
+// its epilogue; the gradients come from linear's backward (autograd/ops.h: linear; dW = g^T x and
+// db = g summed over rows).
 #include "nn/module.h"
 
 namespace ag::nn {
