@@ -7,6 +7,7 @@
 
 #include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
+#include "tests/apps/usage_error.h"
 #include "attograd.h"
 #include "data/loader.h"
 #include "optim/adam.h"
@@ -251,23 +252,6 @@ TEST_CASE("gpt: config JSON round trip and data errors") {
   CHECK_FALSE(missing_gpt_data("bible", "", tmp.file("cache"), tmp.file("none")).has_value());
   AG_CHECK_ERROR(load_gpt_text("poems", "", tmp.file("cache"), tmp.file("none")), "load_gpt_text", "poems");
 }
-
-namespace {
-// Checks that f() raises a UsageError whose message is one line holding each of `parts`.
-template <class F>
-void check_usage_error(F&& f, std::initializer_list<const char*> parts) {
-  std::string m;
-  try {
-    f();
-  } catch (const UsageError& e) {
-    m = e.what();
-  }
-  INFO("message: " << m);
-  CHECK(!m.empty());
-  CHECK(m.find('\n') == std::string::npos);
-  for (const char* p : parts) CHECK_MESSAGE(m.find(p) != std::string::npos, p);
-}
-}  // namespace
 
 TEST_CASE("gpt: the command line is checked before any text is read") {
   GPTConfig c0;  // the defaults: context 128, d 128, 4 heads

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "apps/common/run.h"
+#include "tests/apps/usage_error.h"
 #include "apps/common/textclf_lib.h"
 #include "nn/checkpoint.h"
 #include "optim/adam.h"
@@ -433,23 +434,6 @@ TEST_CASE("textclf: with n-grams a word model learns from subwords where every w
                             1)
                          .item<int64_t>());
 }
-
-namespace {
-// Checks that f() raises a UsageError whose message is one line holding each of `parts`.
-template <class F>
-void check_usage_error(F&& f, std::initializer_list<const char*> parts) {
-  std::string m;
-  try {
-    f();
-  } catch (const UsageError& e) {
-    m = e.what();
-  }
-  INFO("message: " << m);
-  CHECK(!m.empty());
-  CHECK(m.find('\n') == std::string::npos);
-  for (const char* p : parts) CHECK_MESSAGE(m.find(p) != std::string::npos, p);
-}
-}  // namespace
 
 TEST_CASE("textclf: the command line is checked before any data is read") {
   const DataOptions d0;  // fortunes, auto (word) tokenizer, max_len 128

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "apps/common/run.h"
+#include "tests/apps/usage_error.h"
 #include "apps/common/vit_lib.h"
 #include "nn/checkpoint.h"
 #include "optim/adam.h"
@@ -274,24 +275,6 @@ TEST_CASE("vit: a resumed run equals an uninterrupted one") {
   REQUIRE(resumed.size() == straight.size());
   for (size_t i = 0; i < straight.size(); ++i) CHECK_MESSAGE(resumed[i] == straight[i], "step ", i);  // bitwise
 }
-
-namespace {
-// The message of the UsageError that f() raises ("" and a failed check when it raises none), after
-// checking it is one line holding each of `parts`.
-template <class F>
-void check_usage_error(F&& f, std::initializer_list<const char*> parts) {
-  std::string m;
-  try {
-    f();
-  } catch (const UsageError& e) {
-    m = e.what();
-  }
-  INFO("message: " << m);
-  CHECK(!m.empty());
-  CHECK(m.find('\n') == std::string::npos);
-  for (const char* p : parts) CHECK_MESSAGE(m.find(p) != std::string::npos, p);
-}
-}  // namespace
 
 TEST_CASE("vit: the command line is checked before any data is read") {
   VitRunConfig ok;  // the defaults: 28x28 fashion-mnist, patch 7, d 64, 4 heads
