@@ -364,7 +364,13 @@ void flat_rss(const std::string& app) {
   }
   MESSAGE(app, ": RSS after warm-up between ", lo, " and ", hi, " MiB over steps 420..2000");
   CHECK(lo > 1.0);  // a real reading, not a zero from a failed /proc read
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer freed memory waits in its quarantine (256 MB) before reuse, so RSS
+  // climbs by design; in that build leaks are LeakSanitizer's to find (make test-sanitize).
+  MESSAGE("AddressSanitizer build: the flat-RSS bound is checked in the normal build only");
+#else
   CHECK(hi - lo <= 1.0);
+#endif
 }
 
 }  // namespace
