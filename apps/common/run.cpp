@@ -40,9 +40,6 @@ std::pair<std::string, std::string> chart_and_series(const std::string& name) {
   return {name, name};
 }
 
-}  // namespace
-
-namespace {
 CLI::Validator bound_check(bool strict, const char* name) {
   return CLI::Validator(
       [strict](std::string& text) -> std::string {
