@@ -29,6 +29,10 @@
 // Conventions: binary ops broadcast NumPy-style: both inputs are expand()ed to the common shape,
 // so the reduction of a broadcast gradient lives in exactly one place, expand's backward (sum_to).
 // Ops take f32 or f64 unless they say otherwise; both inputs of a binary op share one dtype.
+// Every op takes a last parameter `Site site = Site::current()`: the source line of its call,
+// filled in by the compiler (never passed by hand), which anomaly mode reports (autograd/tape.h).
+// Each op opens with `CallSite at("op", site);` so that an op called inside another reports the
+// outermost call's line: the user's.
 #include <vector>
 
 #include "autograd/tape.h"
@@ -48,7 +52,7 @@ namespace ag {
 //   shapes:  x [...] -> y `shape`, of the same numel
 //   saves:   x.shape only
 //   note:    a view when the strides allow it, else a contiguous copy of x first
-Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor reshape(const Tensor& x, const Shape& shape, Site site = Site::current());
 
 // Tensor::view, Tensor::flatten: reshape without a copy; dims start..end merged into one
 //   forward: view: y = x.reshape(shape) as a view, an error when the strides would need a copy;
@@ -62,14 +66,14 @@ Tensor reshape(const Tensor& x, const Shape& shape);
 //   vjp:     dx = g.permute(inverse), where inverse[dims[k]] = k
 //   shapes:  x [d_0, d_1, ..., d_n-1] -> y [d_dims[0], d_dims[1], ..., d_dims[n-1]]
 //   saves:   the inverse permutation
-Tensor permute(const Tensor& x, const Shape& dims);
+Tensor permute(const Tensor& x, const Shape& dims, Site site = Site::current());
 
 // transpose, Tensor::mT: swap two dims (mT: the last two)
 //   forward: y = transpose(x, a, b): permute(x) swapping dims a and b
 //   vjp:     dx = g.transpose(a, b)
 //   shapes:  x [.., d_a, .., d_b, ..] -> y [.., d_b, .., d_a, ..]
 //   saves:   the inverse permutation (transpose is recorded as a permute)
-Tensor transpose(const Tensor& x, int dim0, int dim1);
+Tensor transpose(const Tensor& x, int dim0, int dim1, Site site = Site::current());
 
 // slice: every k-th element of a range along one dim, as Python's x[s:e:k]
 //   forward: y = slice(x, d, s, e, k) = x[..., s:e:k, ...] along dim d; negative s, e count from
@@ -77,21 +81,22 @@ Tensor transpose(const Tensor& x, int dim0, int dim1);
 //   vjp:     dx = 0 except dx[..., s:e:k, ...] = g
 //   shapes:  x [.., n, ..] -> y [.., ceil((e - s) / k), ..]  (s, e once clamped)
 //   saves:   x.shape, d, s, e, k
-Tensor slice(const Tensor& x, int dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor slice(const Tensor& x, int dim, int64_t start, int64_t end, int64_t step = 1,
+             Site site = Site::current());
 
 // narrow: a range of length n along one dim
 //   forward: y = narrow(x, d, s, n) = slice(x, d, s, s + n); the range must lie inside dim d
 //   vjp:     dx = 0 except dx[..., s:s+n, ...] = g  (slice's backward)
 //   shapes:  x [.., m, ..] -> y [.., n, ..]
 //   saves:   x.shape, d, s, n
-Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length);
+Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length, Site site = Site::current());
 
 // select: one index along one dim, which is removed
 //   forward: y = select(x, d, i) = x[..., i, ...] along dim d (a negative i counts from the end)
 //   vjp:     dx = 0 except dx[..., i, ...] = g
 //   shapes:  x [a, n, b], d = 1 -> y [a, b]
 //   saves:   x.shape, d, i
-Tensor select(const Tensor& x, int dim, int64_t index);
+Tensor select(const Tensor& x, int dim, int64_t index, Site site = Site::current());
 
 // unsqueeze, squeeze: insert or remove a size-1 dim
 //   forward: unsqueeze(x, d): y = x with a size-1 dim inserted at d; squeeze(x, d): y = x with dim
@@ -99,8 +104,8 @@ Tensor select(const Tensor& x, int dim, int64_t index);
 //   vjp:     dx = g.reshape(x.shape)
 //   shapes:  x [a, b] -> unsqueeze(x, 1): y [a, 1, b];  x [a, 1, b] -> squeeze(x, 1): y [a, b]
 //   saves:   x.shape only
-Tensor unsqueeze(const Tensor& x, int dim);
-Tensor squeeze(const Tensor& x, int dim);
+Tensor unsqueeze(const Tensor& x, int dim, Site site = Site::current());
+Tensor squeeze(const Tensor& x, int dim, Site site = Site::current());
 
 // expand, broadcast_to: broadcast size-1 (and missing leading) dims without a copy
 //   forward: y[i] = x[i with every broadcast index set to 0]: stride 0 on the broadcast dims;
@@ -111,8 +116,8 @@ Tensor squeeze(const Tensor& x, int dim);
 //   note:    broadcast_to is the same op. Binary ops expand both inputs, so broadcasting needs no
 //            code of its own in their backward.
 //   math:    docs/math/autograd.md
-Tensor expand(const Tensor& x, const Shape& shape);
-Tensor broadcast_to(const Tensor& x, const Shape& shape);
+Tensor expand(const Tensor& x, const Shape& shape, Site site = Site::current());
+Tensor broadcast_to(const Tensor& x, const Shape& shape, Site site = Site::current());
 
 // sum_to: sum a broadcast tensor back down to the shape it was broadcast from
 //   forward: y = x summed over the dims broadcasting added (leading dims, and dims where `shape`
@@ -122,7 +127,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape);
 //   saves:   x.shape only (it is recorded as sum, then reshape)
 //   note:    the one place where broadcast gradients are reduced (expand's backward)
 //   math:    docs/math/autograd.md
-Tensor sum_to(const Tensor& x, const Shape& shape);
+Tensor sum_to(const Tensor& x, const Shape& shape, Site site = Site::current());
 
 // Tensor::contiguous, Tensor::clone: a dense copy
 //   forward: y = a dense row-major copy of x; contiguous returns x itself when it is already dense
@@ -148,7 +153,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 //   saves:   idx, x.shape
 //   note:    every index must lie in [0, N)
 //   math:    docs/math/embedding.md
-Tensor index_select(const Tensor& x, int dim, const Tensor& index);
+Tensor index_select(const Tensor& x, int dim, const Tensor& index, Site site = Site::current());
 
 // ====================== elementwise (autograd/ops/elementwise.cpp) ============================
 // Binary ops broadcast their inputs (see Conventions above); a double operand is a 0-dim tensor of
@@ -160,8 +165,8 @@ Tensor index_select(const Tensor& x, int dim, const Tensor& index);
 //   shapes:  a, b broadcast -> y [broadcast(a, b)]
 //   saves:   nothing
 //   note:    also on i64 (without gradient)
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor add(const Tensor& a, double b);
+Tensor add(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor add(const Tensor& a, double b, Site site = Site::current());
 
 // sub: a - b
 //   forward: y = a - b
@@ -169,9 +174,9 @@ Tensor add(const Tensor& a, double b);
 //   shapes:  a, b broadcast -> y [broadcast(a, b)]
 //   saves:   nothing
 //   note:    also on i64 (without gradient)
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, double b);
-Tensor sub(double a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor sub(const Tensor& a, double b, Site site = Site::current());
+Tensor sub(double a, const Tensor& b, Site site = Site::current());
 
 // mul: a * b
 //   forward: y = a * b
@@ -179,17 +184,17 @@ Tensor sub(double a, const Tensor& b);
 //   shapes:  a, b broadcast -> y [broadcast(a, b)]
 //   saves:   a, b
 //   note:    also on i64 (without gradient)
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, double b);
+Tensor mul(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor mul(const Tensor& a, double b, Site site = Site::current());
 
 // div: a / b
 //   forward: y = a / b
 //   vjp:     da = g / b,  db = -g * a / b^2
 //   shapes:  a, b broadcast -> y [broadcast(a, b)]
 //   saves:   a, b
-Tensor div(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, double b);
-Tensor div(double a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor div(const Tensor& a, double b, Site site = Site::current());
+Tensor div(double a, const Tensor& b, Site site = Site::current());
 
 // neg: -x
 //   forward: y = -x
@@ -197,7 +202,7 @@ Tensor div(double a, const Tensor& b);
 //   shapes:  x [...] -> y of x's shape
 //   saves:   nothing
 //   note:    also on i64 (without gradient)
-Tensor neg(const Tensor& x);
+Tensor neg(const Tensor& x, Site site = Site::current());
 
 // pow: x to a power, a double p or a tensor t
 //   forward: pow(x, p): y = x^p;  pow(x, t): y = x^t elementwise (x and t broadcast)
@@ -206,64 +211,64 @@ Tensor neg(const Tensor& x);
 //                       dt = g * x^t * ln x   (0 where x == 0 and t >= 0, as PyTorch)
 //   shapes:  x [...] -> y of x's shape;  x, t broadcast -> y [broadcast(x, t)]
 //   saves:   x (and t)
-Tensor pow(const Tensor& x, double p);
-Tensor pow(const Tensor& x, const Tensor& t);
+Tensor pow(const Tensor& x, double p, Site site = Site::current());
+Tensor pow(const Tensor& x, const Tensor& t, Site site = Site::current());
 
 // exp: e^x
 //   forward: y = e^x
 //   vjp:     dx = g * y
 //   shapes:  x [...] -> y of x's shape
 //   saves:   y
-Tensor exp(const Tensor& x);
+Tensor exp(const Tensor& x, Site site = Site::current());
 
 // log: natural logarithm
 //   forward: y = ln x
 //   vjp:     dx = g / x
 //   shapes:  x [...] -> y of x's shape
 //   saves:   x
-Tensor log(const Tensor& x);
+Tensor log(const Tensor& x, Site site = Site::current());
 
 // sqrt: square root
 //   forward: y = x^(1/2)
 //   vjp:     dx = g / (2 y)
 //   shapes:  x [...] -> y of x's shape
 //   saves:   y
-Tensor sqrt(const Tensor& x);
+Tensor sqrt(const Tensor& x, Site site = Site::current());
 
 // rsqrt: reciprocal square root
 //   forward: y = x^(-1/2)
 //   vjp:     dx = -g * y^3 / 2
 //   shapes:  x [...] -> y of x's shape
 //   saves:   y
-Tensor rsqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x, Site site = Site::current());
 
 // tanh: hyperbolic tangent
 //   forward: y = tanh x
 //   vjp:     dx = g * (1 - y^2)
 //   shapes:  x [...] -> y of x's shape
 //   saves:   y
-Tensor tanh(const Tensor& x);
+Tensor tanh(const Tensor& x, Site site = Site::current());
 
 // sigmoid: the logistic function
 //   forward: y = 1 / (1 + e^-x)
 //   vjp:     dx = g * y * (1 - y)
 //   shapes:  x [...] -> y of x's shape
 //   saves:   y
-Tensor sigmoid(const Tensor& x);
+Tensor sigmoid(const Tensor& x, Site site = Site::current());
 
 // relu: rectified linear unit
 //   forward: y = max(x, 0)  (NaN stays NaN)
 //   vjp:     dx = g * [x > 0]  (0 at x == 0)
 //   shapes:  x [...] -> y of x's shape
 //   saves:   x
-Tensor relu(const Tensor& x);
+Tensor relu(const Tensor& x, Site site = Site::current());
 
 // abs: absolute value
 //   forward: y = |x|
 //   vjp:     dx = g * sign(x)  (0 at x == 0)
 //   shapes:  x [...] -> y of x's shape
 //   saves:   x
-Tensor abs(const Tensor& x);
+Tensor abs(const Tensor& x, Site site = Site::current());
 
 // gelu: Gaussian error linear unit, exact ("none") or its tanh approximation ("tanh")
 //   forward: "none": y = x * Phi(x) = x/2 * (1 + erf(x / sqrt 2))
@@ -273,14 +278,14 @@ Tensor abs(const Tensor& x);
 //   shapes:  x [...] -> y of x's shape
 //   saves:   x
 //   math:    docs/math/gelu.md
-Tensor gelu(const Tensor& x, const char* approximate = "none");
+Tensor gelu(const Tensor& x, const char* approximate = "none", Site site = Site::current());
 
 // silu: sigmoid linear unit (swish)
 //   forward: y = x * s,  s = sigmoid(x)
 //   vjp:     dx = g * s * (1 + x (1 - s))
 //   shapes:  x [...] -> y of x's shape
 //   saves:   x
-Tensor silu(const Tensor& x);
+Tensor silu(const Tensor& x, Site site = Site::current());
 
 // clamp: limit to [lo, hi]
 //   forward: y = min(max(x, lo), hi)
@@ -288,7 +293,7 @@ Tensor silu(const Tensor& x);
 //   shapes:  x [...] -> y of x's shape
 //   saves:   x
 //   note:    lo <= hi is required
-Tensor clamp(const Tensor& x, double lo, double hi);
+Tensor clamp(const Tensor& x, double lo, double hi, Site site = Site::current());
 
 // maximum, minimum: elementwise max or min of two tensors
 //   forward: y = max(a, b), or y = min(a, b)  (a NaN on either side gives NaN)
@@ -296,8 +301,8 @@ Tensor clamp(const Tensor& x, double lo, double hi);
 //            minimum: the same with < (ties split the gradient, as PyTorch)
 //   shapes:  a, b broadcast -> y [broadcast(a, b)]
 //   saves:   a, b
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor minimum(const Tensor& a, const Tensor& b, Site site = Site::current());
 
 // eq, ne, lt, le, gt, ge: elementwise comparisons
 //   forward: y = [a == b], [a != b], [a < b], [a <= b], [a > b], [a >= b]
@@ -305,29 +310,29 @@ Tensor minimum(const Tensor& a, const Tensor& b);
 //   shapes:  a, b broadcast -> y b8 [broadcast(a, b)]
 //   saves:   nothing
 //   note:    any dtype (both the same); eq, lt and gt also take a double b
-Tensor eq(const Tensor& a, const Tensor& b);
-Tensor ne(const Tensor& a, const Tensor& b);
-Tensor lt(const Tensor& a, const Tensor& b);
-Tensor le(const Tensor& a, const Tensor& b);
-Tensor gt(const Tensor& a, const Tensor& b);
-Tensor ge(const Tensor& a, const Tensor& b);
-Tensor eq(const Tensor& a, double b);
-Tensor lt(const Tensor& a, double b);
-Tensor gt(const Tensor& a, double b);
+Tensor eq(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor ne(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor lt(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor le(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor gt(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor ge(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor eq(const Tensor& a, double b, Site site = Site::current());
+Tensor lt(const Tensor& a, double b, Site site = Site::current());
+Tensor gt(const Tensor& a, double b, Site site = Site::current());
 
 // where: pick from a where the condition holds, else from b
 //   forward: y = where(c, a, b) = c ? a : b  (c is b8)
 //   vjp:     da = where(c, g, 0),  db = where(c, 0, g)  (c gets none)
 //   shapes:  c, a, b broadcast -> y [broadcast(c, a, b)]
 //   saves:   c
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Site site = Site::current());
 
 // masked_fill: overwrite with a value where the mask holds
 //   forward: y = masked_fill(x, m, v) = m ? v : x  (m is b8, v a double)
 //   vjp:     dx = where(m, 0, g)
 //   shapes:  x [...], m broadcast to x -> y of x's shape
 //   saves:   m (it is where(m, v, x))
-Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value, Site site = Site::current());
 
 // ======================== reductions (autograd/ops/reduce.cpp) ================================
 // Over `dims` (empty = all dims; negative dims count from the end); keepdim keeps them as size 1.
@@ -340,7 +345,8 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 //   shapes:  x [a, b, c], dims {1} -> y [a, c]  ([a, 1, c] with keepdim)
 //   saves:   x.shape only
 //   note:    b8 sums to an i64 count, as PyTorch; i64 sums stay i64 (without gradient)
-Tensor sum(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = false);
+Tensor sum(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = false,
+           Site site = Site::current());
 
 // mean: average over dims
 //   forward: y = sum_i x_i / N
@@ -348,7 +354,8 @@ Tensor sum(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = fa
 //   shapes:  x [a, b, c], dims {1} -> y [a, c]  ([a, 1, c] with keepdim)
 //   saves:   nothing of x's size (it is sum, then div by N: div keeps the sum and N)
 //   note:    floating dtypes only
-Tensor mean(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = false,
+            Site site = Site::current());
 
 // max: maximum over dims (torch.amax)
 //   forward: y = max_i x_i
@@ -356,7 +363,8 @@ Tensor mean(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = f
 //   shapes:  x [a, b, c], dims {1} -> y [a, c]  ([a, 1, c] with keepdim)
 //   saves:   x, y
 //   note:    a reduction over an empty dim is an error
-Tensor max(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = false,
+           Site site = Site::current());
 
 // var: variance over dims, with a correction c
 //   forward: y = var(x, dims, c) = sum_i (x_i - mean)^2 / (N - c);  c = 1 (default) is the
@@ -365,14 +373,15 @@ Tensor max(const Tensor& x, const std::vector<int>& dims = {}, bool keepdim = fa
 //   shapes:  x [a, n, b], dims {1} -> y [a, b]  ([a, 1, b] with keepdim)
 //   saves:   x - mean
 //   note:    floating dtypes only
-Tensor var(const Tensor& x, const std::vector<int>& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor var(const Tensor& x, const std::vector<int>& dims = {}, int64_t correction = 1, bool keepdim = false,
+           Site site = Site::current());
 
 // argmax: index of the maximum along one dim
 //   forward: y = argmax(x, d): the index of the first maximum along dim d
 //   vjp:     none (not differentiable)
 //   shapes:  x [a, b, c], d = 1 -> y i64 [a, c]  ([a, 1, c] with keepdim)
 //   saves:   nothing
-Tensor argmax(const Tensor& x, int dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int dim, bool keepdim = false, Site site = Site::current());
 
 // =========================== matmul (autograd/ops/matmul.cpp) =================================
 // matmul: matrix product over the last two dims, batch dims broadcast (torch.matmul)
@@ -385,7 +394,7 @@ Tensor argmax(const Tensor& x, int dim, bool keepdim = false);
 //            transpose flags, not copies. A b shared by every matrix of a makes one GEMM of all of
 //            a's rows.
 //   math:    docs/math/linear.md
-Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor matmul(const Tensor& a, const Tensor& b, Site site = Site::current());
 
 // linear: affine map, y = x W^T + b (torch.nn.functional.linear)
 //   forward: y = x W^T + b  (b may be undefined: no bias)
@@ -395,7 +404,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 //   note:    one GEMM with the bias added in its epilogue, no second pass. dW is computed in W's own
 //            (out, in) layout: no transposed gradient to copy back.
 //   math:    docs/math/linear.md
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(), Site site = Site::current());
 
 // ====================== normalisation & losses (autograd/ops/nn.cpp) ==========================
 // The kernels read dense buffers: a non-contiguous input (a transposed or sliced view) is copied
@@ -408,7 +417,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 //   saves:   y
 //   note:    a row that is all -inf gives NaN, as in PyTorch
 //   math:    docs/math/softmax.md
-Tensor softmax(const Tensor& x, int dim = -1);
+Tensor softmax(const Tensor& x, int dim = -1, Site site = Site::current());
 
 // log_softmax: the logarithm of softmax, computed stably
 //   forward: y_i = x_i - m - log sum_j e^(x_j - m),  m = max_j x_j
@@ -417,7 +426,7 @@ Tensor softmax(const Tensor& x, int dim = -1);
 //   saves:   y
 //   note:    a row that is all -inf gives NaN, as in PyTorch
 //   math:    docs/math/softmax.md
-Tensor log_softmax(const Tensor& x, int dim = -1);
+Tensor log_softmax(const Tensor& x, int dim = -1, Site site = Site::current());
 
 // layer_norm: normalise over the last dims, then scale and shift
 //   forward: over the last k = normalized_shape.size() dims, of N elements per row:
@@ -429,7 +438,7 @@ Tensor log_softmax(const Tensor& x, int dim = -1);
 //   saves:   x, w, and per row mu and rstd
 //   math:    docs/math/layernorm.md
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
-                  const Tensor& bias = Tensor(), double eps = 1e-5);
+                  const Tensor& bias = Tensor(), double eps = 1e-5, Site site = Site::current());
 
 // embedding: rows of a table, looked up by index
 //   forward: y[..., :] = w[idx[...], :]
@@ -438,7 +447,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 //   saves:   idx
 //   note:    every index must lie in [0, V)
 //   math:    docs/math/embedding.md
-Tensor embedding(const Tensor& weight, const Tensor& indices);
+Tensor embedding(const Tensor& weight, const Tensor& indices, Site site = Site::current());
 
 // cross_entropy: softmax cross-entropy against class indices, with label smoothing
 //   forward: p = softmax(logits);  q = (1 - s) onehot(target) + s / C  (s = label_smoothing)
@@ -452,7 +461,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 //            ignore_index; "mean" with every row ignored is 0/0 = NaN, as in PyTorch.
 //   math:    docs/math/softmax.md
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const char* reduction = "mean",
-                     int64_t ignore_index = -100, double label_smoothing = 0.0);
+                     int64_t ignore_index = -100, double label_smoothing = 0.0, Site site = Site::current());
 
 // dropout: zero elements at random with probability p, scale the rest by 1 / (1 - p)
 //   forward: y = x * m / (1 - p),  m_i ~ Bernoulli(1 - p) drawn from Philox(seed, offset)
@@ -460,7 +469,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const char* red
 //   shapes:  x [...] -> y of x's shape
 //   saves:   (seed, offset) only: backward draws the mask again instead of storing it
 //   note:    x itself (no node) when !train or p == 0; p must lie in [0, 1)
-Tensor dropout(const Tensor& x, double p, bool train, Generator* gen = nullptr);
+Tensor dropout(const Tensor& x, double p, bool train, Generator* gen = nullptr, Site site = Site::current());
 
 // ======================== losses (autograd/ops/loss.cpp) ======================================
 // Elementwise losses over input and target of one shape (no broadcasting: a shape mismatch is
@@ -471,7 +480,8 @@ Tensor dropout(const Tensor& x, double p, bool train, Generator* gen = nullptr);
 //   vjp:     dx = 2 (x - t) g,  dt = -dx  (composed from sub, mul and the reduction: their gradients)
 //   shapes:  x [...], t [...] of one shape -> l []  (x's shape for "none")
 //   saves:   x - t (as mul's inputs)
-Tensor mse_loss(const Tensor& input, const Tensor& target, const char* reduction = "mean");
+Tensor mse_loss(const Tensor& input, const Tensor& target, const char* reduction = "mean",
+                Site site = Site::current());
 
 // binary_cross_entropy_with_logits: sigmoid and binary cross-entropy in one stable formula
 //   forward: l = -[t log s + (1 - t) log(1 - s)],  s = sigmoid(x)  (x = logits, t = target in
@@ -484,7 +494,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const char* reduction
 //   note:    log(1 + e^-|x|) is formed as the log of a sum: for |x| > ~17 (f32) it rounds to 0, an
 //            absolute error below 6e-8 next to torch's log1p.
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
-                                        const char* reduction = "mean");
+                                        const char* reduction = "mean", Site site = Site::current());
 
 // ====================== attention (autograd/ops/attention.cpp) ================================
 // scaled_dot_product_attention: softmax(scale Q K^T, masked) V, fused or composed
@@ -521,7 +531,7 @@ struct SdpaResult {
   Tensor weights;  // [B, H, Tq, Tk], only with return_weights
 };
 SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const SdpaOptions& options = {});
+                                        const SdpaOptions& options = {}, Site site = Site::current());
 
 // ===================== joining & splitting (autograd/ops/join.cpp) ============================
 // cat: concatenate along one dim
@@ -529,14 +539,14 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
 //   vjp:     dx_k = narrow(g, d, offset_k, size_k)
 //   shapes:  x_k [a, n_k, b], d = 1 -> y [a, sum_k n_k, b]  (every other dim equal)
 //   saves:   each input's offset and size along d
-Tensor cat(const std::vector<Tensor>& xs, int dim = 0);
+Tensor cat(const std::vector<Tensor>& xs, int dim = 0, Site site = Site::current());
 
 // stack: join along a new dim
 //   forward: y = stack(xs, d) = cat of unsqueeze(x_k, d): the new dim d indexes the inputs
 //   vjp:     dx_k = select(g, d, k)
 //   shapes:  K inputs [a, b], d = 0 -> y [K, a, b]  (all inputs of one shape)
 //   saves:   each input's offset along d (cat's)
-Tensor stack(const std::vector<Tensor>& xs, int dim = 0);
+Tensor stack(const std::vector<Tensor>& xs, int dim = 0, Site site = Site::current());
 
 // split: views of a given size along one dim (torch.split)
 //   forward: split(x, s, d): y_k = narrow(x, d, k s, s), pieces of size s, the last one smaller
@@ -544,7 +554,7 @@ Tensor stack(const std::vector<Tensor>& xs, int dim = 0);
 //   vjp:     each piece: narrow's backward (dx = 0 except g in the piece's range)
 //   shapes:  x [a, n, b] -> y_k [a, s, b], the last [a, n - s (K - 1), b]  (K = ceil(n / s))
 //   saves:   each piece's range (narrow's)
-std::vector<Tensor> split(const Tensor& x, int64_t split_size, int dim = 0);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int dim = 0, Site site = Site::current());
 
 // chunk: a given number of nearly equal views along one dim (torch.chunk)
 //   forward: chunk(x, chunks, d) = split(x, ceil(n / chunks), d): at most `chunks` pieces, fewer
@@ -553,10 +563,12 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int dim = 0);
 //   vjp:     each piece: narrow's backward (dx = 0 except g in the piece's range)
 //   shapes:  x [a, n, b] -> y_k [a, ceil(n / chunks), b], the last possibly smaller
 //   saves:   each piece's range (narrow's)
-std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int dim = 0);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int dim = 0, Site site = Site::current());
 
 // ============================== operators ======================================================
 // Shorthands for the ops above: a + b is add(a, b), -x is neg(x), and so on, a double on either side.
+// An operator cannot take the extra `site` parameter, so anomaly mode reports the line below for
+// it (unless an enclosing op or CallSite has claimed the call); write add(a, b) for the caller's.
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }

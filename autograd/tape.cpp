@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "autograd/ops.h"
 
@@ -12,6 +15,54 @@ namespace ag {
 namespace {
 thread_local bool g_grad_enabled = true;
 std::atomic<uint64_t> g_next_seq{0};  // tape position; only ordering matters
+thread_local RecordHook g_record_hook;
+thread_local GradReadyHook g_grad_ready_hook;
+std::atomic<bool> g_track_grad_norms{false};
+// The outermost CallSite alive on this thread (anomaly mode only): op null when there is none.
+thread_local const char* g_site_op = nullptr;
+thread_local Site g_site;
+// True while backward runs on this thread: the ops inside backward functions are not checked
+// one by one (backward checks what each node returns, and names the node).
+thread_local bool g_in_backward = false;
+
+// One pass over a tensor's values (copied to a dense host buffer first): how many are non-finite
+// (or NaN only), the first of them, and the sum of squares for the L2 norm.
+struct Scan {
+  int64_t bad = 0;
+  int64_t first = -1;  // flat row-major index of the first bad value
+  double first_value = 0;
+  double sumsq = 0;
+};
+Scan scan(const Tensor& t, OutputCheck what = OutputCheck::finite) {
+  Scan r;
+  if (!t.defined() || !is_floating(t.dtype())) return r;
+  Tensor h = host_contiguous(t);
+  auto run = [&](const auto* p) {
+    for (int64_t i = 0, n = h.numel(); i < n; ++i) {
+      const double v = double(p[i]);
+      const bool bad = what == OutputCheck::finite ? !std::isfinite(v) : std::isnan(v);
+      if (bad && r.bad++ == 0) r.first = i, r.first_value = v;
+      r.sumsq += v * v;
+    }
+  };
+  if (h.dtype() == DType::f32) run(h.data<float>());
+  else run(h.data<double>());
+  return r;
+}
+
+// A value for a message: NaN without the sign fmt would print ("-nan" from log(-1)).
+double shown(double v) { return std::isnan(v) ? std::nan("") : v; }
+
+std::string site_str(const char* op, const Site& s) {
+  if (!op) return "an unknown site (anomaly mode was off when the op was recorded)";
+  if (s.line() == 0) return fmt::format("an unknown site ('{}' was not called through a public op of ops.h)", op);
+  return fmt::format("{}:{} ({})", s.file_name(), s.line(), s.function_name());
+}
+// "'mul' (inside 'mse_loss')" or "'log'": the innermost op and the outermost public call.
+std::string op_str(const char* op, const char* outer) {
+  if (!outer || std::string_view(outer) == op) return fmt::format("'{}'", op);
+  return fmt::format("'{}' (inside '{}')", op, outer);
+}
 
 // Every node reachable from root, in decreasing sequence number (the tape, reversed).
 std::vector<Node*> reachable_nodes(const Tensor& root) {
@@ -61,6 +112,23 @@ void check_versions(const Node& n) {
         "saved would be stale): clone() it before writing to it",
         n.op, n.out_shape);
 }
+// Anomaly mode, after node n's backward: every gradient it returned must be finite. The first that
+// is not names the node, the input, the shapes and the forward call's line.
+void check_gradients(const Node& n, const Tensor& dout, const std::vector<Tensor>& dinputs) {
+  for (size_t i = 0; i < dinputs.size(); ++i) {
+    const Scan r = scan(dinputs[i]);
+    if (r.bad == 0) continue;
+    const Scan rout = scan(dout);
+    throw AnomalyError(fmt::format(
+        "anomaly: backward of {} (node #{}) returned {} non-finite value{} (of {}; the first, {}, at flat index {}) "
+        "in the gradient of input {} of shape {}; the gradient of its output (shape {}) {}; the forward op was "
+        "called at {}",
+        op_str(n.op, n.site_op), n.seq, r.bad, r.bad == 1 ? "" : "s", dinputs[i].numel(), shown(r.first_value), r.first, i,
+        n.in_shapes[i], n.out_shape,
+        rout.bad ? fmt::format("was already non-finite ({} values)", rout.bad) : std::string("was finite"),
+        site_str(n.site_op, n.site)));
+  }
+}
 }  // namespace
 
 Node::~Node() {
@@ -95,6 +163,46 @@ void check_writable(const char* op, const Tensor& t) {
 }
 void set_grad_enabled(bool on) { g_grad_enabled = on; }
 
+RecordHook set_record_hook(RecordHook hook) { return std::exchange(g_record_hook, std::move(hook)); }
+GradReadyHook set_grad_ready_hook(GradReadyHook hook) {
+  return std::exchange(g_grad_ready_hook, std::move(hook));
+}
+
+void detect_anomaly(bool on) { detail::anomaly_mode.store(on, std::memory_order_relaxed); }
+void set_track_grad_norms(bool on) { g_track_grad_norms.store(on, std::memory_order_relaxed); }
+bool track_grad_norms() { return g_track_grad_norms.load(std::memory_order_relaxed); }
+
+bool CallSite::enter(const char* op, const Site& site) {
+  if (g_site_op) return false;  // an outer call is already the site to report
+  g_site_op = op;
+  g_site = site;
+  return true;
+}
+void CallSite::leave() { g_site_op = nullptr; }
+
+void check_output(const char* op, const std::vector<Tensor>& inputs, const Tensor& out, OutputCheck what) {
+  if (g_in_backward) return;
+  const Scan r = scan(out, what);
+  if (r.bad == 0) return;
+  std::string ins;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) {
+      ins += fmt::format("{}input {}: none", i ? "; " : "", i);
+      continue;
+    }
+    const Scan ri = scan(t);
+    ins += fmt::format("{}input {}: {} {}{}", i ? "; " : "", i, t.shape(), t.dtype(),
+                       ri.bad ? fmt::format(" (already non-finite: {} of {} values)", ri.bad, t.numel()) : "");
+  }
+  throw AnomalyError(fmt::format(
+      "anomaly: {} produced {} {} value{} (of {}; the first, {}, at flat index {}) in its output of shape {} {}; {}; "
+      "called at {}",
+      op_str(op, g_site_op), r.bad, what == OutputCheck::finite ? "non-finite" : "NaN", r.bad == 1 ? "" : "s",
+      out.numel(), shown(r.first_value), r.first, out.shape(), out.dtype(), ins.empty() ? "no inputs" : ins,
+      site_str(g_site_op ? g_site_op : op, g_site_op ? g_site : Site())));
+}
+
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;
   for (const Tensor* t : inputs)
@@ -128,7 +236,13 @@ void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out,
   node->out_version = {out.impl().storage, out.impl().storage->version};
   node->out_shape = out.shape();
   node->out_dtype = out.dtype();
+  node->out_device = out.device();
+  if (anomaly_enabled()) {  // already off the common path: a node is being made
+    node->site_op = g_site_op ? g_site_op : op;
+    node->site = g_site_op ? g_site : Site();
+  }
   node->backward = std::move(fn);
+  if (g_record_hook) g_record_hook(*node, out);
   out.impl().grad_fn = std::move(node);
   out.impl().requires_grad = true;
 }
@@ -148,7 +262,20 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
   check(g.dtype() == root.dtype(), "backward: gradient dtype {} differs from output dtype {}", g.dtype(),
         root.dtype());
   NoGradGuard no_grad;
-  if (root.is_leaf()) return accumulate_leaf(root.impl(), g);
+  const bool anomaly = anomaly_enabled();
+  const bool norms = anomaly || track_grad_norms();
+  if (anomaly) {
+    const Scan r = scan(g);
+    if (r.bad)
+      throw AnomalyError(fmt::format("anomaly: backward: the gradient given for the output (shape {}) holds {} "
+                                     "non-finite value{}",
+                                     g.shape(), r.bad, r.bad == 1 ? "" : "s"));
+  }
+  if (root.is_leaf()) {
+    accumulate_leaf(root.impl(), g);
+    if (g_grad_ready_hook) g_grad_ready_hook(root);
+    return;
+  }
 
   std::vector<Node*> tape = reachable_nodes(root);
   for (Node* n : tape)
@@ -156,16 +283,30 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
           "backward: the graph through '{}' was freed by an earlier backward; pass retain_graph=true to "
           "the first backward to run backward twice",
           n->op);
+  // With a gradient-ready hook: how many edges of the tape still lead into each leaf. A leaf's
+  // gradient is final when the last node feeding it has run.
+  std::unordered_map<TensorImpl*, int> leaf_edges_left;
+  if (g_grad_ready_hook)
+    for (Node* n : tape)
+      for (const Edge& e : n->next)
+        if (e.leaf) ++leaf_edges_left[e.leaf.get()];
   root.grad_fn()->pending = g;
+  struct InBackward {  // restores the flag also when a node throws
+    bool prev = std::exchange(g_in_backward, true);
+    ~InBackward() { g_in_backward = prev; }
+  } in_backward;
   try {
     for (Node* n : tape) {
       Tensor dout = std::move(n->pending);
       n->pending = Tensor();
       if (dout.defined()) {
         check_versions(*n);
+        n->backward_ran = true;
+        if (norms) n->grad_norm = std::sqrt(scan(dout).sumsq);
         std::vector<Tensor> dinputs = n->backward(dout);
         check(dinputs.size() == n->next.size(), "backward: '{}' returned {} gradients for {} inputs", n->op,
               dinputs.size(), n->next.size());
+        if (anomaly) check_gradients(*n, dout, dinputs);
         for (size_t i = 0; i < dinputs.size(); ++i) {
           const Edge& e = n->next[i];
           const Tensor& d = dinputs[i];
@@ -180,6 +321,9 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
           else accumulate_leaf(*e.leaf, d);
         }
       }
+      if (g_grad_ready_hook)
+        for (const Edge& e : n->next)
+          if (e.leaf && --leaf_edges_left[e.leaf.get()] == 0) g_grad_ready_hook(Tensor(e.leaf));
       if (!retain_graph) {  // free what the op saved; the node stays as an edge, marked used
         n->backward = nullptr;
         n->released = true;
@@ -223,36 +367,74 @@ Tensor Tensor::detach() const {
 }
 
 // ---- inspection -----------------------------------------------------------------------------
-std::string graph_to_string(const Tensor& root) {
+namespace {
+std::unordered_map<const TensorImpl*, std::string> leaf_names(const LeafNames& names) {
+  std::unordered_map<const TensorImpl*, std::string> m;
+  for (const auto& [name, t] : names)
+    if (t.defined()) m.emplace(t.impl_ptr().get(), name);
+  return m;
+}
+}  // namespace
+
+std::string print_graph(const Tensor& root, const LeafNames& names) {
   std::vector<Node*> tape = reachable_nodes(root);
   std::reverse(tape.begin(), tape.end());
+  const auto leaf_name = leaf_names(names);
   std::string s;
+  bool untracked = false;
   for (Node* n : tape) {
-    s += fmt::format("#{:<4} {:<14} -> {} {}{}  inputs:", n->seq, n->op, n->out_shape, n->out_dtype,
-                     n->released ? " (released)" : "");
+    s += fmt::format("#{:<4} {:<14} -> {} {} {}", n->seq, n->op, n->out_shape, n->out_dtype, n->out_device);
+    if (n->backward_ran) {
+      if (n->grad_norm >= 0) s += fmt::format("  |grad| {:.6g}", n->grad_norm);
+      else s += "  |grad| ?", untracked = true;
+    }
+    s += n->released ? " (released)  inputs:" : "  inputs:";
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
-      if (e.node) s += fmt::format(" #{}", e.node->seq);
-      else if (e.leaf) s += fmt::format(" leaf{}", n->in_shapes[i]);
-      else s += " const";
+      if (e.node) {
+        s += fmt::format(" #{}", e.node->seq);
+      } else if (e.leaf) {
+        auto it = leaf_name.find(e.leaf.get());
+        s += fmt::format(" {}{}", it != leaf_name.end() ? it->second : "leaf", n->in_shapes[i]);
+      } else {
+        s += " const";
+      }
     }
     s += '\n';
   }
+  if (untracked)
+    s += "(|grad| ?: gradient norms were not tracked; call ag::set_track_grad_norms(true), hold an "
+         "ag::TrackGradNormsGuard or turn on ag::detect_anomaly(true) before backward)\n";
   return s;
 }
 
-std::string graph_to_dot(const Tensor& root) {
+std::string graph_to_dot(const Tensor& root, const LeafNames& names) {
   std::vector<Node*> tape = reachable_nodes(root);
+  std::reverse(tape.begin(), tape.end());
+  const auto leaf_name = leaf_names(names);
   std::string s = "digraph tape {\n  rankdir=BT;\n  node [shape=box, fontname=monospace];\n";
+  std::unordered_set<const TensorImpl*> leaves_drawn;
   for (Node* n : tape) {
-    s += fmt::format("  n{} [label=\"{}\\n{} {}\"];\n", n->seq, n->op, n->out_shape, n->out_dtype);
+    std::string norm;
+    if (n->backward_ran) norm = n->grad_norm >= 0 ? fmt::format("\\n|grad| {:.6g}", n->grad_norm) : "\\n|grad| ?";
+    s += fmt::format("  n{} [label=\"{} #{}\\n{} {} {}{}\"];\n", n->seq, n->op, n->seq, n->out_shape, n->out_dtype,
+                     n->out_device, norm);
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (e.node) {
         s += fmt::format("  n{} -> n{};\n", e.node->seq, n->seq);
       } else if (e.leaf) {
-        s += fmt::format("  leaf{} [label=\"leaf {}\", shape=ellipse];\n  leaf{} -> n{};\n",
-                         fmt::ptr(e.leaf.get()), n->in_shapes[i], fmt::ptr(e.leaf.get()), n->seq);
+        const TensorImpl* leaf = e.leaf.get();
+        const std::string id = fmt::format("leaf{}", fmt::ptr(leaf));
+        if (leaves_drawn.insert(leaf).second) {
+          auto it = leaf_name.find(leaf);
+          std::string grad;
+          if (leaf->grad) grad = fmt::format("\\n|.grad| {:.6g}", std::sqrt(scan(Tensor(leaf->grad)).sumsq));
+          s += fmt::format("  {} [label=\"{}\\n{} {} {}{}\", shape=ellipse];\n", id,
+                           it != leaf_name.end() ? it->second : std::string("leaf"), n->in_shapes[i], leaf->dtype,
+                           leaf->storage->device, grad);
+        }
+        s += fmt::format("  {} -> n{};\n", id, n->seq);
       }
     }
   }

@@ -11,9 +11,18 @@
 // tape replayed in reverse. A node's backward turns the gradient of its output into gradients of
 // its inputs; each is added to the pending gradient of the input's node, or, for a leaf, to its
 // .grad. Backward functions call kernels and tensor ops with recording off (no double backward).
+//
+// Inspection: print_graph(y) lists the nodes behind y (op, output shape, dtype, device and, once a
+// backward has run with norm tracking or anomaly mode on, the norm of the gradient that flowed
+// through each node); graph_to_dot(y) draws the same graph for Graphviz. Anomaly mode
+// (detect_anomaly) checks every op's output and every node's input gradients for NaN/Inf and
+// names the first op that made one, with the source line of the call that led to it.
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <source_location>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -22,6 +31,11 @@ namespace ag {
 
 // (gradient of the output) -> (gradient of each input; an undefined tensor for "none")
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& dout)>;
+
+// Where an op was called from. Every public op of autograd/ops.h takes one as its last parameter,
+// defaulted to the caller's line: std::source_location::current() in a default argument is
+// evaluated at the call.
+using Site = std::source_location;
 
 struct Edge {
   std::shared_ptr<Node> node;        // the gradient flows into this node's output...
@@ -36,6 +50,7 @@ struct Node {
   std::vector<Shape> in_shapes;   // the tape checks each input gradient against these
   Shape out_shape;
   DType out_dtype;
+  Device out_device;
   BackwardFn backward;            // null once released by a backward without retain_graph
   bool released = false;
   Tensor pending;                 // gradient of the output, summed while backward runs
@@ -49,12 +64,87 @@ struct Node {
   };
   std::vector<Version> in_versions;
   Version out_version;
+  // Filled by backward: whether it ran this node, and ||g||_2 of the gradient of the output that
+  // flowed through it, measured only while gradient norms are tracked or anomaly mode is on
+  // (-1: not measured). print_graph shows it.
+  bool backward_ran = false;
+  double grad_norm = -1;
+  // With anomaly mode on at record time: the outermost public op whose call led to this node
+  // (the node's own op when called directly) and that call's source line; null/empty otherwise.
+  const char* site_op = nullptr;
+  Site site;
 
   Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
   ~Node();  // frees the chain of input nodes iteratively (a long chain would overflow the stack)
 };
+
+// ---- anomaly mode ---------------------------------------------------------------------------
+// With anomaly mode on, record() checks the output of every op (recording or not) and backward
+// checks every gradient a node returns; the first NaN or Inf raises an AnomalyError naming the op,
+// its shapes, and the source line of the outermost public op call that led to it (the user's
+// line: an op called inside another op, e.g. the mul inside mse_loss, reports the line that
+// called mse_loss). Off (the default) it costs one predictable branch in record() and in each
+// public op's CallSite; on, each op's output is scanned once (copied to the host first when it
+// lives on a GPU). The switch is process-wide, as PyTorch's; the call site is per thread.
+namespace detail {
+inline std::atomic<bool> anomaly_mode{false};
+}
+inline bool anomaly_enabled() { return detail::anomaly_mode.load(std::memory_order_relaxed); }
+void detect_anomaly(bool on);
+
+// Sets anomaly mode for its lifetime and restores the previous mode after.
+class DetectAnomalyGuard {
+ public:
+  explicit DetectAnomalyGuard(bool on = true) : prev_(anomaly_enabled()) { detect_anomaly(on); }
+  ~DetectAnomalyGuard() { detect_anomaly(prev_); }
+  DetectAnomalyGuard(const DetectAnomalyGuard&) = delete;
+  DetectAnomalyGuard& operator=(const DetectAnomalyGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// What anomaly mode raises: an ag::Error, so code that catches ag::Error sees it too.
+struct AnomalyError : Error {
+  using Error::Error;
+};
+
+// Marks the call of a public op (or of any function built from ops: a layer's forward) as the
+// site to report. Only the outermost CallSite alive on the thread counts, so an op called inside
+// another reports the outer call's line. With anomaly mode off it does nothing but test the
+// switch: every public op opens with one,   CallSite at("softmax", site);
+class CallSite {
+ public:
+  CallSite(const char* op, const Site& site) {
+    if (anomaly_enabled()) [[unlikely]]
+      owner_ = enter(op, site);
+  }
+  ~CallSite() {
+    if (owner_) [[unlikely]]
+      leave();
+  }
+  CallSite(const CallSite&) = delete;
+  CallSite& operator=(const CallSite&) = delete;
+
+ private:
+  static bool enter(const char* op, const Site& site);  // true when no CallSite was active
+  static void leave();
+  bool owner_ = false;
+};
+
+// What the anomaly check of record() expects of an op's output. An op that computes values must
+// give finite ones; where (and masked_fill, which is a where) only selects values it was given,
+// so an infinity in its output is one it was handed on purpose (the -inf of an attention mask),
+// and only NaN counts; a view shows values that already exist and is not checked (the op that
+// reads them is).
+enum class OutputCheck : uint8_t { finite, no_nan, none };
+
+// The anomaly check of one op's output (record() calls it while anomaly mode is on): raises an
+// AnomalyError when `out` holds a NaN (or an Inf, for OutputCheck::finite). Skipped while
+// backward runs: the ops inside backward functions are checked per node by backward itself.
+void check_output(const char* op, const std::vector<Tensor>& inputs, const Tensor& out, OutputCheck what);
 
 // ---- recording ------------------------------------------------------------------------------
 bool grad_enabled();
@@ -83,20 +173,69 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 
 // Records `out` as produced by `op` from `inputs`, with its backward. A no-op when nothing
 // needs a gradient, so ops call it unconditionally; `fn` should capture saved tensors by value,
-// and a saved output through out.detach() (a node must not own its own output).
+// and a saved output through out.detach() (a node must not own its own output). Every op passes
+// through here, so it is also where anomaly mode checks each output.
 void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn);
 template <class F>
-void record(const char* op, const std::vector<Tensor>& inputs, Tensor& out, F&& fn) {
+void record(const char* op, const std::vector<Tensor>& inputs, Tensor& out, F&& fn,
+            OutputCheck what = OutputCheck::finite) {
+  if (anomaly_enabled() && what != OutputCheck::none) [[unlikely]]
+    check_output(op, inputs, out, what);
   if (needs_grad(inputs)) record_node(op, inputs, out, BackwardFn(std::forward<F>(fn)));
 }
 
 // Runs the tape backward from `root`; see Tensor::backward.
 void backward(const Tensor& root, const Tensor& gradient = Tensor(), bool retain_graph = false);
 
+// ---- hooks ----------------------------------------------------------------------------------
+// Observers of the tape, per thread. An unset hook (the default) costs one branch.
+//
+// The record hook sees every node record_node makes, right after it is made, with the op's output
+// (the module profiler of nn/summary.h counts FLOPs and activation bytes through it).
+using RecordHook = std::function<void(const Node& node, const Tensor& out)>;
+// The gradient-ready hook is called during backward when a leaf's .grad is final for this
+// backward: every node of the tape that has an edge to the leaf has run. Data parallelism starts
+// the all-reduce of a bucket of gradients through it while backward goes on. It fires at most
+// once per leaf and backward, also for a leaf that received no gradient (its .grad is then as it
+// was); leaves the tape does not reach never fire.
+using GradReadyHook = std::function<void(const Tensor& leaf)>;
+// Each setter installs `hook` for this thread and returns the one it replaces.
+RecordHook set_record_hook(RecordHook hook);
+GradReadyHook set_grad_ready_hook(GradReadyHook hook);
+
 // ---- inspection -----------------------------------------------------------------------------
-// The recorded graph behind `root`, one node a line, in tape order.
-std::string graph_to_string(const Tensor& root);
-// The same graph in Graphviz DOT.
-std::string graph_to_dot(const Tensor& root);
+// Gradient norms per node cost a pass over every gradient, so backward measures them only when
+// asked: set_track_grad_norms(true), a TrackGradNormsGuard around backward, or anomaly mode
+// (which scans those gradients anyway). Process-wide, like anomaly mode.
+void set_track_grad_norms(bool on);
+bool track_grad_norms();
+class TrackGradNormsGuard {
+ public:
+  explicit TrackGradNormsGuard(bool on = true) : prev_(track_grad_norms()) { set_track_grad_norms(on); }
+  ~TrackGradNormsGuard() { set_track_grad_norms(prev_); }
+  TrackGradNormsGuard(const TrackGradNormsGuard&) = delete;
+  TrackGradNormsGuard& operator=(const TrackGradNormsGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// Names for leaves, matched by identity (the same tensor, not equal values): pass
+// model.named_parameters() to see "fc1.weight[4,3]" instead of "leaf[4,3]".
+using LeafNames = std::vector<std::pair<std::string, Tensor>>;
+
+// The recorded graph behind `root`, one node a line, in tape order:
+//   #12   mul            -> [4] f32 cpu  |grad| 2.5  inputs: #11 w[4]
+// op, output shape, dtype, device, the norm of the gradient of the node's output once a backward
+// ran it (measured when norms are tracked; else a last line says how to get them), and where each
+// input came from: a node (#seq), a leaf (its name, or "leaf", and its shape) or a constant.
+// Empty for a tensor without history (a leaf, or one computed under NoGradGuard).
+std::string print_graph(const Tensor& root, const LeafNames& names = {});
+// print_graph without names (the name it had first).
+inline std::string graph_to_string(const Tensor& root) { return print_graph(root); }
+// The same graph in Graphviz DOT (render with `dot -Tsvg`): a box per node labelled with op, seq,
+// shape, dtype, device and gradient norm, an ellipse per leaf (named when `names` has it, with
+// the norm of its .grad), an edge from each input to its consumer.
+std::string graph_to_dot(const Tensor& root, const LeafNames& names = {});
 
 }  // namespace ag

@@ -80,6 +80,10 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
   cli.add_flag("--deterministic", o.deterministic,
                "the same results bit for bit at any --threads (ag::set_deterministic; costs nothing on the f32 "
                "CPU path)");
+  cli.add_flag("--detect-anomaly", o.detect_anomaly,
+               "stop at the first op whose output, or the first backward node whose gradient, holds a NaN or an "
+               "Inf, naming the op, its shapes and the source line that called it (ag::detect_anomaly; slower: "
+               "every value is checked)");
   cli.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
   cli.add_option("--precision", o.precision, "fp32, or bf16 (CUDA only)")
       ->capture_default_str()
@@ -154,6 +158,7 @@ void apply_run_options(RunOptions& o, const std::string& app) {
   validate_run_options(o, app);
   if (o.threads > 0) set_num_threads(o.threads);
   if (o.deterministic) set_deterministic(true);
+  if (o.detect_anomaly) detect_anomaly(true);
   if (o.out_dir.empty()) o.out_dir = "runs/" + app;
   if (o.eval_every <= 0) o.eval_every = std::max<int64_t>(1, o.steps / 10);
   if (o.checkpoint_every <= 0) o.checkpoint_every = o.eval_every;
@@ -330,11 +335,13 @@ bool Run::optimizer_step(int64_t step, double loss) {
   const std::string what = !std::isfinite(loss) ? fmt::format("the loss is {}", loss)
                                                 : fmt::format("the gradient norm is {} (loss {:.4g})", last_grad_norm_, loss);
   print(fmt::format("{}: step {}: {}: update skipped ({} skipped so far, {} in a row). If this recurs, rerun with "
-                    "a lower --lr (now {}) or with gradient clipping (--clip, now {})",
+                    "a lower --lr (now {}) or with gradient clipping (--clip, now {}); --detect-anomaly names the "
+                    "first op (and source line) that makes a NaN or an Inf",
                     app_, step, what, skipped_, skips_in_a_row_, o_.lr, o_.clip));
   check(o_.max_skips == 0 || skips_in_a_row_ < o_.max_skips,
         "{}: stopping at step {}: {} steps in a row had a non-finite loss or gradient norm (--max-skips {}); {}. "
-        "Rerun with a lower --lr or with --clip",
+        "Rerun with a lower --lr or with --clip, or with --detect-anomaly to find the first op that makes a NaN or an "
+        "Inf",
         app_, step, skips_in_a_row_, o_.max_skips,
         last_saved_step_ >= 0
             ? fmt::format("{} still holds the finite model of step {}", path("checkpoint.safetensors"), last_saved_step_)

@@ -100,6 +100,7 @@ struct RunOptions {
   uint64_t seed = 1;
   int threads = 0;             // 0: every core
   bool deterministic = false;  // ag::set_deterministic: the same bits at any thread count
+  bool detect_anomaly = false;  // ag::detect_anomaly: the first op making a NaN/Inf raises, naming it
   std::string device = "cpu";
   std::string precision = "fp32";
   std::string out_dir;         // run directory; default runs/<app>
@@ -120,7 +121,7 @@ struct RunOptions {
 void add_run_options(CLI::App& cli, RunOptions& o);
 
 // After parsing: checks every value and combination (validate_run_options), sets the thread
-// count, fills the defaults that depend on others (out_dir, eval_every, checkpoint path).
+// count, determinism and anomaly mode (--detect-anomaly), fills the defaults that depend on others (out_dir, eval_every, checkpoint path).
 void apply_run_options(RunOptions& o, const std::string& app);
 // The checks alone, before anything is set up: a UsageError naming the option and its value for
 // steps, batch, lr < 1; min-lr outside [0, lr]; warmup outside [0, 1]; weight decay, clip,

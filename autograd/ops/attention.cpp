@@ -46,7 +46,8 @@ SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v,
 
 }  // namespace
 
-SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o) {
+SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site) {
+  const CallSite at("scaled_dot_product_attention", site);
   const char* op = "scaled_dot_product_attention";
   check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4,
         "{}: expected q, k, v of 4 dims [batch, heads, T, d], got {}, {}, {}", op, q.shape(), k.shape(), v.shape());

@@ -78,21 +78,24 @@ Tensor unary_saving_input(const char* op, const Tensor& x, F f, Back back) {
 }  // namespace
 
 // ---- arithmetic ----------------------------------------------------------------------------
-Tensor add(const Tensor& a_, const Tensor& b_) {
+Tensor add(const Tensor& a_, const Tensor& b_, Site site) {
+  const CallSite at("add", site);
   auto [a, b] = broadcast("add", a_, b_);
   Tensor y = map_numeric2("add", a, b, pw::Add{});
   record("add", {a, b}, y, [](const Tensor& g) { return std::vector{g, g}; });
   return y;
 }
 
-Tensor sub(const Tensor& a_, const Tensor& b_) {
+Tensor sub(const Tensor& a_, const Tensor& b_, Site site) {
+  const CallSite at("sub", site);
   auto [a, b] = broadcast("sub", a_, b_);
   Tensor y = map_numeric2("sub", a, b, pw::Sub{});
   record("sub", {a, b}, y, [](const Tensor& g) { return std::vector{g, neg(g)}; });
   return y;
 }
 
-Tensor mul(const Tensor& a_, const Tensor& b_) {
+Tensor mul(const Tensor& a_, const Tensor& b_, Site site) {
+  const CallSite at("mul", site);
   auto [a, b] = broadcast("mul", a_, b_);
   Tensor y = map_numeric2("mul", a, b, pw::Mul{});
   bool ga = a.requires_grad(), gb = b.requires_grad();
@@ -102,7 +105,8 @@ Tensor mul(const Tensor& a_, const Tensor& b_) {
   return y;
 }
 
-Tensor div(const Tensor& a_, const Tensor& b_) {
+Tensor div(const Tensor& a_, const Tensor& b_, Site site) {
+  const CallSite at("div", site);
   auto [a, b] = broadcast("div", a_, b_);
   Tensor y = map_float2("div", a, b, pw::Div{});
   bool ga = a.requires_grad(), gb = b.requires_grad();
@@ -113,14 +117,33 @@ Tensor div(const Tensor& a_, const Tensor& b_) {
   return y;
 }
 
-Tensor add(const Tensor& a, double b) { return add(a, scalar_like(b, a)); }
-Tensor sub(const Tensor& a, double b) { return sub(a, scalar_like(b, a)); }
-Tensor sub(double a, const Tensor& b) { return sub(scalar_like(a, b), b); }
-Tensor mul(const Tensor& a, double b) { return mul(a, scalar_like(b, a)); }
-Tensor div(const Tensor& a, double b) { return div(a, scalar_like(b, a)); }
-Tensor div(double a, const Tensor& b) { return div(scalar_like(a, b), b); }
+Tensor add(const Tensor& a, double b, Site site) {
+  const CallSite at("add", site);
+  return add(a, scalar_like(b, a));
+}
+Tensor sub(const Tensor& a, double b, Site site) {
+  const CallSite at("sub", site);
+  return sub(a, scalar_like(b, a));
+}
+Tensor sub(double a, const Tensor& b, Site site) {
+  const CallSite at("sub", site);
+  return sub(scalar_like(a, b), b);
+}
+Tensor mul(const Tensor& a, double b, Site site) {
+  const CallSite at("mul", site);
+  return mul(a, scalar_like(b, a));
+}
+Tensor div(const Tensor& a, double b, Site site) {
+  const CallSite at("div", site);
+  return div(a, scalar_like(b, a));
+}
+Tensor div(double a, const Tensor& b, Site site) {
+  const CallSite at("div", site);
+  return div(scalar_like(a, b), b);
+}
 
-Tensor neg(const Tensor& x) {
+Tensor neg(const Tensor& x, Site site) {
+  const CallSite at("neg", site);
   Tensor y = empty(x.shape(), x.dtype(), x.device());
   visit_numeric("neg", x.dtype(), [&]<class T>() {
     KERNEL(x.device(), map1, y.data<T>(), x.data<T>(), layout(x), pw::Neg{});
@@ -129,7 +152,8 @@ Tensor neg(const Tensor& x) {
   return y;
 }
 
-Tensor pow(const Tensor& x, double p) {
+Tensor pow(const Tensor& x, double p, Site site) {
+  const CallSite at("pow", site);
   Tensor y = map_float1("pow", x, pw::PowScalar{p});
   record("pow", {x}, y, [x = x.detach(), p](const Tensor& g) {
     return std::vector{map_float2("pow", x, g, pw::PowScalarBackward{p})};
@@ -137,7 +161,8 @@ Tensor pow(const Tensor& x, double p) {
   return y;
 }
 
-Tensor pow(const Tensor& x_, const Tensor& t_) {
+Tensor pow(const Tensor& x_, const Tensor& t_, Site site) {
+  const CallSite at("pow", site);
   auto [x, t] = broadcast("pow", x_, t_);
   Tensor y = map_float2("pow", x, t, pw::Pow{});
   bool gx = x.requires_grad(), gt = t.requires_grad();
@@ -149,29 +174,59 @@ Tensor pow(const Tensor& x_, const Tensor& t_) {
 }
 
 // ---- unary -------------------------------------------------------------------------------
-Tensor exp(const Tensor& x) { return unary_saving_output("exp", x, pw::Exp{}, pw::ExpBackward{}); }
-Tensor log(const Tensor& x) { return unary_saving_input("log", x, pw::Log{}, pw::LogBackward{}); }
-Tensor sqrt(const Tensor& x) { return unary_saving_output("sqrt", x, pw::Sqrt{}, pw::SqrtBackward{}); }
-Tensor rsqrt(const Tensor& x) { return unary_saving_output("rsqrt", x, pw::Rsqrt{}, pw::RsqrtBackward{}); }
-Tensor tanh(const Tensor& x) { return unary_saving_output("tanh", x, pw::Tanh{}, pw::TanhBackward{}); }
-Tensor sigmoid(const Tensor& x) { return unary_saving_output("sigmoid", x, pw::Sigmoid{}, pw::SigmoidBackward{}); }
-Tensor relu(const Tensor& x) { return unary_saving_input("relu", x, pw::Relu{}, pw::ReluBackward{}); }
-Tensor abs(const Tensor& x) { return unary_saving_input("abs", x, pw::Abs{}, pw::AbsBackward{}); }
-Tensor silu(const Tensor& x) { return unary_saving_input("silu", x, pw::Silu{}, pw::SiluBackward{}); }
+Tensor exp(const Tensor& x, Site site) {
+  const CallSite at("exp", site);
+  return unary_saving_output("exp", x, pw::Exp{}, pw::ExpBackward{});
+}
+Tensor log(const Tensor& x, Site site) {
+  const CallSite at("log", site);
+  return unary_saving_input("log", x, pw::Log{}, pw::LogBackward{});
+}
+Tensor sqrt(const Tensor& x, Site site) {
+  const CallSite at("sqrt", site);
+  return unary_saving_output("sqrt", x, pw::Sqrt{}, pw::SqrtBackward{});
+}
+Tensor rsqrt(const Tensor& x, Site site) {
+  const CallSite at("rsqrt", site);
+  return unary_saving_output("rsqrt", x, pw::Rsqrt{}, pw::RsqrtBackward{});
+}
+Tensor tanh(const Tensor& x, Site site) {
+  const CallSite at("tanh", site);
+  return unary_saving_output("tanh", x, pw::Tanh{}, pw::TanhBackward{});
+}
+Tensor sigmoid(const Tensor& x, Site site) {
+  const CallSite at("sigmoid", site);
+  return unary_saving_output("sigmoid", x, pw::Sigmoid{}, pw::SigmoidBackward{});
+}
+Tensor relu(const Tensor& x, Site site) {
+  const CallSite at("relu", site);
+  return unary_saving_input("relu", x, pw::Relu{}, pw::ReluBackward{});
+}
+Tensor abs(const Tensor& x, Site site) {
+  const CallSite at("abs", site);
+  return unary_saving_input("abs", x, pw::Abs{}, pw::AbsBackward{});
+}
+Tensor silu(const Tensor& x, Site site) {
+  const CallSite at("silu", site);
+  return unary_saving_input("silu", x, pw::Silu{}, pw::SiluBackward{});
+}
 
-Tensor gelu(const Tensor& x, const char* approximate) {
+Tensor gelu(const Tensor& x, const char* approximate, Site site) {
+  const CallSite at("gelu", site);
   std::string_view a = approximate ? approximate : "(null)";
   check(a == "none" || a == "tanh", "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", a);
   if (a == "tanh") return unary_saving_input("gelu", x, pw::GeluTanh{}, pw::GeluTanhBackward{});
   return unary_saving_input("gelu", x, pw::Gelu{}, pw::GeluBackward{});
 }
 
-Tensor clamp(const Tensor& x, double lo, double hi) {
+Tensor clamp(const Tensor& x, double lo, double hi, Site site) {
+  const CallSite at("clamp", site);
   check(lo <= hi, "clamp: expected lo <= hi, got lo={} hi={}", lo, hi);
   return unary_saving_input("clamp", x, pw::Clamp{lo, hi}, pw::ClampBackward{lo, hi});
 }
 
-Tensor maximum(const Tensor& a_, const Tensor& b_) {
+Tensor maximum(const Tensor& a_, const Tensor& b_, Site site) {
+  const CallSite at("maximum", site);
   auto [a, b] = broadcast("maximum", a_, b_);
   Tensor y = map_float2("maximum", a, b, pw::Maximum{});
   record("maximum", {a, b}, y, [a = a.detach(), b = b.detach()](const Tensor& g) {
@@ -181,7 +236,8 @@ Tensor maximum(const Tensor& a_, const Tensor& b_) {
   return y;
 }
 
-Tensor minimum(const Tensor& a_, const Tensor& b_) {
+Tensor minimum(const Tensor& a_, const Tensor& b_, Site site) {
+  const CallSite at("minimum", site);
   auto [a, b] = broadcast("minimum", a_, b_);
   Tensor y = map_float2("minimum", a, b, pw::Minimum{});
   record("minimum", {a, b}, y, [a = a.detach(), b = b.detach()](const Tensor& g) {
@@ -205,17 +261,45 @@ Tensor compare(const char* op, const Tensor& a_, const Tensor& b_, F f) {
 }
 }  // namespace
 
-Tensor eq(const Tensor& a, const Tensor& b) { return compare("eq", a, b, pw::Eq{}); }
-Tensor ne(const Tensor& a, const Tensor& b) { return compare("ne", a, b, pw::Ne{}); }
-Tensor lt(const Tensor& a, const Tensor& b) { return compare("lt", a, b, pw::Lt{}); }
-Tensor le(const Tensor& a, const Tensor& b) { return compare("le", a, b, pw::Le{}); }
-Tensor gt(const Tensor& a, const Tensor& b) { return compare("gt", a, b, pw::Gt{}); }
-Tensor ge(const Tensor& a, const Tensor& b) { return compare("ge", a, b, pw::Ge{}); }
-Tensor eq(const Tensor& a, double b) { return eq(a, scalar_like(b, a)); }
-Tensor lt(const Tensor& a, double b) { return lt(a, scalar_like(b, a)); }
-Tensor gt(const Tensor& a, double b) { return gt(a, scalar_like(b, a)); }
+Tensor eq(const Tensor& a, const Tensor& b, Site site) {
+  const CallSite at("eq", site);
+  return compare("eq", a, b, pw::Eq{});
+}
+Tensor ne(const Tensor& a, const Tensor& b, Site site) {
+  const CallSite at("ne", site);
+  return compare("ne", a, b, pw::Ne{});
+}
+Tensor lt(const Tensor& a, const Tensor& b, Site site) {
+  const CallSite at("lt", site);
+  return compare("lt", a, b, pw::Lt{});
+}
+Tensor le(const Tensor& a, const Tensor& b, Site site) {
+  const CallSite at("le", site);
+  return compare("le", a, b, pw::Le{});
+}
+Tensor gt(const Tensor& a, const Tensor& b, Site site) {
+  const CallSite at("gt", site);
+  return compare("gt", a, b, pw::Gt{});
+}
+Tensor ge(const Tensor& a, const Tensor& b, Site site) {
+  const CallSite at("ge", site);
+  return compare("ge", a, b, pw::Ge{});
+}
+Tensor eq(const Tensor& a, double b, Site site) {
+  const CallSite at("eq", site);
+  return eq(a, scalar_like(b, a));
+}
+Tensor lt(const Tensor& a, double b, Site site) {
+  const CallSite at("lt", site);
+  return lt(a, scalar_like(b, a));
+}
+Tensor gt(const Tensor& a, double b, Site site) {
+  const CallSite at("gt", site);
+  return gt(a, scalar_like(b, a));
+}
 
-Tensor where(const Tensor& cond, const Tensor& a_, const Tensor& b_) {
+Tensor where(const Tensor& cond, const Tensor& a_, const Tensor& b_, Site site) {
+  const CallSite at("where", site);
   check(cond.dtype() == DType::b8, "where: condition must be b8, got {}", cond.dtype());
   check(cond.device() == a_.device(), "where: condition on {} but values on {}", cond.device(), a_.device());
   check_same("where", a_, b_);
@@ -226,14 +310,18 @@ Tensor where(const Tensor& cond, const Tensor& a_, const Tensor& b_) {
     KERNEL(a.device(), map3, y.data<T>(), cond.data<bool>(), layout_as(cond, s), a.data<T>(), layout(a),
            b.data<T>(), layout(b), pw::Where{});
   });
-  record("where", {a, b}, y, [c = cond](const Tensor& g) {
-    Tensor zero = zeros({}, g.dtype(), g.device());
-    return std::vector{where(c, g, zero), where(c, zero, g)};
-  });
+  record(
+      "where", {a, b}, y,
+      [c = cond](const Tensor& g) {
+        Tensor zero = zeros({}, g.dtype(), g.device());
+        return std::vector{where(c, g, zero), where(c, zero, g)};
+      },
+      OutputCheck::no_nan);  // selects values: an infinity in y was handed to it (a -inf mask)
   return y;
 }
 
-Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value, Site site) {
+  const CallSite at("masked_fill", site);
   check(mask.dtype() == DType::b8, "masked_fill: mask must be b8, got {}", mask.dtype());
   check(broadcast_shapes("masked_fill", x.shape(), mask.shape()) == x.shape(),
         "masked_fill: mask of shape {} does not broadcast to input shape {}", mask.shape(), x.shape());

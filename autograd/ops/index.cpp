@@ -5,7 +5,8 @@
 
 namespace ag {
 
-Tensor index_select(const Tensor& x, int dim, const Tensor& index) {
+Tensor index_select(const Tensor& x, int dim, const Tensor& index, Site site) {
+  const CallSite at("index_select", site);
   check(x.ndim() >= 1, "index_select: cannot index a 0-dim tensor");
   check(index.dtype() == DType::i64, "index_select: index must have dtype i64, got {}", index.dtype());
   check(index.ndim() == 1, "index_select: index must be 1-D, got shape {}", index.shape());

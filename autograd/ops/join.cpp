@@ -28,7 +28,8 @@ void check_joinable(const char* op, const std::vector<Tensor>& xs, int dim) {
 
 }  // namespace
 
-Tensor cat(const std::vector<Tensor>& xs, int dim) {
+Tensor cat(const std::vector<Tensor>& xs, int dim, Site site) {
+  const CallSite at("cat", site);
   check(!xs.empty(), "cat: expected a non-empty list of tensors");
   for (size_t k = 0; k < xs.size(); ++k)
     check(xs[k].ndim() > 0, "cat: input {} is 0-dim; only tensors with >= 1 dim can be concatenated", k);
@@ -62,7 +63,8 @@ Tensor cat(const std::vector<Tensor>& xs, int dim) {
   return y;
 }
 
-Tensor stack(const std::vector<Tensor>& xs, int dim) {
+Tensor stack(const std::vector<Tensor>& xs, int dim, Site site) {
+  const CallSite at("stack", site);
   check(!xs.empty(), "stack: expected a non-empty list of tensors");
   check_joinable("stack", xs, -1);
   const int d = wrap_dim("stack", dim, xs[0].ndim() + 1);
@@ -71,7 +73,8 @@ Tensor stack(const std::vector<Tensor>& xs, int dim) {
   return cat(us, d);
 }
 
-std::vector<Tensor> split(const Tensor& x, int64_t split_size, int dim) {
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int dim, Site site) {
+  const CallSite at("split", site);
   check(x.ndim() > 0, "split: cannot split a 0-dim tensor");
   const int d = wrap_dim("split", dim, x.ndim());
   const int64_t n = x.shape()[d];
@@ -83,7 +86,8 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int dim) {
   return parts;
 }
 
-std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int dim) {
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int dim, Site site) {
+  const CallSite at("chunk", site);
   check(chunks >= 1, "chunk: chunks must be >= 1, got {}", chunks);
   check(x.ndim() > 0, "chunk: cannot chunk a 0-dim tensor");
   const int d = wrap_dim("chunk", dim, x.ndim());

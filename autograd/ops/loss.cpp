@@ -32,14 +32,16 @@ Tensor reduce(const Tensor& l, std::string_view reduction) {
 
 }  // namespace
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, const char* reduction) {
+Tensor mse_loss(const Tensor& input, const Tensor& target, const char* reduction, Site site) {
+  const CallSite at("mse_loss", site);
   check_reduction("mse_loss", reduction);
   check_pair("mse_loss", input, "input", target);
   Tensor d = sub(input, target);
   return reduce(mul(d, d), reduction);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, const char* reduction) {
+Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, const char* reduction, Site site) {
+  const CallSite at("binary_cross_entropy_with_logits", site);
   const char* op = "binary_cross_entropy_with_logits";
   check_reduction(op, reduction);
   check_pair(op, x, "logits", t);

@@ -153,7 +153,8 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
+  const CallSite at("linear", site);
   check(x.defined() && w.defined(), "linear: the input and the weight must be defined tensors");
   check(w.ndim() == 2, "linear: weight must be [out, in], got {}", w.shape());
   check(x.ndim() >= 1 && x.size(-1) == w.size(1), "linear: input {} and weight {}: the input's last dim must be in = {}",
@@ -222,7 +223,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   return y;
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a, const Tensor& b, Site site) {
+  const CallSite at("matmul", site);
   check(a.ndim() >= 1 && b.ndim() >= 1, "matmul: {} @ {}: both inputs need at least 1 dim (got a 0-dim tensor)",
         a.shape(), b.shape());
   check(a.device() == b.device(), "matmul: {} @ {}: inputs on different devices ({} and {})", a.shape(), b.shape(),

@@ -71,12 +71,19 @@ Tensor softmax_family(const char* op, const Tensor& x, int dim) {
 
 // A row that is entirely -inf has no maximum to subtract: softmax gives NaN for the whole row and
 // log_softmax NaN too, exactly as PyTorch (a fully masked attention row must be avoided upstream).
-Tensor softmax(const Tensor& x, int dim) { return softmax_family<false>("softmax", x, dim); }
-Tensor log_softmax(const Tensor& x, int dim) { return softmax_family<true>("log_softmax", x, dim); }
+Tensor softmax(const Tensor& x, int dim, Site site) {
+  const CallSite at("softmax", site);
+  return softmax_family<false>("softmax", x, dim);
+}
+Tensor log_softmax(const Tensor& x, int dim, Site site) {
+  const CallSite at("log_softmax", site);
+  return softmax_family<true>("log_softmax", x, dim);
+}
 
 // ---------------------------------------------------------------------------------------------
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
+                  double eps, Site site) {
+  const CallSite at("layer_norm", site);
   const int k = normalized_shape.size(), nd = x.ndim();
   check(is_floating(x.dtype()), "layer_norm: expected an f32 or f64 input, got {} (shape {})", x.dtype(), x.shape());
   check(k >= 1 && k <= nd, "layer_norm: normalized_shape {} must be 1 to {} trailing dims of the input shape {}",
@@ -123,7 +130,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 }
 
 // ---------------------------------------------------------------------------------------------
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+Tensor embedding(const Tensor& weight, const Tensor& indices, Site site) {
+  const CallSite at("embedding", site);
   check(weight.ndim() == 2, "embedding: weight must be [V, D], got shape {}", weight.shape());
   check(is_floating(weight.dtype()), "embedding: weight must be f32 or f64, got {}", weight.dtype());
   check(indices.dtype() == DType::i64, "embedding: indices must be i64, got {} (shape {})", indices.dtype(),
@@ -158,7 +166,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 
 // ---------------------------------------------------------------------------------------------
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const char* reduction, int64_t ignore_index,
-                     double label_smoothing) {
+                     double label_smoothing, Site site) {
+  const CallSite at("cross_entropy", site);
   const std::string_view red = reduction ? reduction : "(null)";
   check(red == "mean" || red == "sum" || red == "none",
         "cross_entropy: reduction must be \"mean\", \"sum\" or \"none\", got \"{}\"", red);
@@ -215,7 +224,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const char* red
 }
 
 // ---------------------------------------------------------------------------------------------
-Tensor dropout(const Tensor& x, double p, bool train, Generator* gen) {
+Tensor dropout(const Tensor& x, double p, bool train, Generator* gen, Site site) {
+  const CallSite at("dropout", site);
   check(p >= 0 && p < 1, "dropout: p must be in [0, 1), got {}", p);
   check(is_floating(x.dtype()), "dropout: expected an f32 or f64 input, got {} (shape {})", x.dtype(), x.shape());
   if (!train || p == 0) return x;

@@ -74,7 +74,8 @@ Canonical canonicalize(const Tensor& x, const ReducePlan& p) {
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
+Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim, Site site) {
+  const CallSite at("sum", site);
   if (x.dtype() == DType::b8) return sum(x.to(DType::i64), dims, keepdim);  // counts, as PyTorch
   ReducePlan p = plan_reduce("sum", x, dims, keepdim);
   Canonical c = canonicalize(x, p);
@@ -88,13 +89,15 @@ Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
   return y;
 }
 
-Tensor mean(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
+Tensor mean(const Tensor& x, const std::vector<int>& dims, bool keepdim, Site site) {
+  const CallSite at("mean", site);
   check(is_floating(x.dtype()), "mean: expected a floating dtype, got {}", x.dtype());
   ReducePlan p = plan_reduce("mean", x, dims, keepdim);
   return div(sum(x, dims, keepdim), double(p.count));
 }
 
-Tensor max(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
+Tensor max(const Tensor& x, const std::vector<int>& dims, bool keepdim, Site site) {
+  const CallSite at("max", site);
   ReducePlan p = plan_reduce("max", x, dims, keepdim);
   check(p.count > 0, "max: reduction over an empty dim (input shape {})", x.shape());
   Canonical c = canonicalize(x, p);
@@ -111,7 +114,8 @@ Tensor max(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
   return y;
 }
 
-Tensor var(const Tensor& x, const std::vector<int>& dims, int64_t correction, bool keepdim) {
+Tensor var(const Tensor& x, const std::vector<int>& dims, int64_t correction, bool keepdim, Site site) {
+  const CallSite at("var", site);
   check(is_floating(x.dtype()), "var: expected a floating dtype, got {}", x.dtype());
   ReducePlan p = plan_reduce("var", x, dims, keepdim);
   const double denom = double(p.count - correction);
@@ -129,7 +133,8 @@ Tensor var(const Tensor& x, const std::vector<int>& dims, int64_t correction, bo
   return y;
 }
 
-Tensor argmax(const Tensor& x, int dim, bool keepdim) {
+Tensor argmax(const Tensor& x, int dim, bool keepdim, Site site) {
+  const CallSite at("argmax", site);
   int d = wrap_dim("argmax", dim, x.ndim());
   ReducePlan p = plan_reduce("argmax", x, {d}, keepdim);
   check(p.count > 0, "argmax: reduction over an empty dim (input shape {})", x.shape());

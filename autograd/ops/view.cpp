@@ -68,7 +68,7 @@ Shape infer_shape(const char* op, const Shape& in, const Shape& req) {
 Tensor make_view(const char* op, const Tensor& x, const Shape& shape, const Shape& strides, int64_t offset,
                  BackwardFn fn) {
   Tensor y = as_strided(x, shape, strides, offset);
-  record(op, {x}, y, std::move(fn));
+  record(op, {x}, y, std::move(fn), OutputCheck::none);  // a view makes no new values
   return y;
 }
 
@@ -91,7 +91,10 @@ Tensor Tensor::reshape(const Shape& req) const {
   if (view_strides(this->shape(), this->strides(), shape, strides)) return view(shape);
   return contiguous().view(shape);
 }
-Tensor reshape(const Tensor& x, const Shape& shape) { return x.reshape(shape); }
+Tensor reshape(const Tensor& x, const Shape& shape, Site site) {
+  const CallSite at("reshape", site);
+  return x.reshape(shape);
+}
 
 Tensor Tensor::flatten(int start_dim, int end_dim) const {
   if (ndim() == 0) return reshape({1});
@@ -117,7 +120,10 @@ Tensor Tensor::unsqueeze(int dim) const {
     return std::vector{g.reshape(in)};
   });
 }
-Tensor unsqueeze(const Tensor& x, int dim) { return x.unsqueeze(dim); }
+Tensor unsqueeze(const Tensor& x, int dim, Site site) {
+  const CallSite at("unsqueeze", site);
+  return x.unsqueeze(dim);
+}
 
 Tensor Tensor::squeeze(int dim) const {
   int d = wrap_dim("squeeze", dim, ndim());
@@ -130,7 +136,10 @@ Tensor Tensor::squeeze(int dim) const {
     return std::vector{g.reshape(in)};
   });
 }
-Tensor squeeze(const Tensor& x, int dim) { return x.squeeze(dim); }
+Tensor squeeze(const Tensor& x, int dim, Site site) {
+  const CallSite at("squeeze", site);
+  return x.squeeze(dim);
+}
 
 Tensor Tensor::squeeze() const {
   Shape shape;
@@ -156,7 +165,10 @@ Tensor Tensor::permute(const Shape& dims) const {
     return std::vector{g.permute(inverse)};
   });
 }
-Tensor permute(const Tensor& x, const Shape& dims) { return x.permute(dims); }
+Tensor permute(const Tensor& x, const Shape& dims, Site site) {
+  const CallSite at("permute", site);
+  return x.permute(dims);
+}
 
 Tensor Tensor::transpose(int dim0, int dim1) const {
   int a = wrap_dim("transpose", dim0, ndim()), b = wrap_dim("transpose", dim1, ndim());
@@ -165,7 +177,10 @@ Tensor Tensor::transpose(int dim0, int dim1) const {
   std::swap(dims[a], dims[b]);
   return permute(dims);
 }
-Tensor transpose(const Tensor& x, int dim0, int dim1) { return x.transpose(dim0, dim1); }
+Tensor transpose(const Tensor& x, int dim0, int dim1, Site site) {
+  const CallSite at("transpose", site);
+  return x.transpose(dim0, dim1);
+}
 
 // ---- slicing -------------------------------------------------------------------------------
 Tensor Tensor::slice(int dim, int64_t start, int64_t end, int64_t step) const {
@@ -186,7 +201,8 @@ Tensor Tensor::slice(int dim, int64_t start, int64_t end, int64_t step) const {
                      return std::vector{dx};
                    });
 }
-Tensor slice(const Tensor& x, int dim, int64_t start, int64_t end, int64_t step) {
+Tensor slice(const Tensor& x, int dim, int64_t start, int64_t end, int64_t step, Site site) {
+  const CallSite at("slice", site);
   return x.slice(dim, start, end, step);
 }
 
@@ -197,7 +213,10 @@ Tensor Tensor::narrow(int dim, int64_t start, int64_t length) const {
         shape()[d], shape());
   return slice(d, start, start + length);
 }
-Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length) { return x.narrow(dim, start, length); }
+Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length, Site site) {
+  const CallSite at("narrow", site);
+  return x.narrow(dim, start, length);
+}
 
 Tensor Tensor::select(int dim, int64_t index) const {
   int d = wrap_dim("select", dim, ndim());
@@ -215,7 +234,10 @@ Tensor Tensor::select(int dim, int64_t index) const {
     return std::vector{dx};
   });
 }
-Tensor select(const Tensor& x, int dim, int64_t index) { return x.select(dim, index); }
+Tensor select(const Tensor& x, int dim, int64_t index, Site site) {
+  const CallSite at("select", site);
+  return x.select(dim, index);
+}
 
 // ---- broadcasting --------------------------------------------------------------------------
 Tensor Tensor::expand(const Shape& req) const {
@@ -244,10 +266,17 @@ Tensor Tensor::expand(const Shape& req) const {
     return std::vector{sum_to(g, in)};
   });
 }
-Tensor expand(const Tensor& x, const Shape& shape) { return x.expand(shape); }
-Tensor broadcast_to(const Tensor& x, const Shape& shape) { return x.expand(shape); }
+Tensor expand(const Tensor& x, const Shape& shape, Site site) {
+  const CallSite at("expand", site);
+  return x.expand(shape);
+}
+Tensor broadcast_to(const Tensor& x, const Shape& shape, Site site) {
+  const CallSite at("broadcast_to", site);
+  return x.expand(shape);
+}
 
-Tensor sum_to(const Tensor& x, const Shape& shape) {
+Tensor sum_to(const Tensor& x, const Shape& shape, Site site) {
+  const CallSite at("sum_to", site);
   if (x.shape() == shape) return x;
   const int lead = x.ndim() - shape.size();
   check(lead >= 0, "sum_to: cannot reduce shape {} to {}", x.shape(), shape);
