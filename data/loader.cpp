@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/kernels.h"
+#include "dist/dist.h"
 
 namespace ag::data {
 
@@ -42,7 +43,14 @@ BatchPlan::BatchPlan(int64_t n, const LoaderOptions& opt) : n_(n), opt_(opt) {
   check(n >= 1, "DataLoader: dataset size must be >= 1, got {}", n);
   check(n < (int64_t(1) << kEpochShift), "DataLoader: dataset size must be < 2^40, got {}", n);
   check(opt.batch_size >= 1, "DataLoader: batch_size must be >= 1, got {}", opt.batch_size);
+  check(opt.shard_count >= 1 && opt.shard_rank >= 0 && opt.shard_rank < opt.shard_count,
+        "DataLoader: shard {} of {} is not a rank of the job", opt.shard_rank, opt.shard_count);
+  check(opt.batch_size >= opt.shard_count,
+        "DataLoader: a global batch of {} cannot be split over {} ranks (at least one sample each)",
+        opt.batch_size, opt.shard_count);
   num_batches_ = opt.drop_last ? n / opt.batch_size : (n + opt.batch_size - 1) / opt.batch_size;
+  // A short last batch that some rank would get nothing of is dropped (every rank must step).
+  if (!opt.drop_last && n % opt.batch_size != 0 && n % opt.batch_size < opt.shard_count) --num_batches_;
   check(num_batches_ >= 1, "DataLoader: drop_last with batch_size {} > dataset size {} leaves no batch",
         opt.batch_size, n);
 }
@@ -58,6 +66,12 @@ std::vector<int64_t> BatchPlan::epoch_order(uint64_t epoch) const {
 std::pair<int64_t, int64_t> BatchPlan::batch_range(int64_t b) const {
   const int64_t begin = b * opt_.batch_size;
   return {begin, std::min(n_, begin + opt_.batch_size)};
+}
+
+std::pair<int64_t, int64_t> BatchPlan::shard_range(int64_t b) const {
+  auto [begin, end] = batch_range(b);
+  const dist::Range mine = dist::shard(end - begin, opt_.shard_rank, opt_.shard_count);
+  return {begin + mine.begin, begin + mine.end};
 }
 
 Error batch_error(std::exception_ptr e, uint64_t epoch, int64_t batch, int64_t begin, int64_t count) {

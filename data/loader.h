@@ -72,6 +72,11 @@ struct LoaderOptions {
   uint64_t seed = 0;
   bool drop_last = false;  // drop the last batch when it is shorter than batch_size
   int prefetch = 2;        // batches prepared ahead on a background thread; 0: no thread
+  // Data parallelism (dist/dist.h): batch_size is then the GLOBAL batch, planned the same way on
+  // every rank, and make_batch receives only rank shard_rank's slice of it (dist::shard: contiguous,
+  // sizes differ by at most one), so the ranks together see exactly what one process would with
+  // that batch size. A short last batch with fewer items than ranks is dropped.
+  int shard_rank = 0, shard_count = 1;
 };
 
 // The plan without the threads: which indices batch b of epoch e holds.
@@ -84,6 +89,8 @@ class BatchPlan {
   std::vector<int64_t> epoch_order(uint64_t epoch) const;  // permutation, or 0..N-1
   // The [begin, end) range of batch b in an epoch's order.
   std::pair<int64_t, int64_t> batch_range(int64_t b) const;
+  // The part of batch_range(b) make_batch receives: this rank's slice (all of it with one rank).
+  std::pair<int64_t, int64_t> shard_range(int64_t b) const;
 
  private:
   int64_t n_;
@@ -179,7 +186,7 @@ class DataLoader {
   Slot make(int64_t b) const {
     Slot s;
     s.index = b;
-    auto [begin, end] = plan_.batch_range(b);
+    auto [begin, end] = plan_.shard_range(b);
     try {
       NoGradGuard no_grad;
       s.batch.emplace(make_batch_(std::span<const int64_t>(order_.data() + begin, size_t(end - begin))));

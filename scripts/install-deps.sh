@@ -14,6 +14,8 @@ PACKAGES=(
   zlib1g-dev           # gzip-compressed datasets
   libcli11-dev         # command-line parsing in apps and benchmarks
   nlohmann-json3-dev   # JSON headers of checkpoints
+  libopenmpi-dev openmpi-bin  # dist/: data-parallel training under mpirun (and its tests)
+  ccache               # recompiles only what changed (used when found)
   # the apps' default data (apps/, data/)
   dataset-fashion-mnist                 # vit: Fashion-MNIST, gzipped IDX
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br fortunes-ru fortunes-cs fortunes-pl  # textclf

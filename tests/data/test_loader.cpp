@@ -419,3 +419,33 @@ TEST_CASE("random_windows: errors") {
   AG_CHECK_ERROR(data::random_windows(text, 2, 0, 0, 0), "random_windows", "T must be >= 1", "got 0");
   AG_CHECK_ERROR(data::random_windows(text, 2, 4, 0, ~uint64_t(0)), "random_windows", "overflows");
 }
+
+TEST_CASE("loader: sharded, the ranks' slices of each batch together are the unsharded batch") {
+  // 3 ranks, global batch 8 over 21 items: batches of 8, 8, 5 split 3+3+2, 3+3+2, 2+2+1.
+  auto collect = [](int rank, int ranks) {
+    LoaderOptions o{.batch_size = 8, .seed = 5, .prefetch = 0, .shard_rank = rank, .shard_count = ranks};
+    DataLoader<Indices> loader(21, o, [](std::span<const int64_t> idx) { return Indices(idx.begin(), idx.end()); });
+    std::vector<Indices> out;
+    loader.begin_epoch(2);
+    while (auto b = loader.next()) out.push_back(*b);
+    return out;
+  };
+  std::vector<Indices> whole = collect(0, 1);
+  REQUIRE(whole.size() == 3);
+  std::vector<std::vector<Indices>> parts = {collect(0, 3), collect(1, 3), collect(2, 3)};
+  for (size_t b = 0; b < whole.size(); ++b) {
+    Indices joined;
+    for (const auto& p : parts) joined.insert(joined.end(), p[b].begin(), p[b].end());
+    CHECK(joined == whole[b]);
+  }
+  CHECK(parts[0][2].size() == 2);
+  CHECK(parts[2][2].size() == 1);
+  // A last batch of 2 items over 3 ranks is dropped: 20 items, batch 6 -> 6, 6, 6 (and 2 dropped).
+  LoaderOptions o{.batch_size = 6, .prefetch = 0, .shard_rank = 2, .shard_count = 3};
+  DataLoader<Indices> short_last(20, o, [](std::span<const int64_t> idx) { return Indices(idx.begin(), idx.end()); });
+  CHECK(short_last.num_batches() == 3);
+  CHECK_THROWS_WITH_AS(ag::data::BatchPlan(20, LoaderOptions{.batch_size = 2, .shard_rank = 0, .shard_count = 3}),
+                       doctest::Contains("a global batch of 2 cannot be split over 3 ranks"), Error);
+  CHECK_THROWS_WITH_AS(ag::data::BatchPlan(20, LoaderOptions{.batch_size = 4, .shard_rank = 3, .shard_count = 3}),
+                       doctest::Contains("shard 3 of 3 is not a rank of the job"), Error);
+}

@@ -1,0 +1,215 @@
+// Data parallelism (dist/dist.h). The process-level checks run tests/dist/dist_check.cpp under
+// `mpirun -np 2 --oversubscribe` (and alone) and compare what rank 0 wrote:
+//   equivalence   2 ranks with batch B each == 1 rank with batch 2B, losses and parameters
+//   checkpoints   a 2-rank run's checkpoint resumes in a 1-rank run and the other way round
+//   failure       a rank that dies or hangs makes the job exit with an error, not hang
+// They are reported as skipped in a build without MPI.
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dist/dist.h"
+#include "tests/helpers.h"
+#include "tests/spawn.h"
+
+using namespace ag;
+using namespace ag::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Reports the case as skipped (CTest lists it so) in a build without MPI.
+bool skip_without_mpi() {
+  if (dist::mpi_available()) return false;
+  MESSAGE("[skipped: no MPI in this build (libopenmpi-dev)]");
+  return true;
+}
+
+// What dist_check wrote: the world size, the global loss of each step, every parameter value.
+struct Result {
+  int world = 0;
+  std::vector<double> losses, params;
+};
+Result read_result(const std::string& path) {
+  std::ifstream f(path);
+  REQUIRE_MESSAGE(f.good(), "dist_check wrote no ", path);
+  Result r;
+  std::string word;
+  int64_t buckets = 0;
+  f >> word >> r.world >> word >> buckets;
+  std::string line;
+  std::getline(f, line);
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    if (line.rfind("loss ", 0) == 0) {
+      in >> word;
+      double v;
+      in >> v;
+      r.losses.push_back(v);
+    } else {
+      double v;
+      in >> v;
+      r.params.push_back(v);
+    }
+  }
+  return r;
+}
+
+// |a - b| <= atol + rtol |b| element by element; reports the worst element.
+void check_close(const std::vector<double>& a, const std::vector<double>& b, double atol, double rtol,
+                 const char* what) {
+  REQUIRE(a.size() == b.size());
+  REQUIRE_FALSE(a.empty());
+  size_t worst = 0;
+  double worst_excess = -1e300;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double excess = std::abs(a[i] - b[i]) - (atol + rtol * std::abs(b[i]));
+    if (excess > worst_excess) worst_excess = excess, worst = i;
+  }
+  INFO(what << ": worst element " << worst << ": " << a[worst] << " vs " << b[worst]);
+  CHECK(worst_excess <= 0);
+}
+
+// Open MPI refuses to run as root (as CI does) unless told twice that it is meant. Under
+// AddressSanitizer, LeakSanitizer would report what Open MPI's own initialisation keeps until exit
+// in every rank: leak checking is off for the ranks (the same code is leak-checked in-process).
+std::vector<std::string> mpi_env() {
+  std::vector<std::string> env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
+  if (const char* asan = std::getenv("ASAN_OPTIONS")) env.push_back(std::string("ASAN_OPTIONS=") + asan + ":detect_leaks=0");
+  return env;
+}
+
+struct Job {
+  explicit Job(const std::string& tag) : dir("dist_" + tag) {}
+  TempDir dir;
+  std::vector<std::string> env = mpi_env();
+  std::string path(const std::string& f) const { return dir.dir.string() + "/" + f; }
+  std::vector<std::string> mpirun(int n, std::vector<std::string> args) const {
+    std::vector<std::string> cmd = {ATTOGRAD_MPIEXEC, "-np", std::to_string(n), "--oversubscribe",
+                                    ATTOGRAD_APP_DIR "/dist_check"};
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    return cmd;
+  }
+  std::vector<std::string> alone(std::vector<std::string> args) const {
+    std::vector<std::string> cmd = {ATTOGRAD_APP_DIR "/dist_check"};
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    return cmd;
+  }
+  Child run(const std::vector<std::string>& cmd, const std::string& tag, int expected = 0) {
+    return run_app(cmd, dir.dir.string(), tag, expected, env);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("dist: shard splits a global batch into contiguous ranges that differ by at most one") {
+  CHECK(dist::shard(16, 0, 2).begin == 0);
+  CHECK(dist::shard(16, 0, 2).end == 8);
+  CHECK(dist::shard(16, 1, 2).begin == 8);
+  CHECK(dist::shard(16, 1, 2).end == 16);
+  // 10 over 4 ranks: 3 3 2 2
+  std::vector<int64_t> sizes;
+  int64_t next = 0;
+  for (int r = 0; r < 4; ++r) {
+    dist::Range g = dist::shard(10, r, 4);
+    CHECK(g.begin == next);
+    next = g.end;
+    sizes.push_back(g.size());
+  }
+  CHECK(next == 10);
+  CHECK(sizes == std::vector<int64_t>{3, 3, 2, 2});
+  CHECK_THROWS_WITH_AS(dist::shard(10, 2, 2), doctest::Contains("dist::shard: rank 2 of a world of 2"), Error);
+}
+
+TEST_CASE("dist: without mpirun this process is a job of one and every collective is a no-op") {
+  dist::init();
+  CHECK(dist::rank() == 0);
+  CHECK(dist::world_size() == 1);
+  CHECK(dist::is_main());
+  Tensor w = full({3}, 2.0).set_requires_grad(true);
+  dist::broadcast({w});
+  CHECK(w.to_vector<float>() == std::vector<float>{2, 2, 2});
+  std::vector<double> v{1.5, -2};
+  dist::all_reduce_sum(v);
+  CHECK(v == std::vector<double>{1.5, -2});
+  CHECK(dist::all_gather(42) == std::vector<int64_t>{42});
+  dist::GradReducer reducer({w});
+  sum(mul(w, w)).backward();
+  reducer.finish();  // one rank: the gradient is left as backward made it
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{4, 4, 4});
+  CHECK(reducer.num_buckets() == 1);
+}
+
+TEST_CASE("dist: GradReducer refuses parameters it cannot reduce") {
+  Tensor no_grad = zeros({2});
+  CHECK_THROWS_WITH_AS(dist::GradReducer({no_grad}), doctest::Contains("parameter 0 does not require grad"), Error);
+  Tensor w = zeros({2}).set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(dist::GradReducer({w, w}), doctest::Contains("parameter 1 is listed twice"), Error);
+  CHECK_THROWS_WITH_AS(dist::GradReducer({w}, 0), doctest::Contains("bucket size must be > 0"), Error);
+}
+
+TEST_CASE("dist: 2 ranks with batch B each train as 1 rank with batch 2B") {
+  if (skip_without_mpi()) return;
+  Job job("eq");
+  job.run(job.alone({"train", job.path("one.txt"), "--steps", "6", "--batch", "16"}), "one");
+  job.run(job.mpirun(2, {"train", job.path("two.txt"), "--steps", "6", "--batch", "8"}), "two");
+  Result one = read_result(job.path("one.txt")), two = read_result(job.path("two.txt"));
+  CHECK(one.world == 1);
+  CHECK(two.world == 2);
+  // The same global batches; only the order of float additions differs (two half-batch means
+  // averaged vs one mean), so float tolerance, not bits.
+  check_close(two.losses, one.losses, 1e-6, 1e-5, "losses");
+  check_close(two.params, one.params, 1e-6, 1e-4, "parameters");
+  // and the training did something: the loss went down over the 6 steps
+  CHECK(one.losses.back() < one.losses.front());
+}
+
+TEST_CASE("dist: a 2-rank checkpoint resumes in 1 rank and a 1-rank checkpoint in 2 ranks") {
+  if (skip_without_mpi()) return;
+  Job job("ckpt");
+  job.run(job.alone({"train", job.path("straight.txt"), "--steps", "6", "--batch", "16"}), "straight");
+  // 3 steps on 2 ranks, then 3 on 1 rank with the same global batch
+  job.run(job.mpirun(2, {"train", job.path("a1.txt"), "--steps", "3", "--batch", "8", "--save", job.path("a.ckpt")}),
+          "a1");
+  job.run(job.alone({"train", job.path("a2.txt"), "--steps", "3", "--batch", "16", "--load", job.path("a.ckpt")}),
+          "a2");
+  // and the other way
+  job.run(job.alone({"train", job.path("b1.txt"), "--steps", "3", "--batch", "16", "--save", job.path("b.ckpt")}),
+          "b1");
+  job.run(job.mpirun(2, {"train", job.path("b2.txt"), "--steps", "3", "--batch", "8", "--load", job.path("b.ckpt")}),
+          "b2");
+  Result straight = read_result(job.path("straight.txt"));
+  for (const char* f : {"a2.txt", "b2.txt"}) {
+    Result resumed = read_result(job.path(f));
+    check_close(resumed.params, straight.params, 1e-6, 1e-4, f);
+    std::vector<double> tail(straight.losses.begin() + 3, straight.losses.end());
+    check_close(resumed.losses, tail, 1e-6, 1e-5, f);
+  }
+}
+
+TEST_CASE("dist: a rank that dies makes the others exit with an error") {
+  if (skip_without_mpi()) return;
+  Job job("die");
+  Child c = spawn_app(job.mpirun(2, {"die"}), job.dir.dir.string(), "die", job.env);
+  const int rc = wait_exit(c, 120);
+  INFO("output:\n" << c.output());
+  CHECK(rc != -1);  // not hung (wait_exit gives -1 after its deadline)
+  CHECK(rc != 0);
+}
+
+TEST_CASE("dist: a rank that hangs makes the others stop at the timeout with a message") {
+  if (skip_without_mpi()) return;
+  Job job("hang");
+  job.env.push_back("ATTOGRAD_DIST_TIMEOUT=2");
+  Child c = spawn_app(job.mpirun(2, {"hang"}), job.dir.dir.string(), "hang", job.env);
+  const int rc = wait_exit(c, 120);
+  INFO("output:\n" << c.output());
+  CHECK(rc != -1);
+  CHECK(rc != 0);
+  CHECK(c.output().find("rank 0 of 2 waited") != std::string::npos);
+  CHECK(c.output().find("ATTOGRAD_DIST_TIMEOUT=2") != std::string::npos);
+}
