@@ -46,9 +46,10 @@ fuzz:
 	@scripts/install-deps.sh --fuzz
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
-# Regenerates docs/ops.md from the spec comments of autograd/ops.h (make test checks it is current).
+# Regenerates docs/ops.md from the spec comments of autograd/ops.h and the code docs/extending.md
+# quotes from examples/extending (make test checks both are current).
 docs: configure
-	@cmake --build $(BUILD) --target opsdoc && ./$(BUILD)/opsdoc
+	@cmake --build $(BUILD) --target opsdoc snippets && ./$(BUILD)/opsdoc && ./$(BUILD)/snippets docs/extending.md
 
 bench: build
 	@scripts/bench.sh $(BUILD)

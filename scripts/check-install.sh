@@ -3,7 +3,8 @@
 #   1. configures a Release build of the library (CUDA, tests and benchmarks off) in a temp dir,
 #   2. `cmake --install`s it into a temp prefix,
 #   3. configures and builds examples/consumer/ against that prefix (find_package(attograd)),
-#   4. runs the consumer (a few training steps and ag::testing::gradcheck).
+#   4. runs the consumer (a few training steps and ag::testing::gradcheck),
+#   5. configures, builds and tests examples/extending (docs/extending.md) against the prefix.
 # Exits non-zero at the first failure. Uses ccache when installed. Keeps nothing: everything
 # happens under one temp dir, removed on exit (KEEP=1 keeps it and prints where it is).
 #
@@ -60,4 +61,14 @@ quiet cmake -S "$src/examples/consumer" -B "$work/consumer" -DCMAKE_BUILD_TYPE=R
 quiet cmake --build "$work/consumer" -j "$jobs"
 step "run the consumer"
 "$work/consumer/consumer"
+
+# docs/extending.md's example (a new op with its kernels, a new layer, their doctest tests) as
+# an outside project: the same sources that build inside attograd's tree, here through the package.
+step "configure, build and test examples/extending against the install"
+quiet cmake -S "$src/examples/extending" -B "$work/extending" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" "${launcher[@]}"
+quiet cmake --build "$work/extending" -j "$jobs"
+(cd "$work/extending" && OMP_WAIT_POLICY=PASSIVE ctest --output-on-failure -j "$jobs") > "$work/step.log" 2>&1 ||
+  { cat "$work/step.log"; echo "check-install: FAILED: the tests of examples/extending" >&2; exit 1; }
+grep -E "tests passed" "$work/step.log" | sed 's/^/  /' || true
 step "passed in $((SECONDS - start)) s"
