@@ -17,14 +17,19 @@
 // Default run: build/gpt (500 steps; about 1.2 CPU-seconds per step, so about 5 minutes on 2 idle
 // cores). Longer: build/gpt --steps 2000 (validation loss compared with bench/train_gpt_twin.py).
 // Files: runs/gpt/{checkpoint.safetensors, metrics.jsonl, events.out.tfevents.*, curves.svg,
-//        attention.svg, sample.txt, report.json}
+//        attention.svg, sample.txt, report.json (with forward FLOPs and MFU)}; with
+// --diagnose-attention also attention_diagnostics.json: per block and head on one batch of
+// validation windows, entropy, diagonal mass and head similarity with warnings
+// (apps/common/diagnose.h).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <algorithm>
 
+#include "apps/common/diagnose.h"
 #include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
 #include "attograd.h"
@@ -74,6 +79,21 @@ double sample_and_plot(GPT& model, const data::CharTokenizer& tok, const SampleS
   return rate;
 }
 
+// --diagnose-attention: every block's causal attention on the first min(batch, |starts|)
+// validation windows of T characters.
+void diagnose(GPT& model, const std::vector<int64_t>& valid, const std::vector<int64_t>& starts, int64_t T,
+              int64_t batch, const std::string& dir) {
+  const int64_t n = std::clamp<int64_t>(batch, 1, int64_t(starts.size()));
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i)
+    ids.insert(ids.end(), valid.begin() + starts[size_t(i)], valid.begin() + starts[size_t(i)] + T);
+  const Tensor x = from_vector(ids, {n, T});
+  std::string path;
+  const nn::AttentionReport r = write_attention_diagnostics(model, [&] { model.forward(x); }, dir, &path);
+  fmt::print("attention diagnostics on {} validation windows of {} characters:\n{}written to {}\n", n, T,
+             r.to_text(), path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,7 +104,9 @@ int main(int argc, char** argv) {
   std::string dataset = "bible", text_file;
   int64_t eval_windows = 256;
   SampleSettings s;
+  DiagnoseOptions dg;
   add_run_options(cli, o);
+  add_diagnose_options(cli, dg);
   cli.add_option("--dataset", dataset, "bible (Debian bible-kjv) or fortunes (Debian fortunes, English)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bible", "fortunes"}));
@@ -158,6 +180,9 @@ int main(int argc, char** argv) {
       if (s.prompt.empty()) s.prompt = dataset == "bible" && text_file.empty() ? "And God said" : "\n";
       const std::string dir = std::filesystem::path(o.checkpoint).parent_path().string();
       sample_and_plot(model, tok, s, sample_seed, dir.empty() ? "." : dir);
+      if (dg.attention)
+        diagnose(model, d.valid, eval_starts(int64_t(d.valid.size()), T, eval_windows), T, o.batch,
+                 dir.empty() ? "." : dir);
       return 0;
     }
 
@@ -193,6 +218,10 @@ int main(int argc, char** argv) {
     Run run("gpt", o, model, opt, gen, config, {{"tokenizer", d.tokenizer.to_json()}});
     auto sched = make_schedule(o);
     const int64_t V = cfg.vocab, N = o.batch * T;
+    std::string compute_text;
+    const Tensor probe = zeros({o.batch, T}, DType::i64);
+    const ComputeProfile compute = profile_model(model, [&] { return model.forward(probe); }, o.batch, T, dg, &compute_text);
+    run.print(compute_text);
     double val = NAN;
     int64_t val_step = -1;  // the step `val` was measured at
 
@@ -224,7 +253,9 @@ int main(int argc, char** argv) {
     if (!run.stop_requested() && s.tokens > 0)
       report.extra.emplace_back("generation_tokens_per_s",
                                 sample_and_plot(model, d.tokenizer, s, sample_seed, run.dir()));
+    compute.fill(report);
     run.finish(report);
+    if (dg.attention) diagnose(model, d.valid, val_starts, T, o.batch, run.dir());
   } catch (const std::exception& e) {  // ag::Error, and a malformed checkpoint's JSON
     apps::print_error("gpt", e.what());
     return kExitError;

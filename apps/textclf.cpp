@@ -21,7 +21,9 @@
 //
 // Writes to the run directory (default runs/textclf): checkpoint (with config and tokenizer),
 // metrics.jsonl, TensorBoard events, curves.svg, attention.svg (every head's weights on one test
-// text, tokens on both axes), report.json.
+// text, tokens on both axes), report.json (with forward FLOPs and MFU), and with
+// --diagnose-attention attention_diagnostics.json (per block and head on one test batch: entropy,
+// diagonal mass, head similarity, warnings; apps/common/diagnose.h).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -29,9 +31,11 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 
 #include <fmt/ranges.h>
 
+#include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "apps/common/textclf_lib.h"
 #include "attograd.h"
@@ -74,6 +78,23 @@ void write_attention_svg(TextClassifier& model, const TextTokenizer& tok, const 
   write_file_atomic(path, svg_heatmaps(panels, ho));
 }
 
+// The first min(batch, |set|) texts of `set`, padded to their longest.
+Batch first_texts(const EncodedSet& set, int64_t batch, int64_t max_len) {
+  std::vector<int64_t> indices(size_t(std::clamp<int64_t>(batch, 1, int64_t(set.size()))));
+  std::iota(indices.begin(), indices.end(), int64_t(0));
+  return make_batch(set, indices, max_len);
+}
+
+// --diagnose-attention: every block's attention on the first test texts (padded keys and queries
+// left out of the statistics).
+void diagnose(TextClassifier& model, const EncodedSet& test, int64_t batch, int64_t max_len, const std::string& dir) {
+  const Batch b = first_texts(test, batch, max_len);
+  std::string path;
+  const nn::AttentionReport r =
+      write_attention_diagnostics(model, [&] { model.forward(b.tokens, b.lengths, b.ngrams); }, dir, &path);
+  fmt::print("attention diagnostics on {} test texts:\n{}written to {}\n", b.labels.size(0), r.to_text(), path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -106,6 +127,8 @@ int main(int argc, char** argv) {
                                 kWordDropout))
       ->default_str("");
 
+  DiagnoseOptions dg;
+  add_diagnose_options(cli, dg);
   DataOptions d;
   TextClassifierConfig mc;
   mc.d_model = 64, mc.n_heads = 4, mc.n_layers = 2, mc.mlp_hidden = 256;
@@ -249,6 +272,7 @@ int main(int argc, char** argv) {
       std::filesystem::create_directories(o.out_dir);
       write_attention_svg(model, tok, test, split.test, o.out_dir + "/attention.svg");
       fmt::print("attention heatmap: {}/attention.svg\n", o.out_dir);
+      if (test.size() > 0 && dg.attention) diagnose(model, test, o.batch, d.max_len, o.out_dir);
       return 0;
     }
 
@@ -267,6 +291,14 @@ int main(int argc, char** argv) {
                           mc.d_model, mc.n_heads, mc.n_layers, mc.mlp_hidden, mc.dropout, mc.ngram_buckets, o.lr,
                           o.schedule, o.batch, o.steps, double(o.steps) / double(sampler.num_batches()),
                           model.num_parameters()));
+    // the compute profile on the first training texts: FLOPs per text at their padded length
+    // (texts vary in length, so the MFU derived from it is approximate)
+    const Batch probe = first_texts(train, o.batch, d.max_len);
+    std::string compute_text;
+    const ComputeProfile compute =
+        profile_model(model, [&] { return model.forward(probe.tokens, probe.lengths, probe.ngrams); },
+                      probe.labels.size(0), probe.tokens.size(1), dg, &compute_text);
+    run.print(compute_text);
     if (step < o.steps) {
       auto loader = make_train_loader(train, sampler, o.steps, d.max_len);
       loader->seek(step);
@@ -301,7 +333,9 @@ int main(int argc, char** argv) {
       report.extra.emplace_back("baseline_nb_val_accuracy", nb->first);
       report.extra.emplace_back("baseline_nb_test_accuracy", nb->second);
     }
+    compute.fill(report);
     run.finish(report);
+    if (dg.attention && test.size() > 0) diagnose(model, test, o.batch, d.max_len, run.dir());
     if (nb)
       fmt::print("test accuracy {:.2f}% vs the naive Bayes baseline's {:.2f}%: {}\n", 100 * t.accuracy, 100 * nb->second,
                  t.accuracy > nb->second ? "the transformer wins" : "the baseline wins");

@@ -26,6 +26,9 @@
 // events, curves.svg, report.json and attention.svg (the class token's attention in the last
 // block, averaged over heads, over a few test images). Resume with --resume (--stop-at K stops
 // after step K as Ctrl-C would); evaluate a saved model with --eval-only [--checkpoint FILE].
+// --diagnose-attention adds attention_diagnostics.json: entropy, diagonal mass and head similarity
+// per block and head on one test batch, with warnings (apps/common/diagnose.h); the report ends
+// with forward FLOPs and MFU (--model-report prints the per-layer table at start).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -34,6 +37,7 @@
 
 #include <fmt/core.h>
 
+#include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "apps/common/vit_lib.h"
 #include "nn/checkpoint.h"
@@ -59,7 +63,17 @@ std::string write_attention(ViT& model, const VitData& data, int64_t n, const st
   return path;
 }
 
-int evaluate_checkpoint(const RunOptions& o, const AppOptions& a) {
+// --diagnose-attention: the attention of every block on the first `batch` test images.
+void diagnose(ViT& model, const VitData& data, int64_t batch, const std::string& dir) {
+  std::vector<int64_t> indices(size_t(std::clamp<int64_t>(batch, 1, data.splits.test.size())));
+  std::iota(indices.begin(), indices.end(), int64_t(0));
+  const data::Batch b = data::make_batch(data.splits.test, indices, data.norm);
+  std::string path;
+  const nn::AttentionReport r = write_attention_diagnostics(model, [&] { model.forward(b.images); }, dir, &path);
+  fmt::print("attention diagnostics on {} test images:\n{}written to {}\n", indices.size(), r.to_text(), path);
+}
+
+int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const DiagnoseOptions& dg) {
   const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
   const VitRunConfig cfg = vit_config_from_json(info.config);
   const VitData data = load_vit_data(cfg.dataset, o.data_dir);
@@ -71,10 +85,11 @@ int evaluate_checkpoint(const RunOptions& o, const AppOptions& a) {
   fmt::print("{}\ntest accuracy {:.2f}%  test loss {:.4f}\n", r.confusion->to_text(), 100 * r.accuracy, r.loss);
   std::filesystem::create_directories(o.out_dir);
   fmt::print("attention of the class token: {}\n", write_attention(model, data, a.attention_images, o.out_dir));
+  if (dg.attention) diagnose(model, data, o.batch, o.out_dir);
   return 0;
 }
 
-int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a) {
+int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const DiagnoseOptions& dg) {
   const VitData data = load_vit_data(cfg.dataset, o.data_dir);
   const data::ImageDataset &train_set = data.splits.train, &test_set = data.splits.test;
   fit_model_to_data(cfg.model, train_set);
@@ -91,6 +106,11 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a) {
                         cfg.dataset, train_set.size(), test_set.size(), cfg.model.channels, cfg.model.image_size,
                         cfg.model.image_size, cfg.model.patch, grid, grid, grid * grid + 1, cfg.model.d_model,
                         cfg.model.n_heads, cfg.model.n_layers, cfg.model.mlp_hidden));
+  std::string compute_text;
+  const Tensor probe = zeros({o.batch, cfg.model.channels, cfg.model.image_size, cfg.model.image_size});
+  const ComputeProfile compute =
+      profile_model(model, [&] { return model.forward(probe); }, o.batch, grid * grid + 1, dg, &compute_text);
+  run.print(compute_text);
 
   int64_t step = run.resume();
   auto loader = make_train_loader(train_set, data.norm, cfg.augment, o.batch, o.seed, step);
@@ -118,9 +138,11 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a) {
   report.accuracy = last.accuracy;
   report.confusion = last.confusion;
   report.extra = {{"test_loss", last.loss}, {"test_images", double(last.samples)}};
+  compute.fill(report);
   run.finish(report);
   fmt::print("attention of the class token: {}\n", write_attention(model, data, a.attention_images, run.dir()));
   fmt::print("test accuracy {:.2f}% after {} steps\n", 100 * last.accuracy, step);
+  if (dg.attention) diagnose(model, data, o.batch, run.dir());
   return 0;
 }
 
@@ -140,7 +162,9 @@ int main(int argc, char** argv) {
   o.clip = 1.0;
   VitRunConfig cfg;
   AppOptions a;
+  DiagnoseOptions dg;
   add_run_options(cli, o);
+  add_diagnose_options(cli, dg);
   cli.add_option("--dataset", cfg.dataset, "fashion-mnist, mnist or cifar10 (default --data-dir: " +
                                                default_data_dir("fashion-mnist") + ", data/mnist, data/cifar10)")
       ->capture_default_str()
@@ -184,7 +208,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
-    return o.eval_only ? evaluate_checkpoint(o, a) : train(o, cfg, a);
+    return o.eval_only ? evaluate_checkpoint(o, a, dg) : train(o, cfg, a, dg);
   } catch (const data::DatasetNotFound& e) {
     apps::print_error("vit", e.what());
     return kExitNoData;

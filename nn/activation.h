@@ -11,7 +11,10 @@
 namespace ag::nn {
 
 struct ReLU : UnaryModule {
-  Tensor forward(const Tensor& x) override { return relu(x); }
+  Tensor forward(const Tensor& x) override {
+    ModuleScope scope(this);
+    return relu(x);
+  }
 };
 
 struct GELU : UnaryModule {
@@ -20,15 +23,24 @@ struct GELU : UnaryModule {
     check(this->approximate == "none" || this->approximate == "tanh",
           "GELU: approximate must be 'none' or 'tanh', got '{}'", this->approximate);
   }
-  Tensor forward(const Tensor& x) override { return gelu(x, approximate.c_str()); }
+  Tensor forward(const Tensor& x) override {
+    ModuleScope scope(this);
+    return gelu(x, approximate.c_str());
+  }
 };
 
 struct SiLU : UnaryModule {
-  Tensor forward(const Tensor& x) override { return silu(x); }
+  Tensor forward(const Tensor& x) override {
+    ModuleScope scope(this);
+    return silu(x);
+  }
 };
 
 struct Tanh : UnaryModule {
-  Tensor forward(const Tensor& x) override { return tanh(x); }
+  Tensor forward(const Tensor& x) override {
+    ModuleScope scope(this);
+    return tanh(x);
+  }
 };
 
 }  // namespace ag::nn

@@ -57,6 +57,11 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
   return {k, v};
 }
 
+thread_local constinit AttentionCapture* detail::t_attention_capture = nullptr;
+
+AttentionCapture::AttentionCapture() : prev_(detail::t_attention_capture) { detail::t_attention_capture = this; }
+AttentionCapture::~AttentionCapture() { detail::t_attention_capture = prev_; }
+
 MultiHeadAttention::MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout, bool bias, DType dtype,
                                        Generator* gen)
     : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0), dropout(dropout),
@@ -81,15 +86,20 @@ AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
   o.window = options.window;
   o.dropout = is_training() ? dropout : 0.0;
   o.generator = options.generator ? options.generator : gen;
-  o.return_weights = options.need_weights;
+  AttentionCapture* capture = detail::t_attention_capture;
+  o.return_weights = options.need_weights || capture != nullptr;
   SdpaResult r = scaled_dot_product_attention(q, k, v, o);  // (B, H, Tq, hs)
+  if (capture)
+    capture->add({this, r.weights.detach(),
+                  {options.causal, options.window, options.key_padding_lengths, options.key_padding_mask}});
   // (B, H, Tq, hs) -> (B, Tq, H, hs) -> (B, Tq, d): the heads side by side, then the output projection
   const int64_t B = r.out.size(0), Tq = r.out.size(2);
   Tensor y = r.out.transpose(1, 2).reshape({B, Tq, d_model});
-  return {proj->forward(y), r.weights};
+  return {proj->forward(y), options.need_weights ? r.weights : Tensor()};
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionOptions& options) {
+  ModuleScope scope(this);
   check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, T, {}], got {}",
         d_model, x.shape());
   const int64_t B = x.size(0), T = x.size(1);
@@ -101,6 +111,7 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionOpti
 }
 
 AttentionResult MultiHeadAttention::forward(const Tensor& x, const Tensor& context, const AttentionOptions& options) {
+  ModuleScope scope(this);
   check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, Tq, {}], got {}",
         d_model, x.shape());
   check(context.ndim() == 3 && context.size(2) == d_model && context.size(0) == x.size(0),

@@ -71,6 +71,15 @@ struct AttentionOptions {
   Generator* generator = nullptr;  // for dropout; null: the module's (see MultiHeadAttention)
 };
 
+// Which keys each query could see: the masking part of AttentionOptions, kept with captured
+// weights so that statistics over them leave the hidden keys out (nn/diagnostics.h).
+struct AttentionMask {
+  bool causal = false;         // bottom-right aligned when Tq < Tk (a KV cache)
+  int64_t window = -1;
+  Tensor key_padding_lengths;  // i64 (B), or undefined
+  Tensor key_padding_mask;     // b8 (B, Tk), true = ignored, or undefined
+};
+
 struct AttentionResult {
   Tensor out;      // (B, Tq, d)
   Tensor weights;  // (B, H, Tq, Tk), only with need_weights
@@ -97,5 +106,40 @@ struct MultiHeadAttention : Module {
   Tensor split_heads(const Tensor& t) const;
   AttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options);
 };
+
+// AttentionCapture: while one is alive on this thread, every MultiHeadAttention forward also
+// computes its weights (the composed path of scaled_dot_product_attention, whatever need_weights
+// says) and appends them here with the module and its mask, in call order. One ordinary forward of
+// a whole model then shows every layer's attention (nn/diagnostics.h names the layers from the
+// module tree). Captures nest: the innermost one receives. Without one, MultiHeadAttention pays one
+// branch on a thread-local pointer.
+//
+//   nn::AttentionCapture capture;
+//   model.forward(x);                       // the weights are detached, the forward is unchanged
+//   for (auto& e : capture.entries()) ...   // e.module, e.weights (B, H, Tq, Tk), e.mask
+class AttentionCapture {
+ public:
+  struct Entry {
+    const MultiHeadAttention* module;
+    Tensor weights;      // (B, H, Tq, Tk), detached; a hidden key's weight is 0
+    AttentionMask mask;  // the keys each query could see
+  };
+
+  AttentionCapture();   // becomes this thread's capture
+  ~AttentionCapture();  // restores the one before
+  AttentionCapture(const AttentionCapture&) = delete;
+  AttentionCapture& operator=(const AttentionCapture&) = delete;
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  void add(Entry e) { entries_.push_back(std::move(e)); }
+
+ private:
+  AttentionCapture* prev_;
+  std::vector<Entry> entries_;
+};
+
+namespace detail {
+extern thread_local constinit AttentionCapture* t_attention_capture;  // this thread's, or null
+}  // namespace detail
 
 }  // namespace ag::nn

@@ -12,7 +12,10 @@ struct Dropout : UnaryModule {
   explicit Dropout(double p = 0.5, Generator* gen = nullptr) : p(p), gen(gen) {
     check(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got {}", p);
   }
-  Tensor forward(const Tensor& x) override { return dropout(x, p, is_training(), gen); }
+  Tensor forward(const Tensor& x) override {
+    ModuleScope scope(this);
+    return dropout(x, p, is_training(), gen);
+  }
 };
 
 }  // namespace ag::nn

@@ -18,6 +18,7 @@ Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> pad, DType
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
+  ModuleScope scope(this);
   Tensor y = embedding(weight, indices);
   if (!padding_idx || !y.requires_grad()) return y;
   Tensor padded = unsqueeze(eq(indices, double(*padding_idx)), -1);  // (..., 1), broadcast over dim

@@ -17,6 +17,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, DType dtype, Generator* 
 }
 
 Tensor Linear::forward(const Tensor& x) {
+  ModuleScope scope(this);
   check(x.ndim() >= 1 && x.size(-1) == in_features, "Linear: expected input of shape [..., {}], got {}",
         in_features, x.shape());
   return linear(x, weight, bias);

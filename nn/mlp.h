@@ -21,7 +21,10 @@ struct MLP : UnaryModule {
     fc2 = register_module("fc2", std::make_shared<Linear>(hidden, d, true, dtype, gen));
     drop = register_module("drop", std::make_shared<Dropout>(dropout, gen));
   }
-  Tensor forward(const Tensor& x) override { return drop->forward(fc2->forward(act->forward(fc1->forward(x)))); }
+  Tensor forward(const Tensor& x) override {
+    ModuleScope scope(this);
+    return drop->forward(fc2->forward(act->forward(fc1->forward(x))));
+  }
 };
 
 }  // namespace ag::nn

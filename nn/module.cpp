@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace ag::nn {
 
@@ -62,6 +63,22 @@ std::vector<Tensor> Module::parameters() const {
 NamedTensors Module::named_buffers() const {
   NamedTensors out;
   collect("", false, true, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, const Module*>> Module::named_modules() const {
+  std::vector<std::pair<std::string, const Module*>> out;
+  std::set<const Module*> seen;
+  // iterative depth first (children pushed in reverse so they come out in registration order)
+  std::vector<std::pair<std::string, const Module*>> todo = {{"", this}};
+  while (!todo.empty()) {
+    auto [name, m] = todo.back();
+    todo.pop_back();
+    if (!seen.insert(m).second) continue;
+    out.emplace_back(name, m);
+    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it)
+      todo.emplace_back(name.empty() ? it->first : name + "." + it->first, it->second.get());
+  }
   return out;
 }
 

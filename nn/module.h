@@ -64,6 +64,10 @@ class Module {
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers() const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
+  // This module ("") and every descendant under its dotted name ("blocks.0.attn"), depth first in
+  // registration order, as PyTorch's named_modules(): a module reachable by two paths is listed
+  // once, under the first.
+  std::vector<std::pair<std::string, const Module*>> named_modules() const;
   int64_t num_parameters() const;  // total element count of all parameters
 
   // ---- mode ----------------------------------------------------------------------------------
@@ -94,6 +98,33 @@ class Module {
   NamedTensors params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+};
+
+// ---- profiling scopes ----------------------------------------------------------------------
+// A built-in layer's forward opens one `ModuleScope scope(this);` as its first line. While
+// nn::summarize (nn/summary.h) profiles a forward, the ops recorded inside are attributed to the
+// innermost open scope's module (its FLOPs and the activations it leaves alive); otherwise the
+// scope costs one branch on a thread-local pointer.
+class ModuleProfiler;  // nn/summary.cpp
+namespace detail {
+extern thread_local constinit ModuleProfiler* t_module_profiler;  // this thread's, or null
+void profiler_enter(ModuleProfiler* p, const Module* m);
+void profiler_leave(ModuleProfiler* p);
+}  // namespace detail
+
+class ModuleScope {
+ public:
+  explicit ModuleScope(const Module* m) : p_(detail::t_module_profiler) {
+    if (p_) detail::profiler_enter(p_, m);
+  }
+  ~ModuleScope() {
+    if (p_) detail::profiler_leave(p_);
+  }
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  ModuleProfiler* p_;
 };
 
 // A module mapping one tensor to one tensor: what Sequential can chain.

@@ -11,7 +11,10 @@ LayerNorm::LayerNorm(const Shape& shape, double eps_, bool elementwise_affine, D
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, normalized_shape, weight, bias, eps); }
+Tensor LayerNorm::forward(const Tensor& x) {
+  ModuleScope scope(this);
+  return layer_norm(x, normalized_shape, weight, bias, eps);
+}
 
 RMSNorm::RMSNorm(int64_t dim_, double eps_, DType dtype) : dim(dim_), eps(eps_) {
   check(dim > 0, "RMSNorm: dim must be positive, got {}", dim);
@@ -19,6 +22,7 @@ RMSNorm::RMSNorm(int64_t dim_, double eps_, DType dtype) : dim(dim_), eps(eps_) 
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
+  ModuleScope scope(this);
   check(x.ndim() >= 1 && x.size(-1) == dim, "RMSNorm: expected input of shape [..., {}], got {}", dim, x.shape());
   Tensor rrms = rsqrt(add(mean(mul(x, x), {-1}, true), eps));  // (..., 1) = 1 / sqrt(mean(x^2) + eps)
   return mul(mul(x, rrms), weight);

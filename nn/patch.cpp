@@ -25,9 +25,13 @@ Tensor PatchEmbedding::patchify(const Tensor& image) const {
   return image.reshape({B, C, Hp, p, Wp, p}).permute({0, 2, 4, 1, 3, 5}).contiguous().reshape({B, Hp * Wp, C * p * p});
 }
 
-Tensor PatchEmbedding::forward(const Tensor& image) { return proj->forward(patchify(image)); }
+Tensor PatchEmbedding::forward(const Tensor& image) {
+  ModuleScope scope(this);
+  return proj->forward(patchify(image));
+}
 
 Tensor PatchEmbedding::with_cls_token(const Tensor& tokens) const {
+  ModuleScope scope(this);
   check(tokens.ndim() == 3 && tokens.size(2) == d_model, "PatchEmbedding: expected tokens of shape [B, N, {}], got {}",
         d_model, tokens.shape());
   return cat({cls_token.expand({tokens.size(0), 1, d_model}), tokens}, 1);

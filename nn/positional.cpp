@@ -27,6 +27,7 @@ LearnedPositions::LearnedPositions(int64_t max_len_, int64_t dim_, DType dtype, 
 }
 
 Tensor LearnedPositions::forward(int64_t T, int64_t start) {
+  ModuleScope scope(this);
   check(T >= 0 && start >= 0 && start + T <= max_len,
         "LearnedPositions: positions [{}, {}) out of range for max_len {}", start, start + T, max_len);
   return weight.narrow(0, start, T);

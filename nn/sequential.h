@@ -29,6 +29,7 @@ struct Sequential : UnaryModule {
     return layers_[i];
   }
   Tensor forward(const Tensor& x) override {
+    ModuleScope scope(this);
     Tensor y = x;
     for (const auto& m : layers_) y = m->forward(y);
     return y;

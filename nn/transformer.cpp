@@ -23,6 +23,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const Tensor& context, KVCache
 }
 
 Tensor TransformerBlock::forward(const Tensor& x, const AttentionOptions& self_options, const Tensor& context) {
+  ModuleScope scope(this);
   check(cross == context.defined(), "TransformerBlock: {}",
         cross ? "a cross-attention block needs a context" : "a context was given to a block without cross-attention");
   AttentionOptions self = self_options;

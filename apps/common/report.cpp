@@ -198,10 +198,12 @@ nlohmann::json ConfusionMatrix::to_json() const {
 
 double RunReport::samples_per_second() const { return train_seconds > 0 ? samples / train_seconds : 0; }
 double RunReport::tokens_per_second() const { return train_seconds > 0 ? tokens / train_seconds : 0; }
+double RunReport::training_flops_per_second() const { return 3.0 * forward_flops_per_sample * samples_per_second(); }
+double RunReport::mfu() const { return peak_flops > 0 ? training_flops_per_second() / peak_flops : 0; }
 
 std::string RunReport::to_text() const {
   std::vector<std::pair<std::string, std::string>> rows;
-  rows.reserve(14 + extra.size());  // also keeps GCC 12 from a false -Warray-bounds in the growth path
+  rows.reserve(17 + extra.size());  // also keeps GCC 12 from a false -Warray-bounds in the growth path
   rows.emplace_back("app", app + (interrupted ? " (interrupted)" : ""));
   rows.emplace_back("wall time", format_duration(wall_seconds));
   rows.emplace_back("training time", format_duration(train_seconds));
@@ -215,6 +217,13 @@ std::string RunReport::to_text() const {
   }
   rows.emplace_back("peak memory (RSS)", format_bytes(double(peak_rss_bytes)));
   if (peak_tensor_bytes > 0) rows.emplace_back("peak tensor memory", format_bytes(double(peak_tensor_bytes)));
+  if (forward_flops_per_sample > 0) {
+    rows.emplace_back("forward FLOPs", format_count(forward_flops_per_sample) + " per sample");
+    rows.emplace_back("training FLOP/s", format_count(training_flops_per_second()) + " (3 x forward)");
+  }
+  if (mfu() > 0)
+    rows.emplace_back("MFU", fmt::format("{:.1f}% of a {}FLOP/s peak ({})", 100 * mfu(), format_count(peak_flops),
+                                         peak_source));
   if (skipped_steps > 0) rows.emplace_back("skipped steps", fmt::format("{} (non-finite loss or gradient norm)", skipped_steps));
   if (accuracy) rows.emplace_back("accuracy", fmt::format("{:.2f}%", 100 * *accuracy));
   for (const auto& [name, value] : extra) rows.emplace_back(name, fmt::format("{:.6g}", value));
@@ -241,6 +250,15 @@ nlohmann::json RunReport::to_json() const {
                       {"peak_rss_bytes", peak_rss_bytes},
                       {"peak_tensor_bytes", peak_tensor_bytes},
                       {"skipped_steps", skipped_steps}};
+  if (forward_flops_per_sample > 0) {
+    j["forward_flops_per_sample"] = forward_flops_per_sample;
+    j["training_flops_per_second"] = training_flops_per_second();
+  }
+  if (peak_flops > 0) {
+    j["peak_flops"] = peak_flops;
+    j["peak_source"] = peak_source;
+    j["mfu"] = mfu();
+  }
   if (accuracy) j["accuracy"] = *accuracy;
   if (confusion) j["confusion"] = confusion->to_json();
   for (const auto& [name, value] : extra)

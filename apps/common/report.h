@@ -83,9 +83,21 @@ struct RunReport {
   std::optional<double> accuracy;    // final evaluation accuracy in [0, 1]
   std::optional<ConfusionMatrix> confusion;
   std::vector<std::pair<std::string, double>> extra;  // more numbers: {"val_loss", 1.23}, ...
+  // Compute (apps/common/diagnose.h): the model's forward FLOPs per training sample, by the
+  // convention of nn::summarize (matmuls 2 K per output, attention's two products over the full
+  // T x T, pointwise ops one per element); and the CPU's peak FLOP/s that MFU is relative to:
+  // fused multiply-adds at full vector width on the threads the run uses (measured) or --peak-gflops.
+  double forward_flops_per_sample = 0;  // 0: not measured (no FLOP or MFU lines)
+  double peak_flops = 0;                // FLOP/s; 0: no MFU line
+  std::string peak_source;              // how peak_flops was found, e.g. "FMA loop, 2 threads"
 
   double samples_per_second() const;  // samples / train_seconds; 0 when train_seconds is 0
   double tokens_per_second() const;
+  // Training FLOP/s: 3 x forward FLOPs per sample x samples per second (backward ~ 2 x forward:
+  // the gradients of both operands of every product).
+  double training_flops_per_second() const;
+  // Model FLOPs utilisation: training_flops_per_second() / peak_flops; 0 when either is unknown.
+  double mfu() const;
 
   std::string to_text() const;        // aligned "name: value" lines, then the confusion table
   nlohmann::json to_json() const;     // the same numbers, machine-readable

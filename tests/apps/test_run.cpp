@@ -69,6 +69,20 @@ TEST_CASE("run: options, defaults and refusals") {
   AG_CHECK_ERROR(parse({"--precision", "bf16"}), "--precision bf16", "CUDA");
 }
 
+TEST_CASE("run: --detect-anomaly turns anomaly mode on, and an op making a NaN then names itself") {
+  const DetectAnomalyGuard restore(false);  // the mode is process-wide: off again when the test ends
+  CHECK_FALSE(parse({}).detect_anomaly);
+  CHECK_FALSE(anomaly_enabled());
+  RunOptions o = parse({"--detect-anomaly"});
+  CHECK(o.detect_anomaly);
+  CHECK(anomaly_enabled());
+  AG_CHECK_ERROR(log(tensor({-1.f})), "anomaly: 'log' produced 1 non-finite value", "test_run.cpp:");
+  CLI::App cli;
+  RunOptions h;
+  add_run_options(cli, h);
+  CHECK(cli.help().find("--detect-anomaly") != std::string::npos);
+}
+
 TEST_CASE("run: a bad flag or value is a usage error (exit 2, one line), --help exits 0") {
   auto exit_code = [](std::vector<const char*> argv) {
     CLI::App cli{"demo"};

@@ -1,0 +1,75 @@
+#pragma once
+// What the apps can say about a model beyond its loss: where its compute and memory go (the
+// per-layer report of nn/summary.h, and MFU in the final report) and what its attention does
+// (nn/diagnostics.h, with --diagnose-attention).
+//
+//   DiagnoseOptions d;  add_diagnose_options(cli, d);          --diagnose-attention, --model-report,
+//                                                              --peak-gflops
+//   ComputeProfile c = profile_model(model, forward, B, T, d); one forward at start: prints one line
+//                                                              (or the whole table with --model-report)
+//   c.fill(report);                                            forward FLOPs, peak, so MFU in the report
+//   if (d.attention) write_attention_diagnostics(model, forward_one_batch, run_dir);
+//
+// MFU (model FLOPs utilisation) = training FLOP/s / peak FLOP/s, where
+//   training FLOP/s = 3 x forward FLOPs per sample x samples per second
+//     (forward FLOPs by nn::summarize's convention; backward counted as twice the forward)
+//   peak FLOP/s     = what this CPU does with nothing but fused multiply-adds at the vector width
+//     this build compiles for, on the threads the run uses: measured at start by a short loop
+//     (measure_peak_flops), or given with --peak-gflops (a datasheet's number, say).
+// So 100% would mean every cycle of every core doing a full-width FMA on model math. Matmuls
+// reach well under that on small shapes; the softmax, norms and the optimizer none of it.
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/common/report.h"
+#include "nn/diagnostics.h"
+#include "nn/summary.h"
+
+namespace ag::apps {
+
+struct DiagnoseOptions {
+  bool attention = false;     // --diagnose-attention: after training (or --eval-only), one batch
+  bool model_report = false;  // --model-report: the per-layer table at start (else one line)
+  double peak_gflops = 0;     // --peak-gflops: the CPU's peak for MFU (0: measure it)
+};
+// Registers the three options on an app's parser.
+void add_diagnose_options(CLI::App& cli, DiagnoseOptions& d);
+
+// The CPU's peak FLOP/s for fp32 fused multiply-adds on `threads` threads (0: the library's
+// thread count): a loop of independent vector FMAs, no memory traffic, timed for about
+// `seconds`; each FMA counts 2 FLOPs per lane.
+double measure_peak_flops(int threads = 0, double seconds = 0.1);
+
+struct ComputeProfile {
+  nn::ModelSummary summary;
+  double peak_flops = 0;    // FLOP/s
+  std::string peak_source;  // "--peak-gflops" or "FMA loop, N threads"
+  // Sets the report's forward FLOPs per sample, peak and its source (MFU follows from them).
+  void fill(RunReport& report) const;
+};
+
+// One forward of `model` through `forward` (a batch of `samples`, `tokens_per_sample` long; 0 for
+// no sequence) in eval mode (restored afterwards, so no dropout draw changes the run), with
+// nn::summarize; then the peak (--peak-gflops, or measured). Returns both and the line to print:
+// with d.model_report the whole table, else one line of totals.
+ComputeProfile profile_model(nn::Module& model, const std::function<Tensor()>& forward, int64_t samples,
+                             int64_t tokens_per_sample, const DiagnoseOptions& d, std::string* text);
+
+// The attention report as JSON:
+//   {"thresholds": {...}, "layers": [{"layer", "shape", "rows", "heads": [{"head", "entropy",
+//    "diagonal", "uniform_diagonal", "most_similar", "max_similarity"}], "similarity": [[...]]}],
+//    "warnings": [{"layer", "check", "heads", "message"}]}
+nlohmann::json attention_report_to_json(const nn::AttentionReport& r);
+
+// --diagnose-attention: runs `forward` (one validation or test batch of `model`) in eval mode
+// without recording, under an attention capture; returns the report, whose to_text() the app
+// prints, after writing it to <dir>/attention_diagnostics.json (the returned path in *path).
+nn::AttentionReport write_attention_diagnostics(nn::Module& model, const std::function<void()>& forward,
+                                                const std::string& dir, std::string* path = nullptr);
+
+}  // namespace ag::apps
