@@ -74,11 +74,15 @@ void check_close(const std::vector<double>& a, const std::vector<double>& b, dou
   CHECK(worst_excess <= 0);
 }
 
-// Open MPI refuses to run as root (as CI does) unless told twice that it is meant. Under
-// AddressSanitizer, LeakSanitizer would report what Open MPI's own initialisation keeps until exit
-// in every rank: leak checking is off for the ranks (the same code is leak-checked in-process).
-std::vector<std::string> mpi_env() {
-  std::vector<std::string> env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
+// Open MPI refuses to run as root (as CI does) unless told twice that it is meant. Each job keeps
+// its session directory in its own folder: under /tmp, two mpirun started at the same moment (CTest
+// runs cases in parallel) race to create the shared /tmp/ompi.<host>.<uid> and one of them fails
+// with "mkdir ... File exists". Under AddressSanitizer, LeakSanitizer would report what Open MPI's
+// own initialisation keeps until exit in every rank: leak checking is off for the ranks (the same
+// code is leak-checked in-process).
+std::vector<std::string> mpi_env(const std::string& session_dir) {
+  std::vector<std::string> env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                  "TMPDIR=" + session_dir, "OMPI_MCA_orte_tmpdir_base=" + session_dir};
   if (const char* asan = std::getenv("ASAN_OPTIONS")) env.push_back(std::string("ASAN_OPTIONS=") + asan + ":detect_leaks=0");
   return env;
 }
@@ -86,7 +90,7 @@ std::vector<std::string> mpi_env() {
 struct Job {
   explicit Job(const std::string& tag) : dir("dist_" + tag) {}
   TempDir dir;
-  std::vector<std::string> env = mpi_env();
+  std::vector<std::string> env = mpi_env(dir.dir.string());
   std::string path(const std::string& f) const { return dir.dir.string() + "/" + f; }
   std::vector<std::string> mpirun(int n, std::vector<std::string> args) const {
     std::vector<std::string> cmd = {ATTOGRAD_MPIEXEC, "-np", std::to_string(n), "--oversubscribe",
