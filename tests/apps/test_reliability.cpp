@@ -8,6 +8,8 @@
 //                       metrics.jsonl lines (train loss included), with dropout on
 //   flat RSS            2000 steps: "rss_mb" of metrics.jsonl stays within 1 MiB after warm-up
 //   missing data        exit 2 with one line naming the Debian package to install
+//   --deterministic     1 and 2 threads end in the same checkpoint, bit for bit
+//   --eval-only         the saved model evaluates to the numbers the run reported at its end
 //
 // Each spawned run is a tiny model (d_model 16, 2 heads, 1 layer) taking well under 2 s.
 #include <signal.h>
@@ -16,6 +18,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -290,7 +294,77 @@ void flat_rss(const std::string& app) {
 #endif
 }
 
+// ---- determinism across thread counts --------------------------------------------------------
+
+// --deterministic: the same run at 1 and at 2 threads ends in the same checkpoint, bit for bit
+// (parameters, AdamW moments, RNG state), and logs the same training losses.
+void deterministic_threads(const std::string& app) {
+  constexpr int64_t N = 30, every = 10;
+  Apps apps("det_" + app);
+  run_app(apps.command(app, "one", N, every, 1, {"--deterministic"}), apps.logs(), "one");
+  run_app(apps.command(app, "two", N, every, 2, {"--deterministic"}), apps.logs(), "two");
+  check_same_checkpoint(apps.checkpoint("one"), apps.checkpoint("two"));
+  std::vector<nlohmann::json> a = read_metrics(apps.tmp.file("one") + "/metrics.jsonl"),
+                              b = read_metrics(apps.tmp.file("two") + "/metrics.jsonl");
+  REQUIRE(a.size() == size_t(N / every));
+  REQUIRE(b.size() == a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("metrics line " << i);
+    CHECK(a[i].at("train_loss").dump() == b[i].at("train_loss").dump());
+  }
+}
+
+// ---- --eval-only --------------------------------------------------------------------------------
+
+// The number after `label` in `text` ("test accuracy 93.75%" -> 93.75), NaN when absent.
+double number_after(const std::string& text, const std::string& label) {
+  const size_t at = text.find(label);
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(text.c_str() + at + label.size(), nullptr);
+}
+
+// A finished run's checkpoint evaluated with --eval-only (the same command plus --eval-only
+// --checkpoint FILE) gives the numbers the run reported at its end: the model, its configuration
+// and its tokenizer all came back from the file.
+void eval_only_matches_run(const std::string& app) {
+  Apps apps("evalonly_" + app);
+  run_app(apps.command(app, "run", 40, 20, 2), apps.logs(), "train");
+  const auto report = nlohmann::json::parse(read_bytes(apps.tmp.file("run") + "/report.json"));
+  Child e = run_app(apps.command(app, "run", 40, 20, 2, {"--eval-only", "--checkpoint", apps.checkpoint("run")}),
+                    apps.logs(), "eval");
+  const std::string out = e.out();
+  INFO("--eval-only output:\n" << out);
+  CHECK(out.find(apps.checkpoint("run")) != std::string::npos);
+  if (app == "gpt") {
+    CHECK(number_after(out, "validation loss ") == doctest::Approx(report.at("val_loss").get<double>()).epsilon(1e-3));
+  } else {
+    CHECK(number_after(out, "test accuracy ") == doctest::Approx(100 * report.at("accuracy").get<double>()).epsilon(1e-4));
+    CHECK(number_after(out, app == "vit" ? "test loss " : "loss ") ==
+          doctest::Approx(report.at("test_loss").get<double>()).epsilon(1e-3));
+  }
+}
+
 }  // namespace
+
+TEST_CASE("reliability: vit: --deterministic gives the same checkpoint at 1 and 2 threads") {
+  deterministic_threads("vit");
+}
+TEST_CASE("reliability: gpt: --deterministic gives the same checkpoint at 1 and 2 threads") {
+  deterministic_threads("gpt");
+}
+TEST_CASE("reliability: textclf: --deterministic gives the same checkpoint at 1 and 2 threads") {
+  deterministic_threads("textclf");
+}
+
+TEST_CASE("reliability: vit: --eval-only on the checkpoint reports the run's final test accuracy and loss") {
+  eval_only_matches_run("vit");
+}
+TEST_CASE("reliability: gpt: --eval-only on the checkpoint reports the run's final validation loss") {
+  eval_only_matches_run("gpt");
+}
+TEST_CASE("reliability: textclf: --eval-only on the checkpoint reports the run's final test accuracy and loss") {
+  eval_only_matches_run("textclf");
+}
 
 TEST_CASE("reliability: vit: SIGINT saves after the step, exits 0 with the resume command, then --resume finishes") {
   interrupt_and_resume("vit", SIGINT, 3000);
