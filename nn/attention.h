@@ -10,6 +10,7 @@
 // proj is out_proj, so a state_dict maps one-to-one. Cross-attention takes q from x with the
 // first d rows and k, v from the context with the last 2d rows of that same weight.
 // Dropout (p) acts on the attention weights, in training only.
+// Derived step by step, with the shapes: docs/math/multihead.md
 //
 // KVCache: for autoregressive decoding. Each step appends the new positions' k, v (B, H, Tnew, hs)
 // and attends over everything cached; causal masking is bottom-right aligned (query i of the new

@@ -10,6 +10,7 @@
 // LearnedPositions(max_len, d): a trained table, as GPT-2's wpe = nn.Embedding(max_len, d):
 //   forward(T, start) = weight[start : start + T]  (T, d); weight ~ N(0, 1) like nn.Embedding.
 // A slice rather than a gather of arange(T): the same values and gradient, with no copy.
+// Derived step by step: docs/math/positional.md
 #include "nn/module.h"
 
 namespace ag::nn {

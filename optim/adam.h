@@ -9,6 +9,7 @@
 // The two bias corrections undo the pull of m and v towards their zero start. One fused kernel
 // per parameter: cpu::adam_update (core/cpu/optim.cpp). State: "step" (0-dim), "exp_avg",
 // "exp_avg_sq". Parameters without a gradient are skipped and keep their step count.
+// Derived step by step (the moments, the bias corrections): docs/math/adam.md
 #include <vector>
 
 #include "optim/optimizer.h"

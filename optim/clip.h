@@ -1,7 +1,7 @@
 #pragma once
 // Gradient clipping, as torch.nn.utils.clip_grad_norm_ / clip_grad_value_. Parameters without a
 // gradient are skipped; gradients are changed in place (a non-contiguous one is first replaced by
-// a contiguous copy).
+// a contiguous copy). Derived step by step: docs/math/clip.md
 #include <vector>
 
 #include "core/tensor.h"
