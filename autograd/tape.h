@@ -20,7 +20,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <source_location>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,9 +32,26 @@ namespace ag {
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& dout)>;
 
 // Where an op was called from. Every public op of autograd/ops.h takes one as its last parameter,
-// defaulted to the caller's line: std::source_location::current() in a default argument is
-// evaluated at the call.
-using Site = std::source_location;
+// defaulted to the caller's line: Site::current() in a default argument is evaluated at the call.
+// std::source_location's interface on the compiler builtins behind it, which GCC and Clang share
+// (std::source_location itself needs Clang >= 15 with libstdc++; the fuzz build uses Debian's 14).
+class Site {
+ public:
+  static constexpr Site current(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE(),
+                                const char* function = __builtin_FUNCTION()) noexcept {
+    Site s;
+    s.file_ = file, s.line_ = line, s.function_ = function;
+    return s;
+  }
+  constexpr const char* file_name() const noexcept { return file_; }
+  constexpr unsigned line() const noexcept { return line_; }  // 0: unknown
+  constexpr const char* function_name() const noexcept { return function_; }
+
+ private:
+  const char* file_ = "";
+  unsigned line_ = 0;
+  const char* function_ = "";
+};
 
 struct Edge {
   std::shared_ptr<Node> node;        // the gradient flows into this node's output...
