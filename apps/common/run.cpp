@@ -83,7 +83,9 @@ CLI::Validator non_negative() { return bound_check(false, "NONNEGATIVE"); }
 
 void add_run_options(CLI::App& cli, RunOptions& o) {
   cli.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(positive());
-  cli.add_option("--batch", o.batch, "batch size (per process: under mpirun -np N the global batch is N x this)")->capture_default_str()->check(positive());
+  cli.add_option("--batch", o.batch, "batch size (per process: under mpirun -np N the global batch is N x this)")
+      ->capture_default_str()
+      ->check(positive());
   cli.add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str()->check(positive());
   cli.add_option("--min-lr", o.min_lr, "final learning rate of the cosine schedule")
       ->capture_default_str()
@@ -102,7 +104,10 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
       ->check(non_negative());
   cli.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.99));
   cli.add_option("--seed", o.seed, "seed of initialisation, data order, dropout and sampling")->capture_default_str();
-  cli.add_option("--threads", o.threads, "CPU threads (0: every core; under mpirun, the cores divided among this host's ranks)")->capture_default_str()->check(non_negative());
+  cli.add_option("--threads", o.threads,
+                 "CPU threads (0: every core; under mpirun, the cores divided among this host's ranks)")
+      ->capture_default_str()
+      ->check(non_negative());
   cli.add_flag("--deterministic", o.deterministic,
                "the same results bit for bit at any --threads (ag::set_deterministic; costs nothing on the f32 "
                "CPU path)");
