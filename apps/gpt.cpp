@@ -21,6 +21,10 @@
 // --diagnose-attention also attention_diagnostics.json: per block and head on one batch of
 // validation windows, entropy, diagonal mass and head similarity with warnings
 // (apps/common/diagnose.h).
+//
+// Data parallel: `mpirun -np N gpt ...` trains on N processes, --batch windows each: every rank
+// draws the global batch of N x --batch windows (those of `gpt --batch N*B`) and takes its slice;
+// rank 0 writes the run directory and samples (docs/distributed.md).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
     const uint64_t sample_seed = s.seed >= 0 ? uint64_t(s.seed) : o.seed;
 
     if (o.eval_only) {  // ---- evaluate a saved model: validation loss and a sample ----
+      if (!dist::is_main()) return 0;  // under mpirun rank 0 evaluates alone
       const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
       check(info.config.contains("model") && info.config.contains("data") && info.extra.count("tokenizer") == 1,
             "'{}' is not a gpt checkpoint (no model, data or tokenizer entry; config {})", o.checkpoint,
@@ -214,7 +219,7 @@ int main(int argc, char** argv) {
     const nlohmann::json config = {
         {"model", gpt_config_to_json(cfg)},
         {"data", {{"dataset", dataset}, {"text_file", text_file}, {"valid_fraction", 0.1}}},
-        {"train", {{"batch", o.batch}, {"seed", o.seed}}}};
+        {"train", {{"batch", global_batch(o)}, {"seed", o.seed}}}};  // N x --batch under mpirun
     Run run("gpt", o, model, opt, gen, config, {{"tokenizer", d.tokenizer.to_json()}});
     auto sched = make_schedule(o);
     const int64_t V = cfg.vocab, N = o.batch * T;
@@ -227,15 +232,20 @@ int main(int argc, char** argv) {
 
     // ---- training ----
     int64_t step = run.resume();
+    const dist::Range mine = dist::shard(global_batch(o));  // this rank's windows of the global batch
     for (; step < o.steps && !run.stop_requested(); ++step) {
       sched->set_lr(opt, step);
-      data::Windows w = data::random_windows(d.train, o.batch, T, o.seed, uint64_t(step));
+      data::Windows w = data::random_windows(d.train, global_batch(o), T, o.seed, uint64_t(step));
+      if (dist::world_size() > 1) {
+        w.x = w.x.narrow(0, mine.begin, mine.size()).contiguous();
+        w.y = w.y.narrow(0, mine.begin, mine.size()).contiguous();
+      }
       Tensor loss = cross_entropy(model.forward(w.x).reshape({N, V}), w.y.reshape({N}));
       opt.zero_grad();
       loss.backward();
-      const double loss_value = loss.item<double>();
-      run.optimizer_step(step + 1, loss_value);  // clip, and a non-finite loss or norm skips the update
-      run.step_done(step + 1, loss_value, o.batch, N);
+      const Run::StepTotals t = run.reduce_step(loss.item<double>(), w.x.size(0), w.x.numel());  // over the ranks
+      run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
+      run.step_done(step + 1, t.loss, t.samples, t.tokens);
       if (run.eval_due(step + 1)) {
         val = lm_loss(model, d.valid, val_starts, T, o.batch), val_step = step + 1;
         run.log_eval(step + 1, {{"val_loss", val}});
@@ -250,15 +260,15 @@ int main(int argc, char** argv) {
     // ---- sample, plot, report ----
     RunReport report;
     report.extra = {{"val_loss", val}, {"val_bits_per_char", val / std::log(2.0)}, {"val_loss_step", double(val_step)}};
-    if (!run.stop_requested() && s.tokens > 0)
+    if (!run.stop_requested() && s.tokens > 0 && dist::is_main())  // rank 0 samples
       report.extra.emplace_back("generation_tokens_per_s",
                                 sample_and_plot(model, d.tokenizer, s, sample_seed, run.dir()));
     compute.fill(report);
     run.finish(report);
-    if (dg.attention) diagnose(model, d.valid, val_starts, T, o.batch, run.dir());
+    if (dg.attention && dist::is_main()) diagnose(model, d.valid, val_starts, T, o.batch, run.dir());
   } catch (const std::exception& e) {  // ag::Error, and a malformed checkpoint's JSON
     apps::print_error("gpt", e.what());
-    return kExitError;
+    return apps::error_exit(kExitError);
   }
   return 0;
 }

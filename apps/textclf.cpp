@@ -24,6 +24,10 @@
 // text, tokens on both axes), report.json (with forward FLOPs and MFU), and with
 // --diagnose-attention attention_diagnostics.json (per block and head on one test batch: entropy,
 // diagonal mass, head similarity, warnings; apps/common/diagnose.h).
+//
+// Data parallel: `mpirun -np N textclf ...` trains on N processes, --batch texts each: the length
+// buckets are planned for the global batch of N x --batch (what `textclf --batch N*B` would see)
+// and each rank pads its slice; rank 0 writes the run directory (docs/distributed.md).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -259,9 +263,10 @@ int main(int argc, char** argv) {
     optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
     const nlohmann::json config = {{"model", config_to_json(mc)}, {"data", data_to_json(d)},
                                    {"label_smoothing", settings.label_smoothing}, {"bucket_window", settings.bucket_window},
-                                   {"batch", o.batch},         {"seed", o.seed}};  // what fixes the batches
+                                   {"batch", global_batch(o)}, {"seed", o.seed}};  // what fixes the batches
 
     if (o.eval_only) {
+      if (!dist::is_main()) return 0;  // under mpirun rank 0 evaluates alone
       check(mc.vocab == tok.vocab_size(), "textclf: '{}': the model's vocabulary {} differs from its tokenizer's {}",
             o.checkpoint, mc.vocab, tok.vocab_size());
       nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
@@ -278,18 +283,18 @@ int main(int argc, char** argv) {
 
     const bool want_baseline = baseline == "on" || (baseline == "auto" && d.dataset == "fortunes");
     std::optional<std::pair<double, double>> nb;
-    if (want_baseline) nb = naive_bayes_baseline(split, settings.nb_alpha);
+    if (want_baseline && dist::is_main()) nb = naive_bayes_baseline(split, settings.nb_alpha);  // rank 0 reports it
 
     Run run("textclf", o, model, opt, gen, config, {{"tokenizer", tok.to_json()}});
     std::vector<int64_t> lengths;
     for (const auto& ids : train.ids) lengths.push_back(int64_t(ids.size()));
-    BucketSampler sampler(lengths, o.batch, settings.bucket_window, o.seed);
+    BucketSampler sampler(lengths, global_batch(o), settings.bucket_window, o.seed);  // N x --batch under mpirun
     auto sched = make_schedule(o);
     int64_t step = run.resume();
     run.print(fmt::format("model: d_model {}, {} heads, {} layers, MLP {}, dropout {}, n-gram buckets {}; AdamW lr {} "
                           "({} schedule), batch {}, {} steps ({:.2f} epochs), {} parameters",
                           mc.d_model, mc.n_heads, mc.n_layers, mc.mlp_hidden, mc.dropout, mc.ngram_buckets, o.lr,
-                          o.schedule, o.batch, o.steps, double(o.steps) / double(sampler.num_batches()),
+                          o.schedule, global_batch(o), o.steps, double(o.steps) / double(sampler.num_batches()),
                           model.num_parameters()));
     // the compute profile on the first training texts: FLOPs per text at their padded length
     // (texts vary in length, so the MFU derived from it is approximate)
@@ -300,14 +305,15 @@ int main(int argc, char** argv) {
                       probe.labels.size(0), probe.tokens.size(1), dg, &compute_text);
     run.print(compute_text);
     if (step < o.steps) {
-      auto loader = make_train_loader(train, sampler, o.steps, d.max_len);
+      auto loader = make_train_loader(train, sampler, o.steps, d.max_len, 2, dist::rank(), dist::world_size());
       loader->seek(step);
       for (; step < o.steps && !run.stop_requested(); ++step) {
         sched->set_lr(opt, step);
         Batch b = loader->next_step();
         StepResult r = forward_backward(model, opt, b, settings.label_smoothing);
-        run.optimizer_step(step + 1, r.loss);  // clip, and a non-finite loss or norm skips the update
-        run.step_done(step + 1, r.loss, b.labels.size(0), b.num_tokens);
+        const Run::StepTotals t = run.reduce_step(r.loss, b.labels.size(0), b.num_tokens);  // over the ranks
+        run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
+        run.step_done(step + 1, t.loss, t.samples, t.tokens);
         if (run.eval_due(step + 1)) {
           EvalResult v = evaluate(model, valid, classes, settings.eval_batch_tokens, settings.eval_samples);
           run.log_eval(step + 1, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
@@ -323,7 +329,7 @@ int main(int argc, char** argv) {
     EvalResult t = evaluate(model, test, classes, settings.eval_batch_tokens);
     run.print(fmt::format("final: validation accuracy {:.2f}% (loss {:.4f}), test accuracy {:.2f}% (loss {:.4f}) ({:.1f} s)",
                           100 * v.accuracy, v.loss, 100 * t.accuracy, t.loss, seconds_since(t0)));
-    write_attention_svg(model, tok, test, split.test, run.path("attention.svg"));
+    if (dist::is_main()) write_attention_svg(model, tok, test, split.test, run.path("attention.svg"));
 
     RunReport report;
     report.accuracy = t.accuracy;
@@ -335,6 +341,7 @@ int main(int argc, char** argv) {
     }
     compute.fill(report);
     run.finish(report);
+    if (!dist::is_main()) return 0;  // the plots and the summary are rank 0's
     if (dg.attention && test.size() > 0) diagnose(model, test, o.batch, d.max_len, run.dir());
     if (nb)
       fmt::print("test accuracy {:.2f}% vs the naive Bayes baseline's {:.2f}%: {}\n", 100 * t.accuracy, 100 * nb->second,
@@ -342,7 +349,7 @@ int main(int argc, char** argv) {
     fmt::print("attention heatmap: {}\n", run.path("attention.svg"));
   } catch (const Error& e) {
     apps::print_error("textclf", e.what());
-    return kExitError;
+    return apps::error_exit(kExitError);
   }
   return 0;
 }

@@ -29,6 +29,10 @@
 // --diagnose-attention adds attention_diagnostics.json: entropy, diagonal mass and head similarity
 // per block and head on one test batch, with warnings (apps/common/diagnose.h); the report ends
 // with forward FLOPs and MFU (--model-report prints the per-layer table at start).
+//
+// Data parallel: `mpirun -np N vit ...` trains on N processes, --batch images each (a global batch
+// of N x --batch, the batches `vit --batch N*B` would see, augmentation included), gradients averaged
+// during backward; rank 0 writes the run directory (apps/common/run.h, docs/distributed.md).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -74,6 +78,7 @@ void diagnose(ViT& model, const VitData& data, int64_t batch, const std::string&
 }
 
 int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const DiagnoseOptions& dg) {
+  if (!dist::is_main()) return 0;  // under mpirun rank 0 evaluates alone
   const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
   const VitRunConfig cfg = vit_config_from_json(info.config);
   const VitData data = load_vit_data(cfg.dataset, o.data_dir);
@@ -113,15 +118,18 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const Diag
   run.print(compute_text);
 
   int64_t step = run.resume();
-  auto loader = make_train_loader(train_set, data.norm, cfg.augment, o.batch, o.seed, step);
+  // the global batch of N x --batch images, planned as one process would; this rank makes its slice
+  auto loader = make_train_loader(train_set, data.norm, cfg.augment, global_batch(o), o.seed, step, 2,
+                                  dist::rank(), dist::world_size());
   EvalResult last;
   int64_t last_eval_step = -1;
   for (; step < o.steps && !run.stop_requested(); ++step) {
     schedule->set_lr(opt, step);
     const data::Batch batch = loader->next_step();
     const double loss = forward_backward(model, opt, batch, cfg.label_smoothing);
-    run.optimizer_step(step + 1, loss);  // clip, and a non-finite loss or norm skips the update
-    run.step_done(step + 1, loss, o.batch);
+    const Run::StepTotals t = run.reduce_step(loss, batch.labels.size(0));  // over the ranks
+    run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
+    run.step_done(step + 1, t.loss, t.samples);
     if (run.eval_due(step + 1)) {
       const bool final_eval = step + 1 == o.steps;
       last = evaluate(model, test_set, data.norm, a.eval_batch, final_eval ? 0 : a.eval_limit);
@@ -140,6 +148,7 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const Diag
   report.extra = {{"test_loss", last.loss}, {"test_images", double(last.samples)}};
   compute.fill(report);
   run.finish(report);
+  if (!dist::is_main()) return 0;  // the plots are rank 0's
   fmt::print("attention of the class token: {}\n", write_attention(model, data, a.attention_images, run.dir()));
   fmt::print("test accuracy {:.2f}% after {} steps\n", 100 * last.accuracy, step);
   if (dg.attention) diagnose(model, data, o.batch, run.dir());
@@ -211,9 +220,9 @@ int main(int argc, char** argv) {
     return o.eval_only ? evaluate_checkpoint(o, a, dg) : train(o, cfg, a, dg);
   } catch (const data::DatasetNotFound& e) {
     apps::print_error("vit", e.what());
-    return kExitNoData;
+    return apps::error_exit(kExitNoData);
   } catch (const Error& e) {
     apps::print_error("vit", e.what());
-    return kExitError;
+    return apps::error_exit(kExitError);
   }
 }

@@ -121,7 +121,7 @@ double timeout_seconds() {
 }
 
 void abort(const std::string& why, int code) {
-  std::fprintf(stderr, "%s\n", why.c_str());
+  if (!why.empty()) std::fprintf(stderr, "%s\n", why.c_str());
   std::fflush(stderr);
 #if ATTOGRAD_WITH_MPI
   if (g_world > 1) MPI_Abort(g_comm, code);

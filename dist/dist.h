@@ -68,7 +68,8 @@ void all_reduce_sum(std::vector<double>& values);
 // Every rank's value of x, in rank order (a check that ranks agree, e.g. on a config hash).
 std::vector<int64_t> all_gather(int64_t x);
 
-// Ends the whole job at once with `code` after printing `why` (MPI_Abort under mpirun; exit otherwise).
+// Ends the whole job at once with `code` after printing `why` on stderr (nothing when empty: the
+// caller printed it already) (MPI_Abort under mpirun; exit otherwise).
 [[noreturn]] void abort(const std::string& why, int code = 1);
 
 // The seconds a collective may wait before the job is aborted (ATTOGRAD_DIST_TIMEOUT, default 300).

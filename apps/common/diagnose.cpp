@@ -14,6 +14,7 @@
 
 #include "apps/common/plot.h"
 #include "core/parallel.h"
+#include "dist/dist.h"
 
 namespace ag::apps {
 
@@ -112,8 +113,11 @@ ComputeProfile profile_model(nn::Module& model, const std::function<Tensor()>& f
     c.peak_flops = d.peak_gflops * 1e9;
     c.peak_source = "--peak-gflops";
   } else {
-    c.peak_flops = measure_peak_flops();
-    c.peak_source = fmt::format("fp32 FMA loop, {} thread{}", num_threads(), num_threads() > 1 ? "s" : "");
+    // under mpirun the throughput is the job's: the peak is every rank's (this rank's times N)
+    const int world = dist::world_size();
+    c.peak_flops = measure_peak_flops() * world;
+    c.peak_source = fmt::format("fp32 FMA loop, {} thread{}{}", num_threads(), num_threads() > 1 ? "s" : "",
+                                world > 1 ? fmt::format(" x {} ranks", world) : std::string());
   }
   if (text) {
     const nn::ModelSummary& s = c.summary;

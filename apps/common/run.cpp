@@ -1,5 +1,6 @@
 #include "apps/common/run.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <csignal>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +52,30 @@ CLI::Validator bound_check(bool strict, const char* name) {
       },
       strict ? "> 0" : ">= 0", name);
 }
+
+// On a rank other than 0: a duplicate of the stderr it started with (the console), for
+// print_error; stdout and stderr themselves go to /dev/null. -1 on rank 0 and alone.
+int g_console_fd = -1;
+
+// Ranks other than 0 print nothing (the progress bar, logs and reports are rank 0's), except their
+// errors: their stdout and stderr go to /dev/null, and print_error writes to g_console_fd.
+void silence_other_ranks() {
+  if (dist::is_main() || g_console_fd >= 0) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int null = ::open("/dev/null", O_WRONLY);
+  if (null < 0) return;  // nothing to redirect to: keep printing
+  g_console_fd = ::dup(STDERR_FILENO);
+  ::dup2(null, STDOUT_FILENO);
+  ::dup2(null, STDERR_FILENO);
+  ::close(null);
+}
+
+// The ranks running on this host (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE; else all of them).
+int ranks_on_this_host() {
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(v));
+  return dist::world_size();
+}
 }  // namespace
 
 CLI::Validator positive() { return bound_check(true, "POSITIVE"); }
@@ -57,7 +83,9 @@ CLI::Validator non_negative() { return bound_check(false, "NONNEGATIVE"); }
 
 void add_run_options(CLI::App& cli, RunOptions& o) {
   cli.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(positive());
-  cli.add_option("--batch", o.batch, "batch size")->capture_default_str()->check(positive());
+  cli.add_option("--batch", o.batch, "batch size (per process: under mpirun -np N the global batch is N x this)")
+      ->capture_default_str()
+      ->check(positive());
   cli.add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str()->check(positive());
   cli.add_option("--min-lr", o.min_lr, "final learning rate of the cosine schedule")
       ->capture_default_str()
@@ -76,7 +104,10 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
       ->check(non_negative());
   cli.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.99));
   cli.add_option("--seed", o.seed, "seed of initialisation, data order, dropout and sampling")->capture_default_str();
-  cli.add_option("--threads", o.threads, "CPU threads (0: every core)")->capture_default_str()->check(non_negative());
+  cli.add_option("--threads", o.threads,
+                 "CPU threads (0: every core; under mpirun, the cores divided among this host's ranks)")
+      ->capture_default_str()
+      ->check(non_negative());
   cli.add_flag("--deterministic", o.deterministic,
                "the same results bit for bit at any --threads (ag::set_deterministic; costs nothing on the f32 "
                "CPU path)");
@@ -155,8 +186,17 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
 }
 
 void apply_run_options(RunOptions& o, const std::string& app) {
+  try {
+    dist::init();  // mpirun's job, or a job of one
+  } catch (const Error& e) {  // started by mpirun, but this build has no MPI
+    throw UsageError(fmt::format("{}: {}", app, e.what()));
+  }
+  silence_other_ranks();
   validate_run_options(o, app);
-  if (o.threads > 0) set_num_threads(o.threads);
+  if (o.threads > 0)
+    set_num_threads(o.threads);
+  else if (ranks_on_this_host() > 1)  // every core, shared among the ranks: no oversubscription
+    set_num_threads(std::max(1, num_threads() / ranks_on_this_host()));
   if (o.deterministic) set_deterministic(true);
   if (o.detect_anomaly) detect_anomaly(true);
   if (o.out_dir.empty()) o.out_dir = "runs/" + app;
@@ -164,6 +204,8 @@ void apply_run_options(RunOptions& o, const std::string& app) {
   if (o.checkpoint_every <= 0) o.checkpoint_every = o.eval_every;
   if (o.checkpoint.empty()) o.checkpoint = o.out_dir + "/checkpoint.safetensors";
 }
+
+int64_t global_batch(const RunOptions& o) { return int64_t(dist::world_size()) * o.batch; }
 
 std::string resume_command(const std::vector<std::string>& argv) {
   // a word the shell reads as it is: letters, digits and a few punctuation marks; anything else
@@ -253,11 +295,21 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
   check(!dir_.empty(), "{}: no run directory (call apply_run_options first)", app_);
   for (const char* key : {"config", "steps", "run.loss_sum", "run.loss_count", "run.skipped", "run.skips_in_a_row"})
     check(extra_.count(key) == 0, "{}: '{}' is reserved in the checkpoint metadata", app_, key);
-  std::error_code ec;
-  fs::create_directories(dir_, ec);
-  check(!ec, "{}: cannot create the run directory '{}': {}", app_, dir_, ec.message());
-  fmt::print(stderr, "{}: {} parameters, {} threads, run directory {}\n", app_, format_count(double(model.num_parameters())),
-             num_threads(), dir_);
+  if (dist::is_main()) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    check(!ec, "{}: cannot create the run directory '{}': {}", app_, dir_, ec.message());
+  }
+  const int world = dist::world_size();
+  const std::string ranks =
+      world > 1 ? fmt::format(" x {} ranks (global batch {} = {} x --batch {})", world, global_batch(o), world, o.batch)
+                : std::string();
+  fmt::print(stderr, "{}: {} parameters, {} threads{}, run directory {}\n", app_,
+             format_count(double(model.num_parameters())), num_threads(), ranks, dir_);
+  // data parallelism: rank 0's initial weights everywhere, and the gradients averaged from now on
+  // (the reducer's all-reduce runs during backward; with one process it does nothing)
+  dist::broadcast(model_.parameters());
+  reducer_ = std::make_unique<dist::GradReducer>(model_.parameters());
 }
 
 Run::~Run() = default;
@@ -274,7 +326,8 @@ int64_t Run::resume() {
     check(!info.extra.count("steps") || info.extra.at("steps") == std::to_string(o_.steps),
           "{}: --resume: {} belongs to a run of {} steps (its lr schedule), this run asks for --steps {}", app_,
           ckpt, info.extra.count("steps") ? info.extra.at("steps") : "", o_.steps);
-    const nn::Checkpoint c = nn::load_checkpoint(ckpt, model_, &opt_, &gen_);
+    const nn::Checkpoint c = nn::load_checkpoint(ckpt, model_, &opt_, &gen_);  // on every rank
+    dist::broadcast(model_.parameters());  // the ranks start from rank 0's weights, bit for bit
     first_step_ = c.step;
     // the partial training-loss average of the next log line and the skip counts, as they were
     // (absent in checkpoints written before them: zero)
@@ -292,7 +345,8 @@ int64_t Run::resume() {
     }
     last_saved_step_ = first_step_;
     // the curves so far come back from the metrics of the interrupted run
-    std::ifstream in(path("metrics.jsonl"));
+    std::ifstream in;
+    if (dist::is_main()) in.open(path("metrics.jsonl"));  // the curves are rank 0's to draw
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() > first_step_) continue;
@@ -304,9 +358,9 @@ int64_t Run::resume() {
     }
     fmt::print(stderr, "{}: resumed from {} at step {}\n", app_, ckpt, first_step_);
   }
-  metrics_ = std::make_unique<MetricsLogger>(dir_, resuming);
+  if (dist::is_main()) metrics_ = std::make_unique<MetricsLogger>(dir_, resuming);
   last_step_ = first_step_;
-  if (!o_.quiet) {
+  if (!o_.quiet && dist::is_main()) {
     ProgressOptions po;
     po.label = app_;
     bar_ = std::make_unique<ProgressBar>(o_.steps, po);
@@ -316,11 +370,29 @@ int64_t Run::resume() {
 }
 
 bool Run::stop_requested() const {
-  // --stop-at equal to --steps is the normal end of the run, not a stop
-  return apps::stop_requested() || (o_.stop_at > 0 && o_.stop_at < o_.steps && last_step_ >= o_.stop_at);
+  // a signal on one rank stops all of them after the same step: under mpirun only the signal that
+  // reduce_step shared counts. --stop-at equal to --steps is the normal end of the run, not a stop.
+  const bool signalled = dist::world_size() > 1 ? agreed_signal_ != 0 : apps::stop_requested();
+  return signalled || (o_.stop_at > 0 && o_.stop_at < o_.steps && last_step_ >= o_.stop_at);
+}
+
+Run::StepTotals Run::reduce_step(double loss, int64_t samples, int64_t tokens) {
+  reduced_ = true;
+  if (dist::world_size() == 1) return {loss, samples, tokens};
+  reducer_->finish();  // wait for the buckets, divide by N: .grad is the global-batch gradient
+  const int sig = apps::stop_signal();
+  std::vector<double> v = {loss * double(samples), double(samples), double(tokens), sig == SIGINT ? 1.0 : 0.0,
+                           sig != 0 && sig != SIGINT ? 1.0 : 0.0};
+  dist::all_reduce_sum(v);  // one small all-reduce per step; a NaN loss on any rank makes the sum NaN
+  if (agreed_signal_ == 0) agreed_signal_ = v[3] > 0 ? SIGINT : v[4] > 0 ? SIGTERM : 0;
+  return {v[0] / v[1], int64_t(v[1]), int64_t(v[2])};
 }
 
 bool Run::optimizer_step(int64_t step, double loss) {
+  check(reduced_ || dist::world_size() == 1,
+        "{}: step {}: optimizer_step without reduce_step: under mpirun the gradients would differ across ranks",
+        app_, step);
+  reduced_ = dist::world_size() == 1;
   // --clip 0 only measures: with the largest finite max_norm the clip coefficient of a finite
   // norm is >= 1, so nothing is scaled (a non-finite norm scales by 0 or NaN: dropped below)
   const double max_norm = o_.clip > 0 ? o_.clip : std::numeric_limits<double>::max();
@@ -371,7 +443,12 @@ void Run::log_eval(int64_t step, const Scalars& scalars) {
   all.emplace_back("skipped_steps", double(skipped_));
   const size_t shown = all.size();  // rss_mb goes to the metrics only
   all.emplace_back("rss_mb", double(current_rss_bytes()) / (1 << 20));
-  check(metrics_ != nullptr, "{}: log_eval before resume()", app_);
+  check(metrics_ != nullptr || !dist::is_main(), "{}: log_eval before resume()", app_);
+  if (!dist::is_main()) {  // rank 0 logs; the others only start the next average as it does
+    loss_sum_ = 0, loss_count_ = 0;
+    last_step_time_ = now_seconds();
+    return;
+  }
   metrics_->log(step, all);
   std::string line = fmt::format("step {}/{}:", step, o_.steps);
   for (size_t i = 0; i < shown; ++i) {
@@ -398,6 +475,10 @@ bool Run::save(int64_t step) {
                                             : std::string("what it held (no checkpoint of this run yet)")));
     return false;
   }
+  if (!dist::is_main()) {  // rank 0 writes; every rank holds the same parameters and moments
+    last_saved_step_ = step;
+    return true;
+  }
   std::map<std::string, std::string> meta = extra_;
   meta["config"] = config_.dump();
   meta["steps"] = std::to_string(o_.steps);
@@ -412,6 +493,7 @@ bool Run::save(int64_t step) {
 }
 
 void Run::print(const std::string& line) {
+  if (!dist::is_main()) return;
   if (bar_)
     bar_->print(line);
   else
@@ -432,16 +514,19 @@ void Run::finish(RunReport& report) {
   report.skipped_steps = skipped_;
   const bool stopped = stop_requested() && last_step_ < o_.steps;
   report.interrupted = stopped;
+  if (!dist::is_main()) return;  // rank 0 reports for the job
   fmt::print("{}", report.to_text());
   nlohmann::json j = report.to_json();
   j["config"] = config_;
   write_file_atomic(path("report.json"), j.dump(2) + "\n");
   fmt::print("run directory: {} (curves.svg, metrics.jsonl, TensorBoard events, report.json, checkpoint)\n", dir_);
   if (stopped) {
-    const std::string why = apps::stop_signal() != 0 ? (apps::stop_signal() == SIGINT ? "Ctrl-C" : "SIGTERM")
-                                                     : fmt::format("--stop-at {}", o_.stop_at);
-    const std::string cmd =
+    const int sig = dist::world_size() > 1 ? agreed_signal_ : apps::stop_signal();
+    const std::string why = sig != 0 ? (sig == SIGINT ? "Ctrl-C" : "SIGTERM") : fmt::format("--stop-at {}", o_.stop_at);
+    std::string cmd =
         o_.command_line.empty() ? fmt::format("{} <the same options> --resume", app_) : resume_command(o_.command_line);
+    // a job resumes as a job (or alone, with --batch times the ranks: the same global batch)
+    if (dist::world_size() > 1) cmd = fmt::format("mpirun -np {} {}", dist::world_size(), cmd);
     fmt::print("stopped after step {} of {} ({}); {}. To continue:\n  {}\n", last_step_, o_.steps, why,
                last_saved_step_ == last_step_ ? "the checkpoint holds it"
                                               : fmt::format("the checkpoint holds step {}", last_saved_step_),
@@ -468,10 +553,23 @@ void print_usage_error(const std::string& app, const std::string& message) {
 
 void print_error(const std::string& app, const std::string& message) {
   const std::string prefix = app + ":";
-  if (message.compare(0, prefix.size(), prefix) == 0)
-    fmt::print(stderr, "{}\n", message);
-  else
-    fmt::print(stderr, "{} {}\n", prefix, message);
+  std::string text = message;
+  if (text.compare(0, prefix.size(), prefix) == 0) text.erase(0, text.find_first_not_of(' ', prefix.size()));
+  if (g_console_fd < 0) {
+    fmt::print(stderr, "{} {}\n", prefix, text);
+    return;
+  }
+  const std::string line = fmt::format("{} rank {} of {}: {}\n", prefix, dist::rank(), dist::world_size(), text);
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(g_console_fd, line.data() + done, line.size() - done);
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+}
+
+int error_exit(int code) {
+  if (dist::world_size() > 1) dist::abort("", code);  // the message is out already (print_error)
+  return code;
 }
 
 }  // namespace ag::apps

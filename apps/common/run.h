@@ -28,6 +28,27 @@
 //   run.save(step);   // also after Ctrl-C: nothing trained is lost
 //   run.finish(report);   // after a stop: prints the command line that resumes
 //
+// Data parallelism (dist/dist.h). Started by `mpirun -np N`, every app trains one model on N
+// processes with no other change to its command line; alone, N = 1 and everything below is a no-op.
+//   apply_run_options   joins the job (dist::init); ranks other than 0 print nothing but their errors
+//   --batch B           the PER-RANK batch: the global batch is N x B. Every rank plans the global
+//                       batch exactly as one process with --batch N*B would (same seed, same order)
+//                       and takes its slice dist::shard(N*B): rank r gets samples [r B, (r+1) B)
+//   Run (constructor)   broadcasts rank 0's initial parameters; a dist::GradReducer hooks backward
+//   resume()            every rank loads the checkpoint, then rank 0's parameters are broadcast again
+//   reduce_step         after backward: waits for the gradient all-reduce that ran during backward, so
+//                       every .grad is the global batch's mean gradient (the slices are equal, so the
+//                       mean of the ranks' means); returns the global batch's loss, samples and
+//                       tokens; and agrees on stopping (Ctrl-C/SIGTERM on any rank stops all ranks
+//                       after the same step). optimizer_step then clips, checks and steps the same
+//                       gradients on every rank: the same update, the same parameters.
+//   files, output       only rank 0 writes the run directory (checkpoint, metrics, events, plots,
+//                       report) and prints the progress bar and logs. Evaluation runs the same on
+//                       every rank (rank 0's result is the one logged).
+// So a job of N ranks with --batch B trains as one process with --batch N*B, to float rounding
+// (with dropout 0: each rank draws dropout masks from the same stream for its own slice), and
+// checkpoints move between the two (the config records the global batch).
+//
 // Training health. A step whose loss or global gradient norm is NaN or infinite does not update
 // anything: its gradients are dropped, the optimizer's moments and step counts stay as they were,
 // the schedule moves on (the step counts as taken), one line names the step and the value, and
@@ -52,6 +73,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "dist/dist.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -120,9 +142,16 @@ struct RunOptions {
 // app set in `o` beforehand; the app adds its own model and data options next to them.
 void add_run_options(CLI::App& cli, RunOptions& o);
 
-// After parsing: checks every value and combination (validate_run_options), sets the thread
-// count, determinism and anomaly mode (--detect-anomaly), fills the defaults that depend on others (out_dir, eval_every, checkpoint path).
+// After parsing: joins the data-parallel job when started by mpirun (dist::init; on ranks other
+// than 0, stdout and stderr then go to /dev/null, and print_error alone reaches the console),
+// checks every value and combination (validate_run_options), sets the thread count (--threads 0
+// under mpirun: the cores divided among this host's ranks), determinism and anomaly mode
+// (--detect-anomaly), fills the defaults that depend on others (out_dir, eval_every, checkpoint
+// path).
 void apply_run_options(RunOptions& o, const std::string& app);
+
+// The global batch of a data-parallel job: world_size() x the per-rank --batch.
+int64_t global_batch(const RunOptions& o);
 // The checks alone, before anything is set up: a UsageError naming the option and its value for
 // steps, batch, lr < 1; min-lr outside [0, lr]; warmup outside [0, 1]; weight decay, clip,
 // threads, eval/checkpoint cadence or max-skips < 0; dropout outside [0, 1); stop-at outside
@@ -165,10 +194,25 @@ class Run {
   // With --resume and a checkpoint in the run dir: loads model, optimizer, RNG and returns its
   // step (the metrics files are appended to). Otherwise 0.
   int64_t resume();
-  // Ctrl-C or SIGTERM arrived, or --stop-at's step (when before the last) is done.
+  // Ctrl-C or SIGTERM arrived, or --stop-at's step (when before the last) is done. Under mpirun a
+  // signal counts once reduce_step has shared it, so every rank stops after the same step.
   bool stop_requested() const;
 
-  // After backward: the guarded update of step `step` (1-based, as step_done). Clips the global
+  // What one step trained on, over all ranks.
+  struct StepTotals {
+    double loss = 0;          // mean loss over the global batch
+    int64_t samples = 0, tokens = 0;
+  };
+  // After backward on this rank's slice (`loss` its mean loss over `samples` samples and `tokens`
+  // tokens): finishes the gradient all-reduce (every .grad is then the mean over the global
+  // batch), and sums over the ranks in one all-reduce
+  //   loss = sum_r loss_r samples_r / sum_r samples_r,  samples = sum_r samples_r,  tokens likewise,
+  // and whether a stop signal arrived on any rank. With one process it returns its arguments.
+  // Call it every step, on every rank, before optimizer_step.
+  StepTotals reduce_step(double loss, int64_t samples, int64_t tokens = 0);
+
+  // After backward (and reduce_step): the guarded update of step `step` (1-based, as step_done).
+  // `loss` is the global batch's (reduce_step's), so every rank decides alike. Clips the global
   // gradient norm to --clip (with --clip 0 the norm is only measured), then, when `loss` and the
   // norm are both finite, opt.step() and returns true. Otherwise skips the update as described at
   // the top of this file and returns false; raises ag::Error when that makes --max-skips in a row.
@@ -177,7 +221,8 @@ class Run {
   int64_t skipped_steps() const { return skipped_; }
 
   // After the update that made `step` steps: advances the progress bar (loss, lr, smoothed
-  // throughput) and averages the training loss for the next log line.
+  // throughput) and averages the training loss for the next log line. `samples` and `tokens` are
+  // the global batch's (reduce_step's).
   void step_done(int64_t step, double loss, int64_t samples, int64_t tokens = 0);
   bool eval_due(int64_t step) const;
   bool checkpoint_due(int64_t step) const;
@@ -189,13 +234,14 @@ class Run {
   // Writes the checkpoint atomically (model, optimizer, step, RNG, config, extra, and the partial
   // training-loss average and skip counts, so a resumed run logs what an unbroken one would).
   // Refuses when a parameter or an optimizer moment is not finite: says so, leaves the previous
-  // checkpoint as it was and returns false.
+  // checkpoint as it was and returns false. Under mpirun only rank 0 writes (the ranks hold the
+  // same parameters); the others return true.
   bool save(int64_t step);
-  // Prints a line without breaking the progress bar.
+  // Prints a line without breaking the progress bar (rank 0 only).
   void print(const std::string& line);
 
   // Fills the timing, throughput, memory and skip fields of `report`, prints it and writes
-  // <out>/report.json. After Ctrl-C, SIGTERM or --stop-at, prints how to resume.
+  // <out>/report.json (rank 0). After Ctrl-C, SIGTERM or --stop-at, prints how to resume.
   void finish(RunReport& report);
 
   const std::string& dir() const { return dir_; }
@@ -210,6 +256,9 @@ class Run {
   nlohmann::json config_;
   std::map<std::string, std::string> extra_;
   StopGuard stop_;
+  std::unique_ptr<dist::GradReducer> reducer_;  // under mpirun: averages the gradients
+  bool reduced_ = true;         // reduce_step ran since the last optimizer_step
+  int agreed_signal_ = 0;       // the stop signal any rank received, as reduce_step shared it
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<ProgressBar> bar_;
   TrainingCurves curves_;
@@ -222,6 +271,12 @@ class Run {
 
 // Prints "app: message" on stderr: the one line an app prints for an error before it exits. A
 // message that already starts with "app:" (the app's own checks) is printed as it is, not twice.
+// On a rank other than 0 of a data-parallel job it reaches the console, as "app: rank r of N: ...".
 void print_error(const std::string& app, const std::string& message);
+
+// The exit of an app after print_error: returns `code`, except in a job of several ranks, where
+// returning would leave the other ranks waiting in a collective: it ends the whole job with
+// `code` at once (dist::abort).
+int error_exit(int code);
 
 }  // namespace ag::apps

@@ -11,6 +11,7 @@
 
 #include "apps/common/run.h"
 #include "attograd.h"
+#include "dist/dist.h"
 #include "optim/clip.h"
 
 namespace ag::apps::textclf {
@@ -401,16 +402,20 @@ std::vector<int64_t> BucketSampler::batch(int64_t step) const {
 }
 
 std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set, const BucketSampler& sampler,
-                                                           int64_t steps, int64_t max_len, int prefetch) {
+                                                           int64_t steps, int64_t max_len, int prefetch,
+                                                           int shard_rank, int shard_count) {
   check(steps > 0, "textclf make_train_loader: steps must be > 0, got {}", steps);
   data::LoaderOptions o;
   o.batch_size = 1;
   o.shuffle = false;
   o.prefetch = prefetch;
-  return std::make_unique<data::DataLoader<Batch>>(steps, o, [&set, &sampler, max_len](std::span<const int64_t> s) {
-    std::vector<int64_t> idx = sampler.batch(s[0]);
-    return make_batch(set, idx, max_len);
-  });
+  return std::make_unique<data::DataLoader<Batch>>(
+      steps, o, [&set, &sampler, max_len, shard_rank, shard_count](std::span<const int64_t> s) {
+        const std::vector<int64_t> idx = sampler.batch(s[0]);  // the global batch of step s[0]
+        const dist::Range mine = dist::shard(int64_t(idx.size()), shard_rank, shard_count);
+        return make_batch(set, std::span<const int64_t>(idx).subspan(size_t(mine.begin), size_t(mine.size())),
+                          max_len);
+      });
 }
 
 // ---- training and evaluation --------------------------------------------------------------------

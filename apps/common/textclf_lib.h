@@ -189,9 +189,12 @@ class BucketSampler {
 
 // The training batches of steps 0..steps-1 as a prefetching DataLoader: item s of its one
 // unshuffled epoch is the batch of step s (sampler.batch(s)), so loader.seek(start) resumes a run
-// at `start`. `set` and `sampler` must outlive the loader.
+// at `start`. `set` and `sampler` must outlive the loader. Data parallel: the sampler plans the
+// global batch, and each batch holds rank shard_rank's slice of it (dist::shard of its texts),
+// padded to that slice's longest text.
 std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set, const BucketSampler& sampler,
-                                                           int64_t steps, int64_t max_len, int prefetch = 2);
+                                                           int64_t steps, int64_t max_len, int prefetch = 2,
+                                                           int shard_rank = 0, int shard_count = 1);
 
 // ---- training and evaluation --------------------------------------------------------------------
 struct StepResult {

@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "autograd/tape.h"
 #include "core/error.h"
+#include "dist/dist.h"
 #include "optim/clip.h"
 
 namespace ag::apps {
@@ -119,7 +120,8 @@ void fit_model_to_data(ViTConfig& model, const data::ImageDataset& ds) {
 std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::ImageDataset& train,
                                                                  const data::Normalization& norm,
                                                                  const data::Augment& augment, int64_t batch,
-                                                                 uint64_t seed, int64_t start_step, int prefetch) {
+                                                                 uint64_t seed, int64_t start_step, int prefetch,
+                                                                 int shard_rank, int shard_count) {
   check(batch >= 1 && batch <= train.size(), "vit: batch {} must be in [1, {}] (the training set's size)", batch,
         train.size());
   data::LoaderOptions lo;
@@ -127,12 +129,15 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
   lo.seed = seed;
   lo.drop_last = true;  // every step sees a full batch
   lo.prefetch = prefetch;
+  lo.shard_rank = shard_rank, lo.shard_count = shard_count;
+  // this rank's images are [first, ...) of each global batch: their augmentation draws follow
+  const int64_t first = dist::shard(batch, shard_rank, shard_count).begin;
   // The loader calls make_batch for its batches strictly in order (on its worker thread, one at a
   // time), starting with the step it is seeked to, so `step` counts the batch being made.
-  auto make = [&train, norm, augment, batch, step = start_step, aug_seed = seed + 1](
+  auto make = [&train, norm, augment, batch, first, step = start_step, aug_seed = seed + 1](
                   std::span<const int64_t> indices) mutable {
     Generator gen(aug_seed);
-    gen.set_offset(uint64_t(step) * uint64_t(batch));
+    gen.set_offset(uint64_t(step) * uint64_t(batch) + uint64_t(first));
     ++step;
     return data::make_batch(train, indices, norm, augment, &gen);
   };

@@ -69,10 +69,15 @@ void fit_model_to_data(ViTConfig& model, const data::ImageDataset& ds);
 // sees the batches an uninterrupted one would have. The augmentation of the batch of step s
 // draws from Generator(seed + 1) at offset s * batch (image b: Philox block s * batch + b), a
 // function of the step alone, so it resumes exactly too, whatever `prefetch` is.
+// Data parallel: `batch` is the global batch and each batch holds only rank shard_rank's slice of
+// it (dist::shard: images [begin, end) of the global batch), augmented with the draws of those
+// images (Philox blocks s * batch + begin + b), so the ranks' slices together are exactly the
+// batch one process makes.
 std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::ImageDataset& train,
                                                                  const data::Normalization& norm,
                                                                  const data::Augment& augment, int64_t batch,
-                                                                 uint64_t seed, int64_t start_step, int prefetch = 2);
+                                                                 uint64_t seed, int64_t start_step, int prefetch = 2,
+                                                                 int shard_rank = 0, int shard_count = 1);
 
 // ---- training and evaluation -------------------------------------------------------------------
 // The gradients of one batch, no update: model.train(); loss = cross_entropy(model(images), labels,

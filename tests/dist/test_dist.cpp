@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dist/dist.h"
+#include "tests/dist/mpi_job.h"
 #include "tests/helpers.h"
 #include "tests/spawn.h"
 
@@ -21,13 +22,6 @@ using namespace ag::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Reports the case as skipped (CTest lists it so) in a build without MPI.
-bool skip_without_mpi() {
-  if (dist::mpi_available()) return false;
-  MESSAGE("[skipped: no MPI in this build (libopenmpi-dev)]");
-  return true;
-}
 
 // What dist_check wrote: the world size, the global loss of each step, every parameter value.
 struct Result {
@@ -59,54 +53,11 @@ Result read_result(const std::string& path) {
   return r;
 }
 
-// |a - b| <= atol + rtol |b| element by element; reports the worst element.
-void check_close(const std::vector<double>& a, const std::vector<double>& b, double atol, double rtol,
-                 const char* what) {
-  REQUIRE(a.size() == b.size());
-  REQUIRE_FALSE(a.empty());
-  size_t worst = 0;
-  double worst_excess = -1e300;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double excess = std::abs(a[i] - b[i]) - (atol + rtol * std::abs(b[i]));
-    if (excess > worst_excess) worst_excess = excess, worst = i;
-  }
-  INFO(what << ": worst element " << worst << ": " << a[worst] << " vs " << b[worst]);
-  CHECK(worst_excess <= 0);
+// dist_check with `args`: alone, or inside Job::mpirun.
+std::vector<std::string> dist_check(std::vector<std::string> args) {
+  args.insert(args.begin(), ATTOGRAD_APP_DIR "/dist_check");
+  return args;
 }
-
-// Open MPI refuses to run as root (as CI does) unless told twice that it is meant. Each job keeps
-// its session directory in its own folder: under /tmp, two mpirun started at the same moment (CTest
-// runs cases in parallel) race to create the shared /tmp/ompi.<host>.<uid> and one of them fails
-// with "mkdir ... File exists". Under AddressSanitizer, LeakSanitizer would report what Open MPI's
-// own initialisation keeps until exit in every rank: leak checking is off for the ranks (the same
-// code is leak-checked in-process).
-std::vector<std::string> mpi_env(const std::string& session_dir) {
-  std::vector<std::string> env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                  "TMPDIR=" + session_dir, "OMPI_MCA_orte_tmpdir_base=" + session_dir};
-  if (const char* asan = std::getenv("ASAN_OPTIONS")) env.push_back(std::string("ASAN_OPTIONS=") + asan + ":detect_leaks=0");
-  return env;
-}
-
-struct Job {
-  explicit Job(const std::string& tag) : dir("dist_" + tag) {}
-  TempDir dir;
-  std::vector<std::string> env = mpi_env(dir.dir.string());
-  std::string path(const std::string& f) const { return dir.dir.string() + "/" + f; }
-  std::vector<std::string> mpirun(int n, std::vector<std::string> args) const {
-    std::vector<std::string> cmd = {ATTOGRAD_MPIEXEC, "-np", std::to_string(n), "--oversubscribe",
-                                    ATTOGRAD_APP_DIR "/dist_check"};
-    cmd.insert(cmd.end(), args.begin(), args.end());
-    return cmd;
-  }
-  std::vector<std::string> alone(std::vector<std::string> args) const {
-    std::vector<std::string> cmd = {ATTOGRAD_APP_DIR "/dist_check"};
-    cmd.insert(cmd.end(), args.begin(), args.end());
-    return cmd;
-  }
-  Child run(const std::vector<std::string>& cmd, const std::string& tag, int expected = 0) {
-    return run_app(cmd, dir.dir.string(), tag, expected, env);
-  }
-};
 
 }  // namespace
 
@@ -159,8 +110,8 @@ TEST_CASE("dist: GradReducer refuses parameters it cannot reduce") {
 TEST_CASE("dist: 2 ranks with batch B each train as 1 rank with batch 2B") {
   if (skip_without_mpi()) return;
   Job job("eq");
-  job.run(job.alone({"train", job.path("one.txt"), "--steps", "6", "--batch", "16"}), "one");
-  job.run(job.mpirun(2, {"train", job.path("two.txt"), "--steps", "6", "--batch", "8"}), "two");
+  job.run(dist_check({"train", job.path("one.txt"), "--steps", "6", "--batch", "16"}), "one");
+  job.run(job.mpirun(2, dist_check({"train", job.path("two.txt"), "--steps", "6", "--batch", "8"})), "two");
   Result one = read_result(job.path("one.txt")), two = read_result(job.path("two.txt"));
   CHECK(one.world == 1);
   CHECK(two.world == 2);
@@ -175,16 +126,16 @@ TEST_CASE("dist: 2 ranks with batch B each train as 1 rank with batch 2B") {
 TEST_CASE("dist: a 2-rank checkpoint resumes in 1 rank and a 1-rank checkpoint in 2 ranks") {
   if (skip_without_mpi()) return;
   Job job("ckpt");
-  job.run(job.alone({"train", job.path("straight.txt"), "--steps", "6", "--batch", "16"}), "straight");
+  job.run(dist_check({"train", job.path("straight.txt"), "--steps", "6", "--batch", "16"}), "straight");
   // 3 steps on 2 ranks, then 3 on 1 rank with the same global batch
-  job.run(job.mpirun(2, {"train", job.path("a1.txt"), "--steps", "3", "--batch", "8", "--save", job.path("a.ckpt")}),
+  job.run(job.mpirun(2, dist_check({"train", job.path("a1.txt"), "--steps", "3", "--batch", "8", "--save", job.path("a.ckpt")})),
           "a1");
-  job.run(job.alone({"train", job.path("a2.txt"), "--steps", "3", "--batch", "16", "--load", job.path("a.ckpt")}),
+  job.run(dist_check({"train", job.path("a2.txt"), "--steps", "3", "--batch", "16", "--load", job.path("a.ckpt")}),
           "a2");
   // and the other way
-  job.run(job.alone({"train", job.path("b1.txt"), "--steps", "3", "--batch", "16", "--save", job.path("b.ckpt")}),
+  job.run(dist_check({"train", job.path("b1.txt"), "--steps", "3", "--batch", "16", "--save", job.path("b.ckpt")}),
           "b1");
-  job.run(job.mpirun(2, {"train", job.path("b2.txt"), "--steps", "3", "--batch", "8", "--load", job.path("b.ckpt")}),
+  job.run(job.mpirun(2, dist_check({"train", job.path("b2.txt"), "--steps", "3", "--batch", "8", "--load", job.path("b.ckpt")})),
           "b2");
   Result straight = read_result(job.path("straight.txt"));
   for (const char* f : {"a2.txt", "b2.txt"}) {
@@ -198,7 +149,7 @@ TEST_CASE("dist: a 2-rank checkpoint resumes in 1 rank and a 1-rank checkpoint i
 TEST_CASE("dist: a rank that dies makes the others exit with an error") {
   if (skip_without_mpi()) return;
   Job job("die");
-  Child c = spawn_app(job.mpirun(2, {"die"}), job.dir.dir.string(), "die", job.env);
+  Child c = spawn_app(job.mpirun(2, dist_check({"die"})), job.dir.dir.string(), "die", job.env);
   const int rc = wait_exit(c, 120);
   INFO("output:\n" << c.output());
   CHECK(rc != -1);  // not hung (wait_exit gives -1 after its deadline)
@@ -209,7 +160,7 @@ TEST_CASE("dist: a rank that hangs makes the others stop at the timeout with a m
   if (skip_without_mpi()) return;
   Job job("hang");
   job.env.push_back("ATTOGRAD_DIST_TIMEOUT=2");
-  Child c = spawn_app(job.mpirun(2, {"hang"}), job.dir.dir.string(), "hang", job.env);
+  Child c = spawn_app(job.mpirun(2, dist_check({"hang"})), job.dir.dir.string(), "hang", job.env);
   const int rc = wait_exit(c, 120);
   INFO("output:\n" << c.output());
   CHECK(rc != -1);

@@ -1,0 +1,131 @@
+#pragma once
+// The three apps at a tiny size on tiny synthetic data, for the tests that run the real binaries
+// (tests/apps/test_reliability.cpp, tests/dist/test_dist_apps.cpp): the data written the way a
+// user would bring it, the command lines, and readers for what a run leaves in its directory.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "tests/helpers.h"
+
+namespace ag::test {
+
+inline void write_gz(const std::string& path, const std::string& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, bytes.data(), unsigned(bytes.size())) == int(bytes.size()));
+  REQUIRE(gzclose(f) == Z_OK);
+}
+
+// An IDX file of u8 (data/idx.h): 0 0 0x08 ndims, each dim as a big-endian u32, then the data.
+inline std::string idx_bytes(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
+  std::string s = {0, 0, 8, char(dims.size())};
+  for (uint32_t d : dims)
+    for (int shift = 24; shift >= 0; shift -= 8) s += char((d >> shift) & 0xFF);
+  return s + std::string(data.begin(), data.end());
+}
+
+// Fashion-MNIST's four .gz files with 8x8 images: image i has class i % 4, brightness 30 + 60 c
+// plus hashed noise in [0, 32) (learnable, and different under every crop and flip).
+inline void write_fashion_gz(const std::string& dir, uint32_t n_train, uint32_t n_test) {
+  std::filesystem::create_directories(dir);
+  for (auto [prefix, n, salt] : {std::tuple{"train", n_train, 1u}, std::tuple{"t10k", n_test, 2u}}) {
+    std::vector<uint8_t> images(size_t(n) * 64), labels(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      labels[i] = uint8_t(i % 4);
+      for (uint32_t p = 0; p < 64; ++p)
+        images[size_t(i) * 64 + p] = uint8_t(30 + 60 * (i % 4) + ((i * 131 + p * 7 + salt) * 2654435761u >> 27));
+    }
+    write_gz(dir + "/" + prefix + "-images-idx3-ubyte.gz", idx_bytes({n, 8, 8}, images));
+    write_gz(dir + "/" + prefix + "-labels-idx1-ubyte.gz", idx_bytes({n}, labels));
+  }
+}
+
+// A deterministic pseudo-random stream (no dependence on the library under test).
+inline uint32_t hash32(uint32_t x) {
+  x ^= x >> 16, x *= 0x7feb352dU, x ^= x >> 15, x *= 0x846ca68bU, x ^= x >> 16;
+  return x;
+}
+
+// label<TAB>text: class "zero" draws from "abcde", "one" from "cdefg", 6..20 characters.
+inline std::string synthetic_tsv(int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    const char* alphabet = i % 2 == 0 ? "abcde" : "cdefg";
+    out += i % 2 == 0 ? "zero\t" : "one\t";
+    const uint32_t len = 6 + hash32(uint32_t(i)) % 15;
+    for (uint32_t t = 0; t < len; ++t) out += alphabet[hash32(uint32_t(i) * 1000 + t + 7) % 5];
+    out += '\n';
+  }
+  return out;
+}
+
+// ~18k characters of words from a small vocabulary, for the character-level GPT.
+inline std::string synthetic_text() {
+  const char* words[] = {"the", "lord", "said", "unto", "moses", "and", "god", "saw", "light", "was", "good", "day"};
+  std::string out;
+  for (uint32_t i = 0; i < 3000; ++i) out += std::string(words[hash32(i) % 12]) + (i % 12 == 11 ? "\n" : " ");
+  return out;
+}
+
+// The data of all three apps in one temporary folder, and their command lines at a tiny size.
+struct Apps {
+  TempDir tmp;
+  explicit Apps(const std::string& tag) : tmp(tag) {
+    write_fashion_gz(tmp.file("fashion"), 256, 64);
+    write_bytes(tmp.file("train.tsv"), synthetic_tsv(400));
+    write_bytes(tmp.file("text.txt"), synthetic_text());
+  }
+  std::string logs() const { return tmp.dir.string(); }
+
+  // `app` for `steps` steps in run directory `out`, evaluating (and logging) every `eval_every`
+  // steps, at `threads` threads, with `dropout` and a batch of `batch` (0: vit 8, textclf 8, gpt
+  // 4); then `more` arguments.
+  std::vector<std::string> command(const std::string& app, const std::string& out, int64_t steps, int64_t eval_every,
+                                   int threads, std::vector<std::string> more = {}, double dropout = 0.1,
+                                   int64_t batch = 0) const {
+    std::vector<std::string> a = {std::string(ATTOGRAD_APP_DIR) + "/" + app};
+    auto add = [&](std::initializer_list<std::string> xs) { a.insert(a.end(), xs); };
+    if (batch == 0) batch = app == "gpt" ? 4 : 8;
+    add({"--steps", std::to_string(steps), "--eval-every", std::to_string(eval_every), "--threads",
+         std::to_string(threads), "--out", tmp.file(out), "--dropout", fmt::format("{}", dropout), "--quiet",
+         "--d-model", "16", "--heads", "2", "--layers", "1", "--mlp", "32", "--batch", std::to_string(batch)});
+    if (app == "vit")  // augmentation on: its crop and flip draws must resume too
+      add({"--data-dir", tmp.file("fashion"), "--patch", "4", "--crop-pad", "1", "--flip", "--eval-batch", "64",
+           "--attention-images", "1"});
+    else if (app == "textclf")
+      add({"--dataset", "tsv", "--tsv-file", tmp.file("train.tsv"), "--max-len", "24", "--baseline", "off",
+           "--eval-samples", "0"});
+    else
+      add({"--text-file", tmp.file("text.txt"), "--context", "16", "--eval-windows", "8", "--sample-tokens", "0"});
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  }
+  std::string checkpoint(const std::string& out) const { return tmp.file(out) + "/checkpoint.safetensors"; }
+};
+
+// metrics.jsonl, one JSON object per line.
+inline std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+inline size_t count_lines(const std::string& path) {
+  std::ifstream in(path);
+  return size_t(std::count(std::istreambuf_iterator<char>(in), {}, '\n'));
+}
+
+}  // namespace ag::test
