@@ -3,7 +3,11 @@
 // when a Python with torch is found), forward + backward, in one run: median time and the peak
 // memory each holds beyond its inputs.
 //
-//   bench_attention [--batch 32] [--heads 4] [--T 256] [--d 32] [--reps 10] [--script PATH] [--json]
+//   bench_attention [--batch 32] [--heads 4] [--T 256] [--d 32] [--reps 10] [--device cpu|cuda]
+//                   [--script PATH] [--json]
+//
+// --device cuda runs both sides on the GPU; each timed run ends when the GPU has finished it
+// (ag::synchronize / torch.cuda.synchronize), and the memory is the device allocator's.
 //
 // --json prints one JSON line of our side only (no PyTorch run, no table), for bench/compare_pytorch.
 #include <CLI/CLI.hpp>
@@ -26,6 +30,7 @@ int main(int argc, char** argv) {
   std::string script;
   bool json = false;
   int threads = 0;
+  std::string device_name = "cpu";
   app.add_option("--batch", B, "batch")->check(CLI::PositiveNumber);
   app.add_option("--heads", H, "heads")->check(CLI::PositiveNumber);
   app.add_option("--T", T, "sequence length")->check(CLI::PositiveNumber);
@@ -34,15 +39,23 @@ int main(int argc, char** argv) {
   app.add_option("--script", script, "bench/torch_reference.py (default: found next to this source)");
   app.add_flag("--json", json, "print one JSON line of attograd's results only (no PyTorch run, no table)");
   app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")->check(CLI::PositiveNumber);
+  app.add_option("--device", device_name, "cpu or cuda (cuda:N): where both sides run")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
+  Device dev;
+  try {
+    dev = Device::parse(device_name);
+  } catch (const Error& e) {
+    fmt::print(stderr, "bench_attention: --device: {}\n", e.what());
+    return 1;
+  }
 
   Generator gen(0);
-  Tensor q = randn({B, H, T, D}, DType::f32, &gen).set_requires_grad(true);
-  Tensor k = randn({B, H, T, D}, DType::f32, &gen).set_requires_grad(true);
-  Tensor v = randn({B, H, T, D}, DType::f32, &gen).set_requires_grad(true);
-  Tensor g = randn({B, H, T, D}, DType::f32, &gen);
-  Tensor future = gt(arange(0, double(T)).reshape({1, T}), arange(0, double(T)).reshape({T, 1}));  // j > i
+  auto leaf = [&] { return randn({B, H, T, D}, DType::f32, &gen).to(dev).set_requires_grad(true); };
+  Tensor q = leaf(), k = leaf(), v = leaf();
+  Tensor g = randn({B, H, T, D}, DType::f32, &gen).to(dev);
+  Tensor future =
+      gt(arange(0, double(T)).reshape({1, T}), arange(0, double(T)).reshape({T, 1})).to(dev);  // j > i
   const double scale = 1.0 / std::sqrt(double(D));
 
   auto fused = [&](bool causal) {
@@ -60,19 +73,20 @@ int main(int argc, char** argv) {
     auto step = [&] {
       q.set_grad(Tensor()), k.set_grad(Tensor()), v.set_grad(Tensor());
       attn(causal).backward(g);
+      synchronize(dev);
     };
     double secs = bench::median_seconds(step, reps, 2);
     q.set_grad(Tensor()), k.set_grad(Tensor()), v.set_grad(Tensor());
-    const uint64_t base = alloc_stats().bytes_in_use;
-    reset_peak_bytes();
+    const uint64_t base = alloc_stats(dev).bytes_in_use;
+    reset_peak_bytes(dev);
     step();
-    return std::pair{secs, double(alloc_stats().peak_bytes_in_use - base)};
+    return std::pair{secs, double(alloc_stats(dev).peak_bytes_in_use - base)};
   };
 
   if (!json)
-    fmt::print("attograd bench_attention: B {} H {} T {} d {}, f32, forward+backward, {} threads, OMP_WAIT_POLICY {}, "
-             "OpenBLAS core {}\n",
-             B, H, T, D, num_threads(), bench::omp_wait_policy(), openblas_get_corename());
+    fmt::print("attograd bench_attention: B {} H {} T {} d {}, f32, forward+backward, on {}, {} threads, "
+             "OMP_WAIT_POLICY {}, OpenBLAS core {}\n",
+             B, H, T, D, dev, num_threads(), bench::omp_wait_policy(), openblas_get_corename());
   if (!json)
     fmt::print("(one q/k/v tensor: {:.1f} MB; one T x T score tensor: {:.1f} MB)\n\n", B * H * T * D * 4 / 1e6,
              B * H * T * T * 4 / 1e6);
@@ -87,6 +101,7 @@ int main(int argc, char** argv) {
   }
   if (json) {
     nlohmann::json j;
+    j["device"] = dev.str();
     j["threads"] = num_threads();
     for (bool causal : {false, true}) {
       const Row& r = rows[causal];
@@ -103,7 +118,8 @@ int main(int argc, char** argv) {
   auto torch = bench::torch_reference(
       bench::torch_script_path(__FILE__, argv[0], script), "attention",
       {"--batch", std::to_string(B), "--heads", std::to_string(H), "--T", std::to_string(T), "--d",
-       std::to_string(D), "--threads", std::to_string(num_threads()), "--reps", std::to_string(reps), "--warmup", "2"},
+       std::to_string(D), "--threads", std::to_string(num_threads()), "--reps", std::to_string(reps), "--warmup", "2",
+       "--device", dev.str()},
       {"none", "causal"});
   if (torch)
     fmt::print("PyTorch {} ({} threads), attention as: {}\n", (*torch)["torch"].get<std::string>(),

@@ -8,6 +8,11 @@
 //   G  GPT vocab 96, T 128, d 128, 4 heads, 4 layers, MLP 512, batch 32 (loss over all B*T positions)
 //   C  TextClassifier vocab 20000, T 256, d 128, 4 heads, 2 layers, MLP 512, 2 classes, batch 32,
 //      lengths uniform in [T/4, T] (the same lengths are passed to PyTorch), key padding
+//   L  GPT-2 small's shape (only when asked for: a GPU config): vocab 50304, T 1024, d 768,
+//      12 heads, 12 layers, MLP 3072, batch 8
+//
+// --device cuda runs both sides on the GPU (the model, the data and the optimizer state there; a
+// step ends when its loss has been copied back to the host, which waits for the GPU).
 //
 // Per config: median ms per step of both, the ratio (PyTorch ms / attograd ms), our peak memory
 // (alloc_stats: the peak of live tensor bytes during one step, in total and beyond what was live
@@ -27,8 +32,8 @@
 //
 // --deterministic sets ag::set_deterministic(true) (core/parallel.h), to measure what it costs.
 //
-//   bench_train [--configs V,G,C] [--reps 10] [--warmup 3] [--threads N] [--script PATH]
-//               [--roofline] [--json] [--deterministic]
+//   bench_train [--configs V,G,C,L] [--device cpu|cuda] [--reps 10] [--warmup 3] [--threads N]
+//               [--script PATH] [--roofline] [--json] [--deterministic]
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <malloc.h>
@@ -76,9 +81,9 @@ bool reset_max_rss() {
 // ---- the configs ----------------------------------------------------------------------------
 
 struct Config {
-  char key;          // V, G, C
+  char key;          // V, G, C, L
   const char* name;  // ViT, GPT, TextClassifier
-  int64_t B, T, d, hidden, layers;
+  int64_t B, T, d, hidden, layers, heads;
 };
 
 // One GEMM of a training step: batch x ([M,K] @ [K,N]), operands read transposed by the flags (as
@@ -99,7 +104,7 @@ void add_linear(std::vector<GemmShape>& g, int64_t M, int64_t in, int64_t out) {
 // Every GEMM of one training step of the transformer blocks plus the model's own Linears.
 std::vector<GemmShape> step_gemms(const Config& c, const std::vector<std::array<int64_t, 3>>& extra_linears) {
   std::vector<GemmShape> g;
-  const int64_t M = c.B * c.T, heads = 4, hs = c.d / heads, BH = c.B * heads, T = c.T;
+  const int64_t M = c.B * c.T, heads = c.heads, hs = c.d / heads, BH = c.B * heads, T = c.T;
   for (int64_t l = 0; l < c.layers; ++l) {
     add_linear(g, M, c.d, 3 * c.d);  // qkv
     add_linear(g, M, c.d, c.d);      // proj
@@ -178,27 +183,30 @@ struct Result {
 // so buffers a training loop keeps after step 1 (AdamW state) are baseline. Our caching allocator
 // is emptied first (empty_cache), as malloc_trim empties PyTorch's heap: otherwise the blocks
 // step 1 cached would already be resident and later steps would show no growth at all.
+// On a GPU the tensor bytes are those of the device's allocator.
 template <class F>
-Result measure(F&& step, int reps, int warmup) {
+Result measure(F&& step, int reps, int warmup, Device dev) {
   Result r;
   step();
-  empty_cache();
+  empty_cache(dev);
   r.rss_reset = reset_max_rss();
   const double rss_base = max_rss_bytes();
   for (int i = 1; i < warmup; ++i) step();
   r.secs = bench::median_seconds(step, reps, 0);
   r.rss_bytes = max_rss_bytes() - rss_base;
-  const uint64_t before = alloc_stats().bytes_in_use;
-  reset_peak_bytes();
+  const uint64_t before = alloc_stats(dev).bytes_in_use;
+  reset_peak_bytes(dev);
   r.loss = step();
-  r.peak_bytes = double(alloc_stats().peak_bytes_in_use);
-  r.step_bytes = double(alloc_stats().peak_bytes_in_use - before);
+  r.peak_bytes = double(alloc_stats(dev).peak_bytes_in_use);
+  r.step_bytes = double(alloc_stats(dev).peak_bytes_in_use - before);
   return r;
 }
 
-// One step on `model` for the batch that `loss_of` turns into a scalar loss.
+// One step on `model` (moved to `dev` first) for the batch that `loss_of` turns into a scalar loss;
+// loss.item() copies the loss to the host, so on a GPU a step is timed to its end.
 template <class M, class L>
-Result run(M& model, L&& loss_of, int reps, int warmup) {
+Result run(M& model, L&& loss_of, int reps, int warmup, Device dev) {
+  model.to(dev);
   const auto params = model.parameters();
   optim::AdamW opt(params, {.lr = 1e-3, .weight_decay = 0.05});
   auto step = [&] {
@@ -209,7 +217,7 @@ Result run(M& model, L&& loss_of, int reps, int warmup) {
     opt.zero_grad();
     return loss.item<double>();
   };
-  return measure(step, reps, warmup);
+  return measure(step, reps, warmup, dev);
 }
 
 // Uniform integers in [low, high) as an i64 tensor, from `rng` (std::mt19937_64: the same on every
@@ -224,10 +232,13 @@ Tensor random_ints(std::mt19937_64& rng, int64_t low, int64_t high, const Shape&
 
 int main(int argc, char** argv) {
   CLI::App app{"attograd: one training step (fwd, loss, bwd, clip, AdamW) of each sample model, beside PyTorch"};
-  std::string configs = "V,G,C", script;
+  std::string configs = "V,G,C", script, device_name = "cpu";
   int reps = 10, warmup = 3, threads = 0;
   bool roofline = false, json = false, deterministic = false;
-  app.add_option("--configs", configs, "comma-separated subset of V (ViT), G (GPT), C (TextClassifier)");
+  app.add_option("--configs", configs,
+                 "comma-separated subset of V (ViT), G (GPT), C (TextClassifier), L (GPT d 768, 12 layers, T 1024)")
+      ->capture_default_str();
+  app.add_option("--device", device_name, "cpu or cuda (cuda:N): where both sides run")->capture_default_str();
   app.add_option("--reps", reps, "timed steps (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")
@@ -239,10 +250,22 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
   if (deterministic) set_deterministic(true);
+  Device dev;
+  try {
+    dev = Device::parse(device_name);
+  } catch (const Error& e) {
+    fmt::print(stderr, "bench_train: --device: {}\n", e.what());
+    return 1;
+  }
+  if (roofline && dev.is_cuda()) {
+    fmt::print(stderr, "bench_train: --roofline times the CPU's GEMMs; it does not go with --device {}\n", dev);
+    return 1;
+  }
 
-  const std::vector<Config> all = {{'V', "ViT", 128, 50, 64, 256, 4},
-                                   {'G', "GPT", 32, 128, 128, 512, 4},
-                                   {'C', "TextClassifier", 32, 256, 128, 512, 2}};
+  const std::vector<Config> all = {{'V', "ViT", 128, 50, 64, 256, 4, 4},
+                                   {'G', "GPT", 32, 128, 128, 512, 4, 4},
+                                   {'C', "TextClassifier", 32, 256, 128, 512, 2, 4},
+                                   {'L', "GPT", 8, 1024, 768, 3072, 12, 12}};
   std::vector<Config> chosen;
   {
     std::stringstream ss(configs);
@@ -257,7 +280,7 @@ int main(int argc, char** argv) {
           found = true;
         }
       if (!found) {
-        fmt::print(stderr, "bench_train: --configs: unknown config '{}' (expected V, G or C)\n", item);
+        fmt::print(stderr, "bench_train: --configs: unknown config '{}' (expected V, G, C or L)\n", item);
         return 1;
       }
     }
@@ -265,9 +288,9 @@ int main(int argc, char** argv) {
 
   if (!json)
     fmt::print("attograd bench_train: one step = forward, cross-entropy, backward, clip_grad_norm 1.0, AdamW "
-             "(lr 1e-3, wd 0.05), zero_grad; f32, dropout 0, {} threads, OMP_WAIT_POLICY {}, sgemm kernel {} (OpenBLAS "
-               "core {}), deterministic {}\n",
-               num_threads(), bench::omp_wait_policy(), cpu::sgemm_kernel_name(), openblas_get_corename(),
+             "(lr 1e-3, wd 0.05), zero_grad; f32, dropout 0, on {}, {} threads, OMP_WAIT_POLICY {}, sgemm kernel {} "
+               "(OpenBLAS core {}), deterministic {}\n",
+               dev, num_threads(), bench::omp_wait_policy(), cpu::sgemm_kernel_name(), openblas_get_corename(),
                is_deterministic() ? "on" : "off");
 
   std::vector<Result> results;
@@ -282,20 +305,27 @@ int main(int argc, char** argv) {
       cfg.patch = 4;  // image 28, channels 1, classes 10, d 64, 4 heads, 4 layers, MLP 256 are the defaults
       cfg.dropout = 0.0;
       apps::ViT model(cfg, &gen);
-      Tensor images = randn({c.B, 1, 28, 28}, DType::f32, &gen);
-      Tensor labels = random_ints(rng, 0, 10, {c.B}, c.B);
-      r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup);
+      Tensor images = randn({c.B, 1, 28, 28}, DType::f32, &gen).to(dev);
+      Tensor labels = random_ints(rng, 0, 10, {c.B}, c.B).to(dev);
+      r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup, dev);
       const int64_t P = 49, K = 16;  // patches; pixels per patch
       gemms = step_gemms(c, {{{c.B * P, K, c.d}}, {{c.B, c.d, 10}}});  // patch projection, head
-    } else if (c.key == 'G') {
-      apps::GPTConfig cfg;  // vocab 96, context 128, d 128, 4 heads, 4 layers, MLP 512
+    } else if (c.key == 'G' || c.key == 'L') {
+      apps::GPTConfig cfg;  // G: vocab 96, context 128, d 128, 4 heads, 4 layers, MLP 512 (the defaults)
+      if (c.key == 'L') {
+        cfg.vocab = 50304;
+        cfg.context = c.T, cfg.d_model = c.d, cfg.n_heads = c.heads, cfg.n_layers = c.layers;
+        cfg.mlp_hidden = c.hidden;
+      }
       cfg.dropout = 0.0;
+      const int64_t V = cfg.vocab;
       apps::GPT model(cfg, &gen);
-      Tensor idx = random_ints(rng, 0, 96, {c.B, c.T}, c.B * c.T);
-      Tensor targets = random_ints(rng, 0, 96, {c.B * c.T}, c.B * c.T);
+      Tensor idx = random_ints(rng, 0, V, {c.B, c.T}, c.B * c.T).to(dev);
+      Tensor targets = random_ints(rng, 0, V, {c.B * c.T}, c.B * c.T).to(dev);
       r = run(
-          model, [&] { return cross_entropy(model.forward(idx).reshape({c.B * c.T, 96}), targets); }, reps, warmup);
-      gemms = step_gemms(c, {{{c.B * c.T, c.d, 96}}});  // head
+          model, [&] { return cross_entropy(model.forward(idx).reshape({c.B * c.T, V}), targets); }, reps, warmup,
+          dev);
+      gemms = step_gemms(c, {{{c.B * c.T, c.d, V}}});  // head
     } else {
       apps::TextClassifierConfig cfg;  // vocab 20000, max_len 256, 2 classes, d 128, 4 heads, 2 layers, MLP 512
       cfg.dropout = 0.0;
@@ -307,10 +337,10 @@ int main(int argc, char** argv) {
         clf_lengths[size_t(b)] = lo + int64_t(rng() % uint64_t(c.T - lo + 1));
         for (int64_t t = 0; t < clf_lengths[size_t(b)]; ++t) tok[size_t(b * c.T + t)] = 1 + int64_t(rng() % 19999);
       }
-      Tensor tokens = from_vector<int64_t>(tok, {c.B, c.T});
-      Tensor lengths = from_vector<int64_t>(clf_lengths, {c.B});
-      Tensor labels = random_ints(rng, 0, 2, {c.B}, c.B);
-      r = run(model, [&] { return cross_entropy(model.forward(tokens, lengths), labels); }, reps, warmup);
+      Tensor tokens = from_vector<int64_t>(tok, {c.B, c.T}).to(dev);
+      Tensor lengths = from_vector<int64_t>(clf_lengths, {c.B}).to(dev);
+      Tensor labels = random_ints(rng, 0, 2, {c.B}, c.B).to(dev);
+      r = run(model, [&] { return cross_entropy(model.forward(tokens, lengths), labels); }, reps, warmup, dev);
       gemms = step_gemms(c, {{{c.B, c.d, 2}}});  // head on the pooled tokens
     }
     r.flops = total_flops(gemms);
@@ -320,6 +350,7 @@ int main(int argc, char** argv) {
 
   if (json) {
     nlohmann::json j;
+    j["device"] = dev.str();
     j["threads"] = num_threads();
     j["deterministic"] = is_deterministic();
     j["openblas_core"] = openblas_get_corename();
@@ -346,7 +377,7 @@ int main(int argc, char** argv) {
     variants.push_back(std::string(1, c.key));
   }
   std::vector<std::string> args = {"--configs", keys,  "--threads", std::to_string(num_threads()), "--reps",
-                                    std::to_string(reps), "--warmup", std::to_string(warmup)};
+                                    std::to_string(reps), "--warmup", std::to_string(warmup), "--device", dev.str()};
   if (!clf_lengths.empty()) {
     std::string l;
     for (int64_t x : clf_lengths) l += (l.empty() ? "" : ",") + std::to_string(x);

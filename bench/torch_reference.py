@@ -7,7 +7,7 @@ subcommand here.
 
     torch_reference.py attention --json --batch 32 --heads 4 --T 256 --d 32 --threads 2 --reps 10
     torch_reference.py block     --json --batch 32 --T 128 --d 128 --heads 4 --threads 2 --reps 20
-    torch_reference.py train     --json --configs V,G,C --threads 2 --reps 10 --warmup 3
+    torch_reference.py train     --json --configs V,G,C --threads 2 --reps 10 --warmup 3 [--device cuda]
     torch_reference.py generate  --json --tokens 256 --threads 2 --reps 3
 
 The environment is inherited from the C++ benchmark, so both sides run under the same OpenMP
@@ -109,17 +109,26 @@ def warm_up_library():
 
 def cmd_attention(args):
     gen = torch.Generator().manual_seed(0)
+    dev = torch.device(args.device)
     shape = (args.batch, args.heads, args.T, args.d)
-    q, k, v = (torch.randn(shape, generator=gen).requires_grad_() for _ in range(3))
-    g = torch.randn(shape, generator=gen)
+    q, k, v = (torch.randn(shape, generator=gen).to(dev).requires_grad_() for _ in range(3))
+    g = torch.randn(shape, generator=gen).to(dev)
     out = {}
     for causal in (False, True):
 
         def step():
             q.grad = k.grad = v.grad = None
             attention(q, k, v, causal).backward(g)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
 
-        out["causal" if causal else "none"] = measure(step, args.reps, args.warmup)
+        variant = "causal" if causal else "none"
+        out[variant] = measure(step, args.reps, args.warmup)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
+            step()
+            out[variant]["peak_mb"] = (torch.cuda.max_memory_allocated(dev) - base) / 1e6
     return {"impl": "F.scaled_dot_product_attention" if has_sdpa() else "math (q@k^T*scale, masked_fill, softmax, @v)",
             "results": out}
 
@@ -150,6 +159,8 @@ TRAIN_CONFIGS = {
     "G": ("GPT", dict(vocab=96, context=128, d_model=128, n_heads=4, n_layers=4, mlp_hidden=512, dropout=0.0), 32),
     "C": ("TextClassifier", dict(vocab=20000, max_len=256, classes=2, d_model=128, n_heads=4, n_layers=2,
                                  mlp_hidden=512, dropout=0.0), 32),
+    # GPT-2 small's shape, a GPU config (bench_train --configs L)
+    "L": ("GPT", dict(vocab=50304, context=1024, d_model=768, n_heads=12, n_layers=12, mlp_hidden=3072, dropout=0.0), 8),
 }
 
 
@@ -158,7 +169,7 @@ def train_batch(key, cfg, B, gen, lengths):
     if key == "V":
         x = torch.randn(B, cfg["channels"], cfg["image_size"], cfg["image_size"], generator=gen)
         return (x,), torch.randint(0, cfg["classes"], (B,), generator=gen)
-    if key == "G":
+    if key in ("G", "L"):
         T, V = cfg["context"], cfg["vocab"]
         idx = torch.randint(0, V, (B, T), generator=gen)
         return (idx,), torch.randint(0, V, (B * T,), generator=gen)
@@ -171,7 +182,12 @@ def train_batch(key, cfg, B, gen, lengths):
 
 
 def cmd_train(args):
+    """One optimizer step per config; with --device cuda the model, data and optimizer state live on
+    the GPU and a step ends with torch.cuda.synchronize(), so its time is the GPU's, not the
+    launch queue's. Memory there is torch.cuda.max_memory_allocated over one step (peak_mb)."""
     keys = [k.strip().upper() for k in args.configs.split(",") if k.strip()]
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
     lengths = None
     if args.lengths:
         lengths = torch.tensor([int(v) for v in args.lengths.split(",")], dtype=torch.int64)
@@ -182,9 +198,10 @@ def cmd_train(args):
             raise SystemExit(f"train: --lengths has {lengths.numel()} values, config C has batch {B}")
         torch.manual_seed(0)
         gen = torch.Generator().manual_seed(0)
-        model = getattr(torch_models, name)(**cfg)
+        model = getattr(torch_models, name)(**cfg).to(dev)
         model.train()
         inputs, target = train_batch(key, cfg, B, gen, lengths)
+        inputs, target = tuple(x.to(dev) for x in inputs), target.to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
 
         def step():
@@ -194,8 +211,14 @@ def cmd_train(args):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize(dev)
 
         out[key] = measure(step, args.reps, args.warmup)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
+            step()
+            out[key]["peak_mb"] = torch.cuda.max_memory_allocated(dev) / 1e6
         out[key]["config"] = name
     return {"impl": "torch_models twins, torch.optim.AdamW (default impl), clip_grad_norm_, attention: "
                     + ("F.scaled_dot_product_attention" if has_sdpa() else "math"),
@@ -259,6 +282,7 @@ def cmd_generate(args):
 
 
 def attention_args(s):
+    s.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     s.add_argument("--batch", type=int, default=32)
     s.add_argument("--heads", type=int, default=4)
     s.add_argument("--T", type=int, default=256)
@@ -274,7 +298,9 @@ def block_args(s):
 
 
 def train_args(s):
-    s.add_argument("--configs", default="V,G,C", help="comma-separated subset of V (ViT), G (GPT), C (TextClassifier)")
+    s.add_argument("--configs", default="V,G,C",
+                   help="comma-separated subset of V (ViT), G (GPT), C (TextClassifier), L (GPT d 768, 12 layers)")
+    s.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     s.add_argument("--lengths", default="", help="config C: the B lengths, comma-separated (default: random)")
 
 
@@ -311,7 +337,9 @@ def main():
     if args.cmd == "train":
         bad = [k for k in args.configs.split(",") if k.strip().upper() not in TRAIN_CONFIGS]
         if bad or not args.configs.strip():
-            p.error(f"--configs: unknown config(s) {bad} (expected V, G or C)")
+            p.error(f"--configs: unknown config(s) {bad} (expected V, G, C or L)")
+    if getattr(args, "device", "cpu") != "cpu" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: torch sees no CUDA device")
     torch.set_num_threads(args.threads)
     warm_up_library()
     result = {"cmd": args.cmd, "torch": torch.__version__, "threads": torch.get_num_threads(),

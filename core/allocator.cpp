@@ -140,4 +140,8 @@ void empty_cache(Device device) {
   cuda::empty_cache(device.index);
 }
 
+void synchronize(Device device) {
+  if (device.is_cuda()) cuda::synchronize(device.index);
+}
+
 }  // namespace ag

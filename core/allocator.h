@@ -27,5 +27,8 @@ AllocStats alloc_stats(Device device = Device::cpu());
 void reset_peak_bytes(Device device = Device::cpu());
 // Gives every cached (free) block back to the system.
 void empty_cache(Device device = Device::cpu());
+// Waits until `device` has finished all the work queued on it (kernels run asynchronously on a
+// GPU); a no-op on the CPU, whose kernels have finished when they return. For timing.
+void synchronize(Device device = Device::cpu());
 
 }  // namespace ag

@@ -25,6 +25,7 @@ void copy(void*, int dst_device, const void*, int src_device, size_t) {
 AllocStats alloc_stats(int) { return {}; }
 void empty_cache(int) {}
 void reset_peak_bytes(int) {}
+void synchronize(int device) { no_cuda(device); }
 #endif
 
 }  // namespace ag::cuda

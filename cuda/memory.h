@@ -18,6 +18,7 @@ void copy(void* dst, int dst_device, const void* src, int src_device, size_t byt
 AllocStats alloc_stats(int device);
 void empty_cache(int device);
 void reset_peak_bytes(int device);
+void synchronize(int device);  // waits for all work queued on the device
 
 // Raises ag::Error (defined in C++, so .cu files need not see fmt or ag::Error).
 [[noreturn]] void raise(const std::string& message);

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The one-call GPU check: on a machine with an NVIDIA GPU, builds attograd Release with CUDA from
+# scratch, runs the GPU tests (every CTest case with "cuda" in its name: CUDA against the CPU
+# backend), then the GPU benchmarks beside PyTorch eager on the same GPU (bench/compare_gpu), and
+# writes into OUT_DIR:
+#   summary.txt, summary.json   the benchmark tables (compare_gpu) with the test counts added
+#   tests.txt                   the GPU tests' CTest output
+#   build.log                   configure and build output
+#
+#   scripts/gpu-check.sh OUT_DIR
+#
+# Needs on that machine: the CUDA toolkit (nvcc, cuBLAS), a C++20 compiler, CMake >= 3.25 and
+# Python with PyTorch; ninja when present. The other build dependencies (OpenBLAS with its Fortran
+# runtime, fmt, nlohmann-json, CLI11, doctest, zlib's headers) come from Debian 12's .deb files in
+# .gpu-deps/ (made by scripts/gpu-deps.sh on a Debian machine, carried along), unpacked with
+# `dpkg -x` into a private prefix inside the build folder: nothing is installed into the system.
+# Without .gpu-deps/ the system's own packages are used. MPI is off in this build (dist/ is tested
+# on the CPU). Budget: under 8 minutes on one H200 (16 cores): build ~3-4 min, tests, benchmarks.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+build=${GPU_BUILD:-build-gpu}
+t0=$(date +%s)
+say() { echo "[gpu-check $(($(date +%s) - t0)) s] $*"; }
+
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+command -v nvcc >/dev/null || { say "no nvcc on PATH or in /usr/local/cuda/bin"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
+say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), $(c++ --version | head -1)"
+
+# ---- dependencies from .gpu-deps/ ----------------------------------------------------------------
+rm -rf "$build"
+mkdir -p "$build"
+deps_args=()
+if compgen -G ".gpu-deps/*.deb" >/dev/null; then
+  prefix=$PWD/$build/deps
+  for f in .gpu-deps/*.deb; do dpkg -x "$f" "$prefix" || { say "cannot unpack $f"; exit 1; }; done
+  lib=$prefix/usr/lib/x86_64-linux-gnu
+  # Debian links libopenblas.so through update-alternatives, which dpkg -x does not run
+  ln -sf libopenblas.so.0 "$lib/openblas-pthread/libopenblas.so"
+  export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  deps_args=(-DCMAKE_PREFIX_PATH="$prefix/usr"
+             -DCBLAS_INCLUDE_DIR="$prefix/usr/include/x86_64-linux-gnu/openblas-pthread"
+             -DOPENBLAS_LIBRARY="$lib/openblas-pthread/libopenblas.so"
+             -DZLIB_INCLUDE_DIR="$prefix/usr/include" -DZLIB_LIBRARY="$lib/libz.a")
+  say "dependencies: $(ls .gpu-deps/*.deb | wc -l) Debian packages unpacked into $build/deps"
+else
+  say "dependencies: the system's (no .gpu-deps/; scripts/gpu-deps.sh makes it)"
+fi
+
+# ---- build ---------------------------------------------------------------------------------------
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+say "configure and build (Release, CUDA on)"
+if ! cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DATTOGRAD_CUDA=ON -DATTOGRAD_MPI=OFF \
+       "${deps_args[@]}" >"$out/build.log" 2>&1 ||
+   ! cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1; then
+  say "build FAILED (the end of $out/build.log):"
+  tail -40 "$out/build.log"
+  echo "build failed" >"$out/summary.txt"
+  exit 1
+fi
+say "built"
+
+# ---- GPU tests -------------------------------------------------------------------------------------
+say "GPU tests"
+(cd "$build" && ctest -R "cuda" --output-on-failure --timeout 300 -j 4) >"$out/tests.txt" 2>&1
+test_rc=$?
+tests_line=$(grep -E "tests passed|tests failed" "$out/tests.txt" | tail -1)
+skipped=$(grep -c "\*\*\*Skipped" "$out/tests.txt")
+say "GPU tests: ${tests_line:-no result} ($skipped skipped)"
+grep -E "\*\*\*Failed|\*\*\*Timeout|Exception" "$out/tests.txt" | head -40
+
+# ---- GPU benchmarks ----------------------------------------------------------------------------
+say "benchmarks beside PyTorch eager"
+python3 bench/compare_gpu --build "$build" --out "$out" --timeout 120
+bench_rc=$?
+python3 - "$out" "$tests_line" "$skipped" "$test_rc" <<'EOF'
+import json, sys
+out, line, skipped, rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+path = f"{out}/summary.json"
+try:
+    s = json.load(open(path))
+except (OSError, ValueError):
+    s = {}
+s["gpu_tests"] = {"summary": line, "skipped": skipped, "ctest_exit": rc}
+json.dump(s, open(path, "w"), indent=1)
+with open(f"{out}/summary.txt", "a") as f:
+    f.write(f"\nGPU tests: {line or 'no result'} ({skipped} skipped), ctest exit {rc}\n")
+EOF
+say "done: $out/summary.txt, summary.json, tests.txt, build.log"
+[[ $test_rc -eq 0 && $bench_rc -eq 0 ]]
