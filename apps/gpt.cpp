@@ -14,10 +14,10 @@
 // top-k characters, one seeded Philox draw per character (see apps/common/gpt_lib.h for the
 // context window: after `context` tokens it restarts from the last context/2, cached or not).
 //
-// Default run: build/gpt (500 steps; about 1.2 CPU-seconds per step, so about 5 minutes on 2 idle
-// cores). Longer: build/gpt --steps 2000 (validation loss compared with bench/train_gpt_twin.py).
-// Files: runs/gpt/{checkpoint.safetensors, metrics.jsonl, events.out.tfevents.*, curves.svg,
-//        attention.svg, sample.txt, report.json (with forward FLOPs and MFU)}; with
+// Default run: build/gpt (500 steps; about 80 ms a step on 2 idle cores, so under a minute).
+// Longer: build/gpt --steps 2000 (validation loss compared with bench/train_gpt_twin.py).
+// Files: runs/gpt/{checkpoint.safetensors, tokenizer.json, metrics.jsonl, events.out.tfevents.*,
+//        curves.svg, attention.svg, sample.txt, report.json (with forward FLOPs and MFU)}; with
 // --diagnose-attention also attention_diagnostics.json: per block and head on one batch of
 // validation windows, entropy, diagonal mass and head similarity with warnings
 // (apps/common/diagnose.h).

@@ -20,7 +20,7 @@
 // multinomial naive Bayes on the same split (--baseline, on by default for the fortunes).
 //
 // Writes to the run directory (default runs/textclf): checkpoint (with config and tokenizer),
-// metrics.jsonl, TensorBoard events, curves.svg, attention.svg (every head's weights on one test
+// tokenizer.json (the same vocabulary beside it), metrics.jsonl, TensorBoard events, curves.svg, attention.svg (every head's weights on one test
 // text, tokens on both axes), report.json (with forward FLOPs and MFU), and with
 // --diagnose-attention attention_diagnostics.json (per block and head on one test batch: entropy,
 // diagonal mass, head similarity, warnings; apps/common/diagnose.h).

@@ -299,6 +299,10 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
     std::error_code ec;
     fs::create_directories(dir_, ec);
     check(!ec, "{}: cannot create the run directory '{}': {}", app_, dir_, ec.message());
+    // the vocabulary beside the model as well as inside each checkpoint, for whoever wants to read
+    // or reuse it without opening the checkpoint (CharTokenizer/WordTokenizer JSON, see data/)
+    if (auto it = extra_.find("tokenizer"); it != extra_.end())
+      write_file_atomic(path("tokenizer.json"), it->second + "\n");
   }
   const int world = dist::world_size();
   const std::string ranks =

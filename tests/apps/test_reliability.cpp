@@ -227,6 +227,11 @@ void eval_only_matches_run(const std::string& app) {
   const std::string out = e.out();
   INFO("--eval-only output:\n" << out);
   CHECK(out.find(apps.checkpoint("run")) != std::string::npos);
+  if (app != "vit") {  // the vocabulary is also next to the model, the same as in the checkpoint
+    const std::string saved = read_bytes(apps.tmp.file("run") + "/tokenizer.json");
+    CHECK(nlohmann::json::parse(saved) ==
+          nlohmann::json::parse(read_checkpoint_info(apps.checkpoint("run")).extra.at("tokenizer")));
+  }
   if (app == "gpt") {
     CHECK(number_after(out, "validation loss ") == doctest::Approx(report.at("val_loss").get<double>()).epsilon(1e-3));
   } else {
