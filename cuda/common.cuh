@@ -92,6 +92,12 @@ struct MaxSkipNanOp {
   template <class T> __device__ T operator()(T a, T b) const { return b > a ? b : a; }
 };
 
+// -inf (the identity of max), and the lowest int64 for the integer max
+template <class T> __device__ inline T lowest();
+template <> __device__ inline float lowest<float>() { return -__int_as_float(0x7f800000); }
+template <> __device__ inline double lowest<double>() { return -__longlong_as_double(0x7ff0000000000000LL); }
+template <> __device__ inline int64_t lowest<int64_t>() { return int64_t(-0x7fffffffffffffffLL - 1); }
+
 // a * b and a + b rounded once each: nvcc would otherwise contract a + b * c into one FMA, whose
 // single rounding differs from the CPU's two (the CPU build does not contract). For the kernels
 // that promise the CPU's bits (random numbers, dropout).
