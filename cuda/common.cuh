@@ -67,6 +67,11 @@ class Scratch {
   void* ptr_;
 };
 
+// keys_out, pos_out (n) = idx (n, values in [0, V)) sorted stably, with each one's position:
+// positions with equal index stay in increasing order (cuda/index.cu; the deterministic scatter-adds
+// of embedding and index_select walk these runs instead of adding with atomics).
+void sort_by_index(int64_t* keys_out, int64_t* pos_out, const int64_t* idx, int64_t n, int64_t V);
+
 #if defined(__CUDACC__)
 // v combined over the block by op in a fixed tree (the same order every run: no atomics), using
 // sh[blockDim.x] of shared memory; every thread gets the result. blockDim.x is a power of two.
@@ -91,6 +96,12 @@ struct SumOp {
 struct MaxSkipNanOp {
   template <class T> __device__ T operator()(T a, T b) const { return b > a ? b : a; }
 };
+
+// exp and log of the dtype (expf/logf for float: full precision, no fast-math intrinsics)
+__device__ inline float dexp(float x) { return expf(x); }
+__device__ inline double dexp(double x) { return exp(x); }
+__device__ inline float dlog(float x) { return logf(x); }
+__device__ inline double dlog(double x) { return log(x); }
 
 // -inf (the identity of max), and the lowest int64 for the integer max
 template <class T> __device__ inline T lowest();

@@ -10,6 +10,7 @@
 //   inner > 1    one thread per output column (o, i), r in increasing order; neighbouring threads
 //                read neighbouring addresses (coalesced).
 // max and argmax follow the CPU: NaN is the maximum, argmax returns the first maximum.
+#include "core/kernels.h"
 #include "cuda/common.cuh"
 
 namespace ag::cuda {
