@@ -44,7 +44,8 @@ void expect_same(const testing::Fn& fn, const std::vector<Tensor>& inputs, const
 struct Attn {
   int64_t B = 2, H = 3, Tq = 37, Tk = 37, D = 64, Dv = -1;  // Dv -1: = D
   SdpaOptions o;
-  Tensor lengths, mask;  // on the cpu; moved to the inputs' device in the function
+  Tensor lengths, mask;  // on the cpu; moved to the inputs' device in the function unless masks_on_cpu
+  bool masks_on_cpu = false;  // the kernels also take host masks (copied to the device)
   uint64_t seed = 11;    // of the dropout generator, fresh for each run so both devices draw the same
   DType dt = DType::f32;
 };
@@ -59,7 +60,7 @@ void expect_attention(const Attn& a) {
                v = leaf({a.B, a.H, a.Tk, Dv}, 3, a.dt);
   auto fn = [a](const std::vector<Tensor>& in) {
     SdpaOptions o = a.o;
-    const Device dev = in[0].device();
+    const Device dev = a.masks_on_cpu ? Device::cpu() : in[0].device();
     if (a.lengths.defined()) o.key_padding_lengths = a.lengths.to(dev);
     if (a.mask.defined()) o.key_padding_mask = a.mask.to(dev);
     Generator gen(a.seed);
@@ -80,7 +81,7 @@ TEST_CASE("cuda attention: no mask, D = 16, 64, 128, rows not a multiple of the 
   }
 }
 
-TEST_CASE("cuda attention: causal, bottom-right aligned when Tq != Tk") {
+TEST_CASE("cuda attention: causal, bottom-right aligned when Tq and Tk differ") {
   if (skip_without_gpu()) return;
   Attn a;
   a.o.causal = true, a.Tq = a.Tk = 70;
@@ -91,7 +92,7 @@ TEST_CASE("cuda attention: causal, bottom-right aligned when Tq != Tk") {
   expect_attention(a);
 }
 
-TEST_CASE("cuda attention: Tq > Tk, odd head sizes and Dv != D") {
+TEST_CASE("cuda attention: more queries than keys, odd head sizes, Dv unlike D") {
   if (skip_without_gpu()) return;
   Attn a;
   a.Tq = 40, a.Tk = 23, a.D = 24, a.Dv = 40;
@@ -102,7 +103,7 @@ TEST_CASE("cuda attention: Tq > Tk, odd head sizes and Dv != D") {
   expect_attention(a);
 }
 
-TEST_CASE("cuda attention: window, alone and with causal; rows that see nothing") {
+TEST_CASE("cuda attention: window, alone and with causal, and rows that see nothing") {
   if (skip_without_gpu()) return;
   Attn a;
   a.Tq = a.Tk = 90, a.o.window = 5;
@@ -123,6 +124,8 @@ TEST_CASE("cuda attention: key_padding_lengths, a sequence of length 0") {
   expect_attention(a);
   a.o.causal = true, a.lengths = tensor<int64_t>({50, 7});
   expect_attention(a);
+  a.masks_on_cpu = true;
+  expect_attention(a);
 }
 
 TEST_CASE("cuda attention: key_padding_mask with a fully masked sequence, D = 128") {
@@ -135,6 +138,8 @@ TEST_CASE("cuda attention: key_padding_mask with a fully masked sequence, D = 12
   a.mask = from_vector<bool>(std::span<const bool>(m.get(), size_t(2 * a.Tk)), {2, a.Tk});
   expect_attention(a);
   a.o.causal = true;
+  expect_attention(a);
+  a.masks_on_cpu = true;
   expect_attention(a);
 }
 
