@@ -80,13 +80,18 @@ __device__ inline bool sees(const Geo& g, int64_t b, Range r, int64_t j) {
 
 // Dropout keep factor of weight (bh, i, j): element (bh, i, j) of a contiguous (BH, Tq, Tk) tensor
 // in ag::dropout's Philox stream, exactly as cpu::keep_factor (the lane chosen without indexing
-// the array, so it stays in registers).
+// the array, so it stays in registers). Not inlined: the ten Philox rounds inlined at every use
+// (8 rows per thread in the tiled kernels) cost ~60 registers per thread even without dropout, and
+// that limits how many blocks share an SM. Scalars by value, so the call needs no copy of Geo.
+template <class T>
+__device__ __noinline__ T keep_factor(uint64_t seed, uint64_t offset, double dropout, double keep, uint64_t idx) {
+  const Philox4 r = philox4x32_10(seed, offset + idx / 4);
+  const uint32_t x = (idx & 2) ? ((idx & 1) ? r.v[3] : r.v[2]) : ((idx & 1) ? r.v[1] : r.v[0]);
+  return double(uniform01(x)) >= dropout ? T(keep) : T(0);
+}
 template <class T>
 __device__ inline T keep_factor(const Geo& g, int64_t bh, int64_t i, int64_t j) {
-  const uint64_t idx = uint64_t((bh * g.Tq + i) * g.Tk + j);
-  const Philox4 r = philox4x32_10(g.seed, g.offset + idx / 4);
-  const uint32_t x = (idx & 2) ? ((idx & 1) ? r.v[3] : r.v[2]) : ((idx & 1) ? r.v[1] : r.v[0]);
-  return double(uniform01(x)) >= g.dropout ? T(g.keep) : T(0);
+  return keep_factor<T>(g.seed, g.offset, g.dropout, g.keep, uint64_t((bh * g.Tq + i) * g.Tk + j));
 }
 
 template <class T>
