@@ -28,7 +28,9 @@
 // row: lo and hi never decrease as i increases. So the keys a block of query rows i0..i1 can see
 // lie in [lo(i0), hi(i1)), and a key tile [j0, j1) is seen by a query block only if
 // lo(i0) < j1 and hi(i1) > j0: causal attention visits about half of the tiles.
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 #include "core/kernels.h"
