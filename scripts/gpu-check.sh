@@ -9,7 +9,7 @@
 # (CUDA build) for the reference column ($ATTOGRAD_PYTHON, else python3). Everything goes to a
 # fresh build folder under $TMPDIR (kept when $KEEP_BUILD=1); OUT_DIR gets the logs, the raw
 # results and the two summaries. Each step has a time limit, so the whole run stays under 8
-# minutes: configure 40 s, build 250 s, tests 90 s, bench_gpu 60 s, PyTorch 40 s.
+# minutes: configure 30 s, build 290 s, tests 75 s, bench_gpu 50 s, PyTorch 35 s.
 #
 # BLAS. CMakeLists.txt finds cblas.h and libopenblas for the CPU side (f64 GEMMs through
 # cblas_dgemm, f32 ones on attograd's own sgemm; OpenBLAS only when ATTOGRAD_GEMM=openblas) and
@@ -113,11 +113,11 @@ note "BLAS: $blas_kind"
 gen=()
 command -v ninja > /dev/null && gen=(-G Ninja)
 note "configure (Release, CUDA on, this GPU's architecture)"
-if timeout 40 cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DATTOGRAD_CUDA=ON \
+if timeout 30 cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DATTOGRAD_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=native -DATTOGRAD_MPI=OFF "${blas_flags[@]}" > "$out/configure.log" 2>&1; then
   status_configure=ok
   note "build attograd_tests and bench_gpu"
-  if timeout 250 cmake --build "$build" -j "$(nproc)" --target attograd_tests bench_gpu > "$out/build.log" 2>&1; then
+  if timeout 290 cmake --build "$build" -j "$(nproc)" --target attograd_tests bench_gpu > "$out/build.log" 2>&1; then
     status_build=ok
   else
     status_build=failed
@@ -131,7 +131,7 @@ fi
 # ---- GPU tests -----------------------------------------------------------------------------------
 if [ "$status_build" = ok ]; then
   note "ctest -R cuda"
-  (cd "$build" && timeout 90 ctest -R cuda --output-on-failure -j 4 --timeout 60) > "$out/tests.log" 2>&1
+  (cd "$build" && timeout 75 ctest -R cuda --output-on-failure -j 4 --timeout 60) > "$out/tests.log" 2>&1
   rc=$?
   status_tests=$([ $rc = 0 ] && echo ok || echo failed)
   tail -25 "$out/tests.log"
@@ -141,7 +141,7 @@ fi
 B=4 H=8 D=64 Ts=256,1024,4096
 if [ "$status_build" = ok ]; then
   note "bench_gpu"
-  if timeout 60 "$build/bench_gpu" --batch $B --heads $H --d $D --T $Ts --json > "$out/bench_gpu.jsonl" 2> "$out/bench_gpu.err"; then
+  if timeout 50 "$build/bench_gpu" --batch $B --heads $H --d $D --T $Ts --json > "$out/bench_gpu.jsonl" 2> "$out/bench_gpu.err"; then
     status_bench=ok
   else
     status_bench=failed
@@ -149,7 +149,7 @@ if [ "$status_build" = ok ]; then
   fi
 fi
 note "PyTorch eager reference"
-if timeout 40 "$py" - "$B" "$H" "$D" "$Ts" > "$out/torch.jsonl" 2> "$out/torch.err" <<'EOF'
+if timeout 35 "$py" - "$B" "$H" "$D" "$Ts" > "$out/torch.jsonl" 2> "$out/torch.err" <<'EOF'
 # F.scaled_dot_product_attention and torch.matmul / F.linear on cuda:0, f32 (TF32 off, as cuBLAS's
 # default math in attograd), timed like bench_gpu: median of 10 after 2 warm-up runs, each ending
 # in a device synchronisation.
