@@ -1,10 +1,13 @@
 #pragma once
 // Kernel dispatch: the whole backend abstraction is this one macro. KERNEL(dev, fn, args...)
-// calls cpu::fn(args...) for CPU tensors. For a CUDA tensor this is the slot of cuda::fn, with the
-// same signature: until the GPU backend provides its kernels, it raises an ag::Error naming the
-// kernel and the device (never a silent fallback to the CPU).
+// calls cpu::fn(args...) for a CPU tensor, and for a CUDA tensor makes dev.index the current GPU
+// and calls cuda::fn(args...), the same signature, declared beside the CPU one in core/kernels/*.h.
+// In a build without the CUDA backend, a CUDA tensor raises an ag::Error naming the kernel and the
+// device (never a silent fallback to the CPU). The cuda:: call sits in a discarded
+// `if constexpr` branch there, so that build needs no definition of any cuda:: kernel.
 #include "core/dtype.h"
 #include "core/kernels.h"
+#include "cuda/memory.h"  // set_device
 
 namespace ag {
 
@@ -17,10 +20,16 @@ inline constexpr bool kHasCuda = ATTOGRAD_WITH_CUDA;
 
 }  // namespace ag
 
-#define KERNEL(dev, fn, ...)                     \
-  do {                                           \
-    if ((dev).is_cuda())                         \
-      ::ag::no_cuda_kernel(#fn, (dev));          \
-    else                                         \
-      ::ag::cpu::fn(__VA_ARGS__);                \
+#define KERNEL(dev, fn, ...)                    \
+  do {                                          \
+    if ((dev).is_cuda()) {                      \
+      if constexpr (::ag::kHasCuda) {           \
+        ::ag::cuda::set_device((dev).index);    \
+        ::ag::cuda::fn(__VA_ARGS__);            \
+      } else {                                  \
+        ::ag::no_cuda_kernel(#fn, (dev));       \
+      }                                         \
+    } else {                                    \
+      ::ag::cpu::fn(__VA_ARGS__);               \
+    }                                           \
   } while (0)

@@ -25,7 +25,10 @@ void copy(void*, int dst_device, const void*, int src_device, size_t) {
 AllocStats alloc_stats(int) { return {}; }
 void empty_cache(int) {}
 void reset_peak_bytes(int) {}
+void set_device(int device) { no_cuda(device); }
 void synchronize(int device) { no_cuda(device); }
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
 #endif
 
 }  // namespace ag::cuda

@@ -159,9 +159,12 @@ Tensor as_strided(const Tensor& base, const Shape& shape, const Shape& strides, 
 Tensor host_contiguous(const Tensor& t) {
   Tensor src = t;
   if (!t.device().is_cpu()) {
-    check(t.is_contiguous(), "to_vector: non-contiguous tensor on {}; call contiguous() first", t.device());
+    if (!t.is_contiguous()) {  // a view: gathered on its device first, then one copy of just its elements
+      src = empty(t.shape(), t.dtype(), t.device());
+      visit_dtype(t.dtype(), [&]<class T>() { KERNEL(t.device(), cast_copy, src.data<T>(), t.data<T>(), layout(t)); });
+    }
     Tensor h = empty(t.shape(), t.dtype());
-    device_copy(h.raw_data(), Device::cpu(), t.raw_data(), t.device(), t.nbytes());
+    device_copy(h.raw_data(), Device::cpu(), src.raw_data(), src.device(), src.nbytes());
     return h;
   }
   if (src.is_contiguous()) return src;

@@ -61,7 +61,7 @@ void* device_alloc(int device, size_t bytes) {
       return p;
     }
   }
-  cudaCheck(cudaSetDevice(device));
+  set_device(device);
   void* p = nullptr;
   if (cudaMalloc(&p, bytes) != cudaSuccess) {
     cudaGetLastError();
@@ -83,12 +83,23 @@ void device_free(int device, void* ptr, size_t bytes) {
   c.stats.bytes_cached += bytes;
 }
 
+// On the stream of the device involved, so the copy comes after every kernel queued there (a
+// result is read back only once it is written), then, for the host, a wait on that stream alone.
 void copy(void* dst, int dst_device, const void* src, int src_device, size_t bytes) {
-  cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost
-                        : src_device < 0 ? cudaMemcpyHostToDevice
-                                         : cudaMemcpyDeviceToDevice;
-  cudaCheck(cudaSetDevice(dst_device >= 0 ? dst_device : src_device));
-  cudaCheck(cudaMemcpy(dst, src, bytes, kind));
+  if (bytes == 0) return;
+  if (dst_device >= 0 && src_device >= 0) {
+    if (src_device != dst_device) synchronize(src_device);  // the source's writes are done
+    set_device(dst_device);
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(dst_device)));
+    // across devices, wait: the source's stream must not reuse the source before it is read
+    if (src_device != dst_device) cudaCheck(cudaStreamSynchronize(stream_of(dst_device)));
+    return;
+  }
+  const int device = dst_device >= 0 ? dst_device : src_device;
+  const cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+  set_device(device);
+  cudaCheck(cudaMemcpyAsync(dst, src, bytes, kind, stream_of(device)));
+  cudaCheck(cudaStreamSynchronize(stream_of(device)));
 }
 
 AllocStats alloc_stats(int device) {
@@ -106,7 +117,7 @@ void reset_peak_bytes(int device) {
 void empty_cache(int device) {
   DeviceCache& c = cache(device);
   std::lock_guard lock(c.mu);
-  cudaCheck(cudaSetDevice(device));
+  set_device(device);
   for (auto& [bytes, blocks] : c.free_blocks) {
     for (void* p : blocks) cudaCheck(cudaFree(p));
     c.stats.system_frees += blocks.size();

@@ -13,12 +13,23 @@ bool available();        // true when the build has CUDA and a GPU is visible
 int device_count();      // 0 without CUDA or GPU
 void* device_alloc(int device, size_t bytes);
 void device_free(int device, void* ptr, size_t bytes);
-// device -1 means host memory; synchronous on the device's stream.
+// device -1 means host memory. Ordered on the device's stream (after every kernel launched there);
+// a copy to or from the host returns once it is done. Device to device: on the destination's
+// stream, after the source device's stream has finished.
 void copy(void* dst, int dst_device, const void* src, int src_device, size_t bytes);
 AllocStats alloc_stats(int device);
 void empty_cache(int device);
 void reset_peak_bytes(int device);
-void synchronize(int device);  // waits for all work queued on the device
+
+// Makes `device` current on this thread (cudaSetDevice, skipped when it already is). KERNEL()
+// (core/dispatch.h) calls it before every cuda:: kernel.
+void set_device(int device);
+// Waits until every kernel and copy queued on the device's stream has finished.
+void synchronize(int device);
+// TF32 for f32 GEMMs in cuBLAS (faster, ~10 mantissa bits): off by default, so GPU results match
+// the CPU's to f32 rounding; the setting applies to every device.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
 
 // Raises ag::Error (defined in C++, so .cu files need not see fmt or ag::Error).
 [[noreturn]] void raise(const std::string& message);

@@ -1,5 +1,6 @@
 #include "optim/clip.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -32,13 +33,27 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
     if (Tensor g = contiguous_grad(p); g.defined()) grads.push_back(g);
   }
   if (grads.empty()) return 0.0;
-  double acc = 0;  // sum |g|^p, or max |g|
-  for (const Tensor& g : grads) {
-    Tensor out = empty({}, DType::f64, g.device());  // on the gradient's device, like its kernel
-    visit_floating("clip_grad_norm", g.dtype(), [&]<class T>() {
-      KERNEL(g.device(), grad_norm_partial, out.data<double>(), g.data<T>(), g.numel(), norm_type);
-    });
-    const double part = out.item<double>();
+  // One partial per gradient, written by its kernel into a buffer on the gradient's device: on a
+  // GPU all the partials come back in one copy after the last kernel, not one round trip each.
+  std::vector<double> parts(grads.size());
+  std::vector<Device> devices;  // those of the gradients, in order of first appearance
+  for (const Tensor& g : grads)
+    if (std::find(devices.begin(), devices.end(), g.device()) == devices.end()) devices.push_back(g.device());
+  for (const Device& dev : devices) {
+    Tensor out = empty({int64_t(grads.size())}, DType::f64, dev);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const Tensor& g = grads[i];
+      if (g.device() != dev) continue;
+      visit_floating("clip_grad_norm", g.dtype(), [&]<class T>() {
+        KERNEL(g.device(), grad_norm_partial, out.data<double>() + i, g.data<T>(), g.numel(), norm_type);
+      });
+    }
+    const std::vector<double> got = out.to_vector<double>();
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grads[i].device() == dev) parts[i] = got[i];
+  }
+  double acc = 0;  // sum |g|^p, or max |g|, over the gradients in order
+  for (const double part : parts) {
     if (std::isnan(part) || std::isnan(acc))
       acc = std::numeric_limits<double>::quiet_NaN();
     else

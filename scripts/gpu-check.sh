@@ -5,7 +5,7 @@
 # writes into OUT_DIR:
 #   summary.txt, summary.json   the benchmark tables (compare_gpu) with the test counts added
 #   tests.txt                   the GPU tests' CTest output
-#   build.log                   configure and build output
+#   build.log, machine.txt      configure and build output; the commit, GPU, driver and versions
 #
 #   scripts/gpu-check.sh OUT_DIR
 #
@@ -15,7 +15,9 @@
 # .gpu-deps/ (made by scripts/gpu-deps.sh on a Debian machine, carried along), unpacked with
 # `dpkg -x` into a private prefix inside the build folder: nothing is installed into the system.
 # Without .gpu-deps/ the system's own packages are used. MPI is off in this build (dist/ is tested
-# on the CPU). Budget: under 8 minutes on one H200 (16 cores): build ~3-4 min, tests, benchmarks.
+# on the CPU). Budget: under 8 minutes on one H200 (16 cores), each step with its own limit:
+# configure 60 s, build 270 s, GPU tests 60 s, benchmarks what is left of 460 s (compare_gpu
+# --budget); a step that runs out is reported as such and the summary is still written.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
@@ -27,7 +29,6 @@ say() { echo "[gpu-check $(($(date +%s) - t0)) s] $*"; }
 
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 command -v nvcc >/dev/null || { say "no nvcc on PATH or in /usr/local/cuda/bin"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
 say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), $(c++ --version | head -1)"
 
 # ---- dependencies from .gpu-deps/ ----------------------------------------------------------------
@@ -54,9 +55,19 @@ fi
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 say "configure and build (Release, CUDA on)"
-if ! cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DATTOGRAD_CUDA=ON -DATTOGRAD_MPI=OFF \
-       "${deps_args[@]}" >"$out/build.log" 2>&1 ||
-   ! cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1; then
+{
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+  echo "nvcc: $(nvcc --version | tail -1)"
+  echo "cxx: $(c++ --version | head -1)"
+  echo "torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo none)"
+} >"$out/machine.txt"
+cat "$out/machine.txt"
+# this GPU's architecture only (GPU_CUDA_ARCHS overrides): the default build's sm_80 + sm_90 + PTX
+# compiles every kernel three times, and CI compiles those already
+if ! timeout 60 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DATTOGRAD_CUDA=ON \
+       -DCMAKE_CUDA_ARCHITECTURES="${GPU_CUDA_ARCHS:-native}" -DATTOGRAD_MPI=OFF "${deps_args[@]}" >"$out/build.log" 2>&1 ||
+   ! timeout 270 cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1; then
   say "build FAILED (the end of $out/build.log):"
   tail -40 "$out/build.log"
   echo "build failed" >"$out/summary.txt"
@@ -66,7 +77,7 @@ say "built"
 
 # ---- GPU tests -------------------------------------------------------------------------------------
 say "GPU tests"
-(cd "$build" && ctest -R "cuda" --output-on-failure --timeout 300 -j 4) >"$out/tests.txt" 2>&1
+(cd "$build" && timeout 60 ctest -R "cuda" --output-on-failure --timeout 50 -j 4) >"$out/tests.txt" 2>&1
 test_rc=$?
 tests_line=$(grep -E "tests passed|tests failed" "$out/tests.txt" | tail -1)
 skipped=$(grep -c "\*\*\*Skipped" "$out/tests.txt")
@@ -75,7 +86,7 @@ grep -E "\*\*\*Failed|\*\*\*Timeout|Exception" "$out/tests.txt" | head -40
 
 # ---- GPU benchmarks ----------------------------------------------------------------------------
 say "benchmarks beside PyTorch eager"
-python3 bench/compare_gpu --build "$build" --out "$out" --timeout 120
+python3 bench/compare_gpu --build "$build" --out "$out" --timeout 90 --budget $((460 - ($(date +%s) - t0)))
 bench_rc=$?
 python3 - "$out" "$tests_line" "$skipped" "$test_rc" <<'EOF'
 import json, sys

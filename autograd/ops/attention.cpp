@@ -34,12 +34,12 @@ Tensor visibility(const SdpaOptions& o, int64_t B, int64_t Tq, int64_t Tk, const
 // left unmasked for the softmax (so no NaN enters forward or backward) and zeroed afterwards.
 SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, double scale,
                               const Tensor& visible) {
-  Tensor hidden = eq(visible, scalar_tensor(0, DType::b8));               // (B,1,Tq,Tk)
+  Tensor hidden = eq(visible, scalar_tensor(0, DType::b8, q.device()));   // (B,1,Tq,Tk)
   Tensor empty_row = eq(sum(visible.to(DType::i64), {-1}, true), 0.0);  // (B,1,Tq,1): nothing visible
   Tensor s = mul(matmul(q, k.mT()), scale);
-  Tensor hide = where(empty_row, scalar_tensor(0, DType::b8), hidden);
+  Tensor hide = where(empty_row, scalar_tensor(0, DType::b8, q.device()), hidden);
   Tensor w = softmax(masked_fill(s, hide, -std::numeric_limits<double>::infinity()), -1);
-  w = where(empty_row, zeros({}, w.dtype()), w);
+  w = where(empty_row, zeros({}, w.dtype(), w.device()), w);
   Tensor wd = o.dropout > 0 ? dropout(w, o.dropout, true, o.generator) : w;
   return {matmul(wd, v), w};
 }
@@ -81,7 +81,8 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   }
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 
-  if (o.return_weights) return attention_composed(q, k, v, o, scale, visibility(o, B, Tq, Tk, lengths, kmask));
+  if (o.return_weights)  // the visibility is built on the host, then moved to q's device
+    return attention_composed(q, k, v, o, scale, visibility(o, B, Tq, Tk, lengths, kmask).to(q.device()));
 
   // q, k, v are read where they are when their rows are unit-stride (the heads of a fused QKV
   // projection, a KV cache's first positions): no copy. Anything else is copied once.

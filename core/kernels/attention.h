@@ -37,3 +37,20 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
                         const T* lse, const AttentionGeom& g);
 
 }  // namespace ag::cpu
+
+// ---- the same kernels on the GPU (cuda/attention.cu): fused, FlashAttention-2 style -------------
+// Same signatures and results: out, lse as defined above (lse = +inf and out = 0 for a row with no
+// visible key), dq, dk, dv added into, the dropout mask from the same Philox elements. lengths and
+// key_mask may point to device or host memory (host arrays are copied to the device first).
+namespace ag::cuda {
+
+using Strides = cpu::Strides;
+using AttentionGeom = cpu::AttentionGeom;
+
+template <class T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionGeom& g);
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                        const T* lse, const AttentionGeom& g);
+
+}  // namespace ag::cuda

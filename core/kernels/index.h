@@ -16,3 +16,14 @@ template <class T>
 void index_select_backward(T* dx, const T* dout, const int64_t* idx, int64_t B, int64_t N, int64_t L, int64_t D);
 
 }  // namespace ag::cpu
+
+// The same on the GPU (cuda/index.cu); the backward sorts the indices (stably) and sums each dx row
+// in increasing l, as the CPU does: no atomics, the same sums run to run.
+namespace ag::cuda {
+
+template <class T>
+void index_select_forward(T* out, const T* x, const int64_t* idx, int64_t B, int64_t N, int64_t L, int64_t D);
+template <class T>
+void index_select_backward(T* dx, const T* dout, const int64_t* idx, int64_t B, int64_t N, int64_t L, int64_t D);
+
+}  // namespace ag::cuda

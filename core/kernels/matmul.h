@@ -74,3 +74,17 @@ void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const floa
                    int64_t ldb, float* c, int64_t ldc, const float* bias = nullptr);
 
 }  // namespace ag::cpu
+
+// ---- the same kernels on the GPU (cuda/matmul.cu): cuBLAS on the device's stream ---------------
+// Same signatures and conventions as above (row-major operands, lda meaning, trans flags, batch
+// Layouts, da/db written, not added). The batch runs as one strided-batched GEMM per run of
+// uniformly strided batch dims (broadcast stride 0 included); f32 is cublasSgemm, f64 cublasDgemm.
+namespace ag::cuda {
+
+using Gemm = cpu::Gemm;
+
+template <class T> void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias = nullptr);
+template <class T> void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g);
+template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g);
+
+}  // namespace ag::cuda

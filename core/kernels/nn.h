@@ -60,3 +60,30 @@ template <class T> void dropout_forward(T* y, const T* x, int64_t n, double p, u
 template <class T> void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset);
 
 }  // namespace ag::cpu
+
+// The same kernels on the GPU (cuda/nn.cu), with the same contracts (+= except layer_norm's dx).
+// No atomics: each output is summed by one thread or one block in a fixed order; dropout's mask is
+// the CPU's, bit for bit. (The *_naive references are CPU only.)
+namespace ag::cuda {
+
+template <class T> void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
+template <class T> void softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
+template <class T> void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
+template <class T> void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N, double eps);
+template <class T>
+void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                         int64_t R, int64_t N);
+template <class T> void embedding_forward(T* y, const T* w, const int64_t* idx, int64_t R, int64_t D);
+template <class T> void embedding_backward(T* dw, const T* dy, const int64_t* idx, int64_t R, int64_t V, int64_t D);
+template <class T>
+void cross_entropy_forward(T* loss, T* logp, const T* logits, const int64_t* target, int64_t N, int64_t C,
+                           int64_t ignore_index, double smoothing);
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, const T* logp, const int64_t* target,
+                            int64_t N, int64_t C, int64_t ignore_index, double smoothing, double scale);
+template <class T> void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint64_t offset);
+template <class T> void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset);
+
+}  // namespace ag::cuda

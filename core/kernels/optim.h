@@ -26,3 +26,20 @@ template <class T>
 void clip_value(T* x, int64_t n, double clip);
 
 }  // namespace ag::cpu
+
+// The same on the GPU (cuda/optim.cu). grad_norm_partial writes its double to device memory (out
+// is on the GPU) with no host round trip: the caller reads all the partials back at once.
+namespace ag::cuda {
+
+template <class T>
+void sgd_update(T* param, T* buf, const T* grad, int64_t n, double lr, double momentum, double dampening,
+                double weight_decay, bool nesterov, bool first);
+template <class T>
+void adam_update(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
+template <class T>
+void grad_norm_partial(double* out, const T* x, int64_t n, double p);
+template <class T>
+void clip_value(T* x, int64_t n, double clip);
+
+}  // namespace ag::cuda

@@ -161,3 +161,18 @@ struct Ge { template <class T> AG_HD bool operator()(T a, T b) const { return a 
 struct Where { template <class T> AG_HD T operator()(bool c, T a, T b) const { return c ? a : b; } };
 
 }  // namespace ag::pw
+
+// The elementwise engine on the GPU (cuda/pointwise.cu), the twin of cpu::map1/map2/map3 of
+// core/cpu/loops.h: out (contiguous, the layouts' shape) = f(inputs read through their layouts).
+// Templates declared here and instantiated there for every (functor, dtype) the op fronts use
+// (autograd/ops/elementwise.cpp); a new pairing is one line in cuda/pointwise.cu.
+namespace ag::cuda {
+
+template <class R, class A, class F>
+void map1(R* out, const A* a, const Layout& la, F f);
+template <class R, class A, class B, class F>
+void map2(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, F f);
+template <class R, class A, class B, class C, class F>
+void map3(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, const C* c, const Layout& lc, F f);
+
+}  // namespace ag::cuda

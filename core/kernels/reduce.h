@@ -13,3 +13,13 @@ template <class T> void max_forward(T* out, const T* in, int64_t outer, int64_t 
 template <class T> void argmax_forward(int64_t* out, const T* in, int64_t outer, int64_t R, int64_t inner);
 
 }  // namespace ag::cpu
+
+// The same on the GPU (cuda/reduce.cu): a fixed tree order per output, no atomics, so results are
+// the same run to run (they may differ from the CPU's sums by rounding).
+namespace ag::cuda {
+
+template <class T> void sum_forward(T* out, const T* in, int64_t outer, int64_t R, int64_t inner);
+template <class T> void max_forward(T* out, const T* in, int64_t outer, int64_t R, int64_t inner);
+template <class T> void argmax_forward(int64_t* out, const T* in, int64_t outer, int64_t R, int64_t inner);
+
+}  // namespace ag::cuda

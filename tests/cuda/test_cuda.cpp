@@ -1,5 +1,6 @@
 // The CUDA slot of the backend. On a machine without a GPU the GPU cases are reported by CTest as
 // skipped (they print the marker matched by SKIP_REGULAR_EXPRESSION in CMakeLists.txt).
+#include "core/dispatch.h"
 #include "cuda/memory.h"
 #include "tests/helpers.h"
 
@@ -33,8 +34,18 @@ TEST_CASE("cuda: host -> device -> host round trip keeps values and gradients") 
   check_close(x.grad(), ones({3, 4}));
 }
 
-TEST_CASE("cuda: an op without a CUDA kernel names the kernel and the device") {
+TEST_CASE("cuda: ops on a CUDA tensor run its kernels there and agree with the cpu") {
   if (skip_without_gpu()) return;
-  Tensor d = ones({4}).to(Device::cuda(0));
-  AG_CHECK_ERROR(exp(d), "map1", "cuda:0");
+  Tensor x = arange(-2, 2, 0.5, DType::f32);
+  Tensor d = exp(x.to(Device::cuda(0)));  // map1 on the device: no copy to the host in between
+  CHECK(d.device() == Device::cuda(0));
+  check_close(d.cpu(), exp(x));
+  cuda::synchronize(0);
+}
+
+TEST_CASE("cuda: in a build without the CUDA backend, KERNEL names the kernel and the device") {
+  if (kHasCuda) return;  // the CUDA build runs the kernel instead (the case above)
+  Layout l;
+  auto call = [&] { KERNEL(Device::cuda(0), fill<float>, nullptr, l, 0.0f); };
+  AG_CHECK_ERROR(call(), "fill<float>", "cuda:0", "no CUDA kernel");
 }
