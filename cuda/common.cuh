@@ -109,9 +109,8 @@ template <> __device__ inline float lowest<float>() { return -__int_as_float(0x7
 template <> __device__ inline double lowest<double>() { return -__longlong_as_double(0x7ff0000000000000LL); }
 template <> __device__ inline int64_t lowest<int64_t>() { return int64_t(-0x7fffffffffffffffLL - 1); }
 
-// a * b and a + b rounded once each: nvcc would otherwise contract a + b * c into one FMA, whose
-// single rounding differs from the CPU's two (the CPU build does not contract). For the kernels
-// that promise the CPU's bits (random numbers, dropout).
+// a * b and a + b rounded once each, never contracted into an FMA by nvcc: for the kernels that
+// promise the CPU's bits (random numbers, dropout), whose multiply-adds are explicit fma on both sides.
 __device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 __device__ inline float add_rn(float a, float b) { return __fadd_rn(a, b); }

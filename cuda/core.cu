@@ -7,8 +7,9 @@
 //   uniform/normal  dst (n); element i from Philox(seed, offset + i/4), lane i%4
 //   randint         dst (n); element i from Philox(seed, offset + i/2), lanes (0,1) or (2,3)
 //
-// The random kernels give the CPU's numbers: the same counters, the same transforms, and the
-// arithmetic rounded op by op (mul_rn/add_rn: no FMA contraction) as the CPU computes it.
+// The random kernels give the CPU's numbers: the same counters, the same transforms, and the same
+// roundings: each multiply-add is one fma on both sides (core/cpu/core.cpp writes std::fma), every
+// other product one mul_rn (never contracted by nvcc).
 #include <cmath>
 
 #include "cuda/loops.cuh"
@@ -48,7 +49,7 @@ __global__ void fill_kernel(T* dst, Plan<1> p, T value) {
 template <class T>
 __global__ void arange_kernel(T* dst, int64_t n, double start, double step) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = static_cast<T>(add_rn(start, mul_rn(double(i), step)));
+    dst[i] = static_cast<T>(fma(double(i), step, start));
 }
 
 // One thread per Philox block c (4 elements).
@@ -59,7 +60,7 @@ __global__ void uniform_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < blocks; c += int64_t(gridDim.x) * blockDim.x) {
     const Philox4 r = philox4x32_10(seed, offset + uint64_t(c));
     for (int j = 0; j < 4 && c * 4 + j < n; ++j) {
-      const T v = T(add_rn(low, mul_rn(span, double(uniform01(r.v[j])))));
+      const T v = T(fma(span, double(uniform01(r.v[j])), low));
       dst[c * 4 + j] = v < T(high) ? v : std::nextafter(T(high), T(low));  // half-open, as the CPU
     }
   }
@@ -80,7 +81,7 @@ __global__ void normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset,
       z[2 * q] = mul_rn(rad, ::cos(th));
       z[2 * q + 1] = mul_rn(rad, ::sin(th));
     }
-    for (int j = 0; j < 4 && c * 4 + j < n; ++j) dst[c * 4 + j] = T(add_rn(mean, mul_rn(std, z[j])));
+    for (int j = 0; j < 4 && c * 4 + j < n; ++j) dst[c * 4 + j] = T(fma(std, z[j], mean));
   }
 }
 

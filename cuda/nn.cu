@@ -270,7 +270,8 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* dloss, int64_
 
 // ==================================== dropout =================================================
 // Element i is kept when uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p: the CPU's mask, one
-// thread per Philox block. y = x * (kept ? 1/(1-p) : 0), rounded as on the CPU (no FMA).
+// thread per Philox block. y = x * (kept ? 1/(1-p) : 0); the backward's dx += g s is one fma, as
+// the CPU writes it.
 template <class T, bool Accumulate>
 __global__ void dropout_kernel(T* out, const T* in, int64_t n, double p, uint64_t seed, uint64_t offset, T scale) {
   const int64_t blocks = (n + 3) / 4;
@@ -279,8 +280,8 @@ __global__ void dropout_kernel(T* out, const T* in, int64_t n, double p, uint64_
     const Philox4 r = philox4x32_10(seed, offset + uint64_t(blk));
     for (int64_t j = 0; j < 4 && blk * 4 + j < n; ++j) {
       const int64_t i = blk * 4 + j;
-      const T v = mul_rn(in[i], double(uniform01(r.v[j])) >= p ? scale : T(0));
-      out[i] = Accumulate ? add_rn(out[i], v) : v;
+      const T s = double(uniform01(r.v[j])) >= p ? scale : T(0);
+      out[i] = Accumulate ? fma(in[i], s, out[i]) : mul_rn(in[i], s);
     }
   }
 }

@@ -39,9 +39,12 @@ void fill(T* dst, const Layout& l, T value) {
   });
 }
 
+// The multiply-adds of arange, uniform and normal are written as std::fma: one rounding, whatever
+// the compiler would contract (GCC fuses a * b + c where the CPU has FMA, not elsewhere), so the
+// numbers are the same on every build, and equal the GPU's (cuda/core.cu computes the same fma).
 template <class T>
 void arange(T* dst, int64_t n, double start, double step) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(start + double(i) * step);
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(std::fma(double(i), step, start));
 }
 
 // Element i takes lane i%4 of Philox(seed, offset + i/4): independent of the thread split.
@@ -54,7 +57,7 @@ void uniform(T* dst, int64_t n, uint64_t seed, uint64_t offset, double low, doub
       for (int j = 0; j < 4 && c * 4 + j < n; ++j) {
         // low + span * u < high in exact arithmetic, but the rounding to T can reach high
         // (f32 in [1, 2): 2 - 2^-24 rounds to 2); keep the interval half-open.
-        T v = T(low + span * uniform01(r.v[j]));
+        T v = T(std::fma(span, double(uniform01(r.v[j])), low));
         dst[c * 4 + j] = v < T(high) ? v : std::nextafter(T(high), T(low));
       }
     }
@@ -75,7 +78,7 @@ void normal(T* dst, int64_t n, uint64_t seed, uint64_t offset, double mean, doub
         z[2 * p] = rad * std::cos(th);
         z[2 * p + 1] = rad * std::sin(th);
       }
-      for (int j = 0; j < 4 && c * 4 + j < n; ++j) dst[c * 4 + j] = T(mean + std * z[j]);
+      for (int j = 0; j < 4 && c * 4 + j < n; ++j) dst[c * 4 + j] = T(std::fma(std, z[j], mean));
     }
   });
 }

@@ -606,7 +606,8 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
 // ==================================== dropout =================================================
 // Element i is kept when u_i = uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p, which has
 // probability 1 - p; y = x * m / (1 - p). Written as x * (m ? 1/(1-p) : 0), so an inf or NaN that
-// is dropped gives NaN, as PyTorch's x * mask * scale does.
+// is dropped gives NaN, as PyTorch's x * mask * scale does. The backward's dx += g * s is one
+// std::fma (one rounding on every build, as on the GPU: cuda/nn.cu).
 namespace {
 template <class T, bool Accumulate>
 void dropout_apply(T* out, const T* in, int64_t n, double p, uint64_t seed, uint64_t offset) {
@@ -616,11 +617,11 @@ void dropout_apply(T* out, const T* in, int64_t n, double p, uint64_t seed, uint
       const Philox4 r = philox4x32_10(seed, offset + uint64_t(blk));
       for (int64_t j = 0; j < 4 && blk * 4 + j < n; ++j) {
         const int64_t i = blk * 4 + j;
-        const T v = in[i] * (double(uniform01(r.v[j])) >= p ? scale : T(0));
+        const T s = double(uniform01(r.v[j])) >= p ? scale : T(0);
         if (Accumulate)
-          out[i] += v;
+          out[i] = std::fma(in[i], s, out[i]);
         else
-          out[i] = v;
+          out[i] = in[i] * s;
       }
     }
   });
