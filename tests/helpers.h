@@ -13,8 +13,16 @@
 #include <vector>
 
 #include "attograd.h"
+#include "cuda/memory.h"
 
 namespace ag::test {
+
+// The GPU cases: true (and the marker CTest lists as a skip, CMakeLists.txt) when no GPU is usable.
+inline bool skip_without_gpu() {
+  if (cuda::available()) return false;
+  MESSAGE("[skipped: no CUDA device]");
+  return true;
+}
 
 // Every |a_i - b_i| <= atol + rtol |b_i| (NaN equals NaN), with the first offender in the message.
 inline void check_close(const std::vector<double>& a, const std::vector<double>& b, double atol = 1e-6,

@@ -188,10 +188,7 @@ TEST_CASE("testing: compare_devices of two cpu runs: agreement, then the output 
 }
 
 TEST_CASE("testing: compare_devices cpu == cuda on a GPU") {
-  if (!cuda::available()) {
-    MESSAGE("[skipped: no CUDA device]");
-    return;
-  }
+  if (skip_without_gpu()) return;
   // A function that runs on any device: the copies to and from it are differentiable.
   Tensor x = leaf64({2, 3}, 1);
   auto fn = [](const std::vector<Tensor>& in) { return mul(in[0].cpu(), 2.0).to(in[0].device()); };

@@ -372,10 +372,7 @@ TEST_CASE("serialize: saving replaces the old file atomically, and a failed save
 }
 
 TEST_CASE("serialize: tensors on a GPU are saved from the host, contiguous or not") {
-  if (!cuda::available()) {
-    MESSAGE("[skipped: no CUDA device]");
-    return;
-  }
+  if (skip_without_gpu()) return;
   TempDir tmp("cuda");
   const std::string path = tmp.file("gpu.safetensors");
   Tensor x = arange(0, 12, 1, DType::f32).reshape({3, 4});

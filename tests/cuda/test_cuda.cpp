@@ -7,15 +7,6 @@
 using namespace ag;
 using namespace ag::test;
 
-namespace {
-// Prints the skip marker and returns true when no GPU is usable.
-bool skip_without_gpu() {
-  if (cuda::available()) return false;
-  MESSAGE("[skipped: no CUDA device]");
-  return true;
-}
-}  // namespace
-
 TEST_CASE("cuda: without a GPU, moving a tensor there is a clear error") {
   if (cuda::available()) return;  // covered by the round-trip case below
   Tensor x = ones({2, 2});

@@ -16,12 +16,6 @@ using namespace ag::test;
 
 namespace {
 
-bool skip_without_gpu() {
-  if (cuda::available()) return false;
-  MESSAGE("[skipped: no CUDA device]");
-  return true;
-}
-
 Tensor leaf(const Shape& s, uint64_t seed, DType dt = DType::f32) {
   Generator g(seed);
   return randn(s, dt, &g).detach().set_requires_grad(true);

@@ -22,12 +22,6 @@ using namespace ag::test;
 
 namespace {
 
-bool skip_without_gpu() {
-  if (cuda::available()) return false;
-  MESSAGE("[skipped: no CUDA device]");
-  return true;
-}
-
 const Device kGpu = Device::cuda(0);
 
 Tensor leaf(const Shape& s, uint64_t seed, DType dt = DType::f32, double scale = 1.0) {
