@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
       check(d.tokenizer.to_json() == tok.to_json(),
             "the text's vocabulary differs from the checkpoint's: the data changed since training");
       GPT model(gpt_config_from_json(info.config.at("model")));
+      model.to(training_device(o));  // --device: the checkpoint's tensors are copied there
       nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
       const int64_t T = model.cfg.context;
       const auto t0 = std::chrono::steady_clock::now();
@@ -214,7 +215,8 @@ int main(int argc, char** argv) {
 
     // ---- model, optimizer, run ----
     Generator gen(o.seed);
-    GPT model(cfg, &gen);
+    GPT model(cfg, &gen);  // initialised on the CPU (the same numbers on every device)
+    model.to(training_device(o));  // --device; the optimizer's state is made beside each parameter
     optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
     const nlohmann::json config = {
         {"model", gpt_config_to_json(cfg)},
@@ -240,7 +242,7 @@ int main(int argc, char** argv) {
         w.x = w.x.narrow(0, mine.begin, mine.size()).contiguous();
         w.y = w.y.narrow(0, mine.begin, mine.size()).contiguous();
       }
-      Tensor loss = cross_entropy(model.forward(w.x).reshape({N, V}), w.y.reshape({N}));
+      Tensor loss = cross_entropy(model.forward(w.x).reshape({N, V}), w.y.reshape({N}).to(model.device()));
       opt.zero_grad();
       loss.backward();
       const Run::StepTotals t = run.reduce_step(loss.item<double>(), w.x.size(0), w.x.numel());  // over the ranks

@@ -259,7 +259,8 @@ int main(int argc, char** argv) {
       mc.classes = int64_t(classes.size());
       mc.dropout = cli.get_option("--dropout")->count() > 0 ? o.dropout : tok_kind == "word" ? kWordDropout : 0.0;
     }
-    TextClassifier model(mc, &gen);
+    TextClassifier model(mc, &gen);  // initialised on the CPU (the same numbers on every device)
+    model.to(training_device(o));     // --device; the optimizer's state is made beside each parameter
     optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
     const nlohmann::json config = {{"model", config_to_json(mc)}, {"data", data_to_json(d)},
                                    {"label_smoothing", settings.label_smoothing}, {"bucket_window", settings.bucket_window},

@@ -83,6 +83,7 @@ int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const Diagnose
   const VitRunConfig cfg = vit_config_from_json(info.config);
   const VitData data = load_vit_data(cfg.dataset, o.data_dir);
   ViT model(cfg.model);
+  model.to(training_device(o));  // --device: the checkpoint's tensors are copied there
   nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
   fmt::print("vit: {} trained {} steps on {}: evaluating on its {} test images\n", o.checkpoint, info.step,
              cfg.dataset, data.splits.test.size());
@@ -101,7 +102,8 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const Diag
   cfg.model.dropout = o.dropout;
 
   Generator gen(o.seed);
-  ViT model(cfg.model, &gen);
+  ViT model(cfg.model, &gen);  // initialised on the CPU (the same numbers on every device)
+  model.to(training_device(o));  // --device; the optimizer's state is made beside each parameter
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   const auto schedule = make_schedule(o);
   Run run("vit", o, model, opt, gen, vit_config_to_json(cfg));

@@ -119,6 +119,15 @@ void Module::to(Device device) {
   for (auto& [n, t] : named_buffers()) move(t);
 }
 
+Device Module::device() const {
+  for (const bool params : {true, false}) {
+    NamedTensors own;
+    collect("", params, !params, own);
+    if (!own.empty()) return own.front().second.device();
+  }
+  return Device::cpu();
+}
+
 NamedTensors Module::state_dict() const {
   NamedTensors out;
   collect("", true, true, out);

@@ -81,6 +81,10 @@ class Module {
   // Moves every parameter and buffer (and any gradient) to `device` in place: the tensors keep
   // their identity, so a layer's members and an optimizer's parameter list follow the move.
   void to(Device device);
+  // Where the module's parameters are: the device of its first parameter, or the first buffer's
+  // for a module without parameters (the CPU for one with neither). After to() every tensor is
+  // there, so a forward can make its index and mask tensors on device() to meet its weights.
+  Device device() const;
 
   // Parameters then buffers of each module, depth first, as detached tensors sharing storage.
   NamedTensors state_dict() const;

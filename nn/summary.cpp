@@ -145,7 +145,7 @@ ModelSummary summarize(const Module& model, const std::function<Tensor()>& forwa
   ModelSummary s;
   s.samples = samples;
   s.tokens = samples * tokens_per_sample;
-  const Device device = model.parameters().empty() ? Device::cpu() : model.parameters().front().device();
+  const Device device = model.device();
   const auto before = int64_t(alloc_stats(device).bytes_in_use);
   reset_peak_bytes(device);
   {

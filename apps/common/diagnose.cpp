@@ -24,7 +24,7 @@ void add_diagnose_options(CLI::App& cli, DiagnoseOptions& d) {
                "similarity of the attention on one batch, with warnings; also <run dir>/attention_diagnostics.json");
   cli.add_flag("--model-report", d.model_report,
                "print the per-layer table of parameters, activation memory and forward FLOPs at start");
-  cli.add_option("--peak-gflops", d.peak_gflops, "the CPU's peak GFLOP/s that MFU is relative to (0: measure it)")
+  cli.add_option("--peak-gflops", d.peak_gflops, "the peak GFLOP/s that MFU is relative to (0: measure the CPU's; on a GPU, MFU needs it given)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e9));
 }
@@ -112,6 +112,8 @@ ComputeProfile profile_model(nn::Module& model, const std::function<Tensor()>& f
   if (d.peak_gflops > 0) {
     c.peak_flops = d.peak_gflops * 1e9;
     c.peak_source = "--peak-gflops";
+  } else if (model.device().is_cuda()) {  // a CPU loop says nothing of a GPU: MFU only with --peak-gflops
+    c.peak_source = "a GPU's peak is not measured: give --peak-gflops for an MFU";
   } else {
     // under mpirun the throughput is the job's: the peak is every rank's (this rank's times N)
     const int world = dist::world_size();
@@ -122,10 +124,12 @@ ComputeProfile profile_model(nn::Module& model, const std::function<Tensor()>& f
   if (text) {
     const nn::ModelSummary& s = c.summary;
     std::string line = fmt::format(
-        "compute: {} forward FLOPs per sample{}, {} of activations for a batch of {}; peak {} FLOP/s ({})",
+        "compute: {} forward FLOPs per sample{}, {} of activations for a batch of {}; {}",
         format_count(s.forward_flops_per_sample()),
         s.tokens > 0 ? fmt::format(" ({} per token)", format_count(s.forward_flops_per_token())) : "",
-        format_bytes(double(s.root().activation_bytes)), samples, format_count(c.peak_flops), c.peak_source);
+        format_bytes(double(s.root().activation_bytes)), samples,
+        c.peak_flops > 0 ? fmt::format("peak {} FLOP/s ({})", format_count(c.peak_flops), c.peak_source)
+                         : c.peak_source);
     *text = d.model_report ? s.to_text(3) + line : line + " (--model-report: per layer)";
   }
   return c;

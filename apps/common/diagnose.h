@@ -15,7 +15,8 @@
 //     (forward FLOPs by nn::summarize's convention; backward counted as twice the forward)
 //   peak FLOP/s     = what this CPU does with nothing but fused multiply-adds at the vector width
 //     this build compiles for, on the threads the run uses: measured at start by a short loop
-//     (measure_peak_flops), or given with --peak-gflops (a datasheet's number, say).
+//     (measure_peak_flops), or given with --peak-gflops (a datasheet's number, say). On
+//     --device cuda nothing is measured: MFU appears only with --peak-gflops (the GPU's datasheet).
 // So 100% would mean every cycle of every core doing a full-width FMA on model math. Matmuls
 // reach well under that on small shapes; the softmax, norms and the optimizer none of it.
 #include <CLI/CLI.hpp>
@@ -35,7 +36,7 @@ namespace ag::apps {
 struct DiagnoseOptions {
   bool attention = false;     // --diagnose-attention: after training (or --eval-only), one batch
   bool model_report = false;  // --model-report: the per-layer table at start (else one line)
-  double peak_gflops = 0;     // --peak-gflops: the CPU's peak for MFU (0: measure it)
+  double peak_gflops = 0;     // --peak-gflops: the peak for MFU (0: measure the CPU's; none on a GPU)
 };
 // Registers the three options on an app's parser.
 void add_diagnose_options(CLI::App& cli, DiagnoseOptions& d);

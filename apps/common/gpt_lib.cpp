@@ -144,7 +144,8 @@ double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64
       }
     const int64_t N = int64_t(nb) * T;
     Tensor logits = model.forward(from_vector(x, {int64_t(nb), T}));
-    total += cross_entropy(logits.reshape({N, model.cfg.vocab}), from_vector(y, {N}), "sum").item<double>();
+    total += cross_entropy(logits.reshape({N, model.cfg.vocab}), from_vector(y, {N}, logits.device()), "sum")
+                 .item<double>();
   }
   return total / (double(starts.size()) * double(T));
 }

@@ -61,7 +61,8 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   const int64_t T = idx.size(1), start = caches ? (*caches)[0].length() : 0;
   check(start + T <= cfg.context, "GPT: positions {}..{} exceed the context of {}", start, start + T - 1,
         cfg.context);
-  Tensor h = wte->forward(idx) + wpe->forward(T, start);  // (B, T, d) + (T, d)
+  // the ids may come from the host: they go where the weights are (no copy when already there)
+  Tensor h = wte->forward(idx.to(device())) + wpe->forward(T, start);  // (B, T, d) + (T, d)
   for (size_t i = 0; i < blocks->size(); ++i) {
     nn::AttentionOptions o;
     o.cache = caches ? &(*caches)[i] : nullptr;
@@ -90,7 +91,8 @@ Tensor ViT::forward(const Tensor& images) {
   check(images.ndim() == 4 && images.size(1) == cfg.channels && images.size(2) == cfg.image_size &&
             images.size(3) == cfg.image_size,
         "ViT: expected images [B, {}, {}, {}], got {}", cfg.channels, cfg.image_size, cfg.image_size, images.shape());
-  Tensor h = patch->with_cls_token(patch->forward(images)) + pos_embed;  // (B, N + 1, d)
+  // the images may come from the host: they go where the weights are
+  Tensor h = patch->with_cls_token(patch->forward(images.to(device()))) + pos_embed;  // (B, N + 1, d)
   nn::AttentionOptions o;
   o.need_weights = need_weights;
   for (const auto& block : *blocks) h = block->forward(h, o);
@@ -130,8 +132,10 @@ Tensor subword_sum(const Tensor& tok_w, const Tensor& ngram_w, const Tensor& tok
     inverse[size_t(n)] = it->second;
   }
   const auto U = int64_t(row_of.size());
-  Tensor S = sum(embed_padded(ngram_w, from_vector(rows, {U, G})), {1});  // (U, G, d) -> (U, d)
-  return embed_padded(tok_w, tokens) + embedding(S, from_vector(inverse, {B, T}));  // (B, T, d)
+  // the distinct rows are found on the host (ids above); the lookups run where the tables are
+  const Device dev = tok_w.device();
+  Tensor S = sum(embed_padded(ngram_w, from_vector(rows, {U, G}, dev)), {1});  // (U, G, d) -> (U, d)
+  return embed_padded(tok_w, tokens.to(dev)) + embedding(S, from_vector(inverse, {B, T}, dev));  // (B, T, d)
 }
 
 TextClassifier::TextClassifier(const TextClassifierConfig& c, Generator* gen) : cfg(c) {
@@ -163,6 +167,8 @@ Tensor TextClassifier::forward(const Tensor& tokens, const Tensor& lengths, cons
         "TextClassifier: expected lengths i64 [{}], got {} {}", tokens.size(0), lengths.dtype(), lengths.shape());
   const int64_t T = tokens.size(1);
   check(T <= cfg.max_len, "TextClassifier: {} tokens exceed max_len {}", T, cfg.max_len);
+  const Device dev = device();  // the batch may come from the host: it goes where the weights are
+  const Tensor lens = lengths.to(dev);
   Tensor e;
   if (ngram) {
     check(ngrams.defined() && ngrams.ndim() == 3 && ngrams.dtype() == DType::i64 && ngrams.size(0) == tokens.size(0) &&
@@ -171,18 +177,20 @@ Tensor TextClassifier::forward(const Tensor& tokens, const Tensor& lengths, cons
           tokens.shape(), ngrams.defined() ? fmt::format("{} {}", ngrams.dtype(), ngrams.shape()) : "none");
     e = subword_sum(tok->weight, ngram->weight, tokens, ngrams);  // (B, T, d)
   } else {
-    e = tok->forward(tokens);  // (B, T, d)
+    e = tok->forward(tokens.to(dev));  // (B, T, d)
     if (ngrams.defined())
       fail("TextClassifier: n-gram ids {} given to a model without n-grams (ngram_buckets 0)", ngrams.shape());
   }
   Tensor h = e + pos->forward(T);  // (B, T, d)
   nn::AttentionOptions o;
-  o.key_padding_lengths = lengths;
+  o.key_padding_lengths = lens;
   o.need_weights = need_weights;
   for (const auto& block : *blocks) h = block->forward(h, o);
   // mean over the valid tokens: valid (B, T, 1) = t < length_b, as 1.0 / 0.0
-  Tensor valid = lt(arange(T).reshape({1, T}), lengths.reshape({-1, 1})).to(DType::f32).unsqueeze(2);
-  Tensor count = clamp(lengths.to(DType::f32), 1.0, 1e30).reshape({-1, 1});
+  Tensor valid = lt(arange(0, double(T), 1, DType::i64, dev).reshape({1, T}), lens.reshape({-1, 1}))
+                     .to(DType::f32)
+                     .unsqueeze(2);
+  Tensor count = clamp(lens.to(DType::f32), 1.0, 1e30).reshape({-1, 1});
   Tensor pooled = sum(norm->forward(h) * valid, {1}) / count;  // (B, d)
   return head->forward(drop->forward(pooled));
 }

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/serialize.h"
+#include "cuda/memory.h"
 #include "nn/checkpoint.h"
 #include "optim/clip.h"
 
@@ -167,19 +168,28 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
               "{}: --stop-at {} is outside [0, --steps {}] (0: off; the run stops after that step, resumable)", app,
               o.stop_at, o.steps);
   usage_check(o.max_skips >= 0, "{}: --max-skips {}: expected >= 0 (0: never stop)", app, o.max_skips);
-  usage_check(o.device == "cpu" || o.device.rfind("cuda", 0) == 0, "{}: --device: expected cpu or cuda[:N], got '{}'",
-              app, o.device);
+  Device device = Device::cpu();
+  try {
+    device = Device::parse(o.device);
+  } catch (const Error&) {
+    throw UsageError(fmt::format("{}: --device: expected cpu, cuda or cuda:N, got '{}'", app, o.device));
+  }
+  if (device.is_cuda()) {
 #if ATTOGRAD_WITH_CUDA
-  usage_check(o.device == "cpu",
-              "{}: --device {}: the CUDA backend of this build has memory and copies but not yet the kernels "
-              "training needs; use --device cpu",
-              app, o.device);
+    usage_check(cuda::device_count() > device.index,
+                "{}: --device {}: {} (nvidia-smi lists the GPUs); use --device cpu", app, o.device,
+                cuda::device_count() == 0 ? std::string("no CUDA GPU is visible")
+                                          : fmt::format("only {} CUDA GPU(s) are visible", cuda::device_count()));
+    // MPI all-reduces host memory here; the GPU's collectives (NCCL) are not part of this build
+    usage_check(dist::world_size() == 1,
+                "{}: --device {}: data-parallel training (mpirun) runs on the CPU; start one process per GPU run",
+                app, o.device);
 #else
-  usage_check(o.device == "cpu",
-              "{}: --device {}: this build has no CUDA backend (configure with -DATTOGRAD_CUDA=ON on a machine "
-              "with nvcc); use --device cpu",
-              app, o.device);
+    throw UsageError(fmt::format("{}: --device {}: this build has no CUDA backend (configure with "
+                                 "-DATTOGRAD_CUDA=ON on a machine with nvcc); use --device cpu",
+                                 app, o.device));
 #endif
+  }
   usage_check(o.precision == "fp32",
               "{}: --precision {}: mixed precision runs on the CUDA backend; the CPU trains in fp32", app,
               o.precision);
@@ -204,6 +214,8 @@ void apply_run_options(RunOptions& o, const std::string& app) {
   if (o.checkpoint_every <= 0) o.checkpoint_every = o.eval_every;
   if (o.checkpoint.empty()) o.checkpoint = o.out_dir + "/checkpoint.safetensors";
 }
+
+Device training_device(const RunOptions& o) { return Device::parse(o.device); }
 
 int64_t global_batch(const RunOptions& o) { return int64_t(dist::world_size()) * o.batch; }
 
@@ -514,7 +526,7 @@ void Run::finish(RunReport& report) {
   report.samples = double(samples_);
   report.tokens = double(tokens_);
   report.peak_rss_bytes = peak_rss_bytes();
-  report.peak_tensor_bytes = int64_t(alloc_stats().peak_bytes_in_use);
+  report.peak_tensor_bytes = int64_t(alloc_stats(training_device(o_)).peak_bytes_in_use);  // on --device
   report.skipped_steps = skipped_;
   const bool stopped = stop_requested() && last_step_ < o_.steps;
   report.interrupted = stopped;

@@ -155,8 +155,13 @@ int64_t global_batch(const RunOptions& o);
 // The checks alone, before anything is set up: a UsageError naming the option and its value for
 // steps, batch, lr < 1; min-lr outside [0, lr]; warmup outside [0, 1]; weight decay, clip,
 // threads, eval/checkpoint cadence or max-skips < 0; dropout outside [0, 1); stop-at outside
-// [0, steps]; a device other than cpu (this backend trains on the CPU) or a precision other than fp32.
+// [0, steps]; a --device that does not parse, a cuda one in a build without CUDA, on a machine
+// without that GPU, or under mpirun (the GPU trains one process); a precision other than fp32.
 void validate_run_options(const RunOptions& o, const std::string& app);
+
+// The device --device names (after validate_run_options): the app moves its model there with
+// model.to() before building the optimizer; the models copy each host batch there in forward.
+Device training_device(const RunOptions& o);
 
 // The shell command that resumes a stopped run: `argv` (quoted where the shell needs it) without
 // --stop-at and its value, plus --resume (unless already there).

@@ -423,7 +423,7 @@ std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set
 StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing) {
   model.train();
   Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);  // (B, K)
-  Tensor loss = cross_entropy(logits, b.labels, "mean", -100, label_smoothing);
+  Tensor loss = cross_entropy(logits, b.labels.to(logits.device()), "mean", -100, label_smoothing);
   opt.zero_grad();
   loss.backward();
   StepResult r;
@@ -463,7 +463,7 @@ EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vec
     std::span<const int64_t> idx(order.data() + begin, size_t(count));
     Batch b = make_batch(set, idx, model.cfg.max_len);
     Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);
-    loss_sum += cross_entropy(logits, b.labels, "sum").item<double>();
+    loss_sum += cross_entropy(logits, b.labels.to(logits.device()), "sum").item<double>();
     std::vector<int64_t> pred = argmax(logits, 1).to_vector<int64_t>();
     std::vector<int64_t> truth = b.labels.to_vector<int64_t>();
     r.confusion.add(truth, pred);

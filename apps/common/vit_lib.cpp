@@ -151,7 +151,7 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
 double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing) {
   model.train();
   Tensor logits = model.forward(batch.images);  // (B, K)
-  Tensor loss = cross_entropy(logits, batch.labels, "mean", -100, label_smoothing);
+  Tensor loss = cross_entropy(logits, batch.labels.to(logits.device()), "mean", -100, label_smoothing);
   opt.zero_grad();
   loss.backward();
   return loss.item<double>();
@@ -182,7 +182,7 @@ EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normal
     std::iota(indices.begin(), indices.end(), b0);
     data::Batch b = data::make_batch(ds, indices, norm);
     Tensor logits = model.forward(b.images);
-    loss_sum += cross_entropy(logits, b.labels, "sum").item<double>();
+    loss_sum += cross_entropy(logits, b.labels.to(logits.device()), "sum").item<double>();
     r.confusion->add(b.labels.to_vector<int64_t>(), argmax(logits, 1).to_vector<int64_t>());
   }
   model.train(was_training);
