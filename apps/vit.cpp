@@ -106,7 +106,10 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const Diag
   model.to(training_device(o));  // --device; the optimizer's state is made beside each parameter
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   const auto schedule = make_schedule(o);
-  Run run("vit", o, model, opt, gen, vit_config_to_json(cfg));
+  nlohmann::json config = vit_config_to_json(cfg);
+  // what fixes the batches too, so --resume refuses another global batch (N x --batch under mpirun)
+  config["train"] = {{"batch", global_batch(o)}, {"seed", o.seed}};
+  Run run("vit", o, model, opt, gen, config);
   const int64_t grid = cfg.model.image_size / cfg.model.patch;
   run.print(fmt::format("vit: {} ({} train / {} test images of {}x{}x{}), patch {} -> {}x{} grid + class token = "
                         "{} tokens, d_model {}, {} heads, {} layers, MLP {}",

@@ -283,6 +283,34 @@ TEST_CASE("reliability: textclf: --stop-at then --resume equals a straight run, 
   resume_equivalence("textclf");
 }
 
+// ---- --resume with other settings -----------------------------------------------------------------
+
+// A checkpoint resumes only under the settings it was trained with: --resume with another batch
+// (the global batch fixes which samples each step sees) exits 1 naming the config, and leaves
+// the checkpoint as it was.
+void resume_refuses_other_batch(const std::string& app) {
+  Apps apps("rebatch_" + app);
+  run_app(apps.command(app, "run", 4, 2, 1, {}, 0.0, 4), apps.logs(), "train");
+  const std::string before = read_bytes(apps.checkpoint("run"));
+  Child c = run_app(apps.command(app, "run", 4, 2, 1, {"--resume"}, 0.0, 8), apps.logs(), "resume", 1);
+  INFO(app << " output:\n" << c.output());
+  CHECK(c.err().find("--resume") != std::string::npos);
+  CHECK(c.err().find("was trained with the config") != std::string::npos);
+  CHECK(c.err().find("\"batch\":4") != std::string::npos);
+  CHECK(c.err().find("\"batch\":8") != std::string::npos);
+  CHECK(read_bytes(apps.checkpoint("run")) == before);
+}
+
+TEST_CASE("reliability: vit: --resume with another --batch is refused, the checkpoint untouched") {
+  resume_refuses_other_batch("vit");
+}
+TEST_CASE("reliability: gpt: --resume with another --batch is refused, the checkpoint untouched") {
+  resume_refuses_other_batch("gpt");
+}
+TEST_CASE("reliability: textclf: --resume with another --batch is refused, the checkpoint untouched") {
+  resume_refuses_other_batch("textclf");
+}
+
 TEST_CASE("reliability: vit: RSS stays flat over 2000 steps") { flat_rss("vit"); }
 TEST_CASE("reliability: gpt: RSS stays flat over 2000 steps") { flat_rss("gpt"); }
 TEST_CASE("reliability: textclf: RSS stays flat over 2000 steps") { flat_rss("textclf"); }
