@@ -93,6 +93,7 @@ double measure_peak_flops(int threads, double seconds) {
 
 void ComputeProfile::fill(RunReport& report) const {
   report.forward_flops_per_sample = summary.forward_flops_per_sample();
+  report.forward_flops_per_token = summary.tokens > 0 ? summary.forward_flops_per_token() : 0;
   report.peak_flops = peak_flops;
   report.peak_source = peak_source;
 }

@@ -198,7 +198,10 @@ nlohmann::json ConfusionMatrix::to_json() const {
 
 double RunReport::samples_per_second() const { return train_seconds > 0 ? samples / train_seconds : 0; }
 double RunReport::tokens_per_second() const { return train_seconds > 0 ? tokens / train_seconds : 0; }
-double RunReport::training_flops_per_second() const { return 3.0 * forward_flops_per_sample * samples_per_second(); }
+double RunReport::training_flops_per_second() const {
+  if (forward_flops_per_token > 0 && tokens > 0) return 3.0 * forward_flops_per_token * tokens_per_second();
+  return 3.0 * forward_flops_per_sample * samples_per_second();
+}
 double RunReport::mfu() const { return peak_flops > 0 ? training_flops_per_second() / peak_flops : 0; }
 
 std::string RunReport::to_text() const {
@@ -218,8 +221,11 @@ std::string RunReport::to_text() const {
   rows.emplace_back("peak memory (RSS)", format_bytes(double(peak_rss_bytes)));
   if (peak_tensor_bytes > 0) rows.emplace_back("peak tensor memory", format_bytes(double(peak_tensor_bytes)));
   if (forward_flops_per_sample > 0) {
-    rows.emplace_back("forward FLOPs", format_count(forward_flops_per_sample) + " per sample");
-    rows.emplace_back("training FLOP/s", format_count(training_flops_per_second()) + " (3 x forward)");
+    const bool per_token = forward_flops_per_token > 0 && tokens > 0;
+    rows.emplace_back("forward FLOPs", per_token ? format_count(forward_flops_per_token) + " per token"
+                                                 : format_count(forward_flops_per_sample) + " per sample");
+    rows.emplace_back("training FLOP/s", format_count(training_flops_per_second()) +
+                                             (per_token ? " (3 x forward, real tokens)" : " (3 x forward)"));
   }
   if (mfu() > 0)
     rows.emplace_back("MFU", fmt::format("{:.1f}% of a {}FLOP/s peak ({})", 100 * mfu(), format_count(peak_flops),
@@ -252,6 +258,7 @@ nlohmann::json RunReport::to_json() const {
                       {"skipped_steps", skipped_steps}};
   if (forward_flops_per_sample > 0) {
     j["forward_flops_per_sample"] = forward_flops_per_sample;
+    if (forward_flops_per_token > 0) j["forward_flops_per_token"] = forward_flops_per_token;
     j["training_flops_per_second"] = training_flops_per_second();
   }
   if (peak_flops > 0) {

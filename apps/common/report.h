@@ -88,13 +88,18 @@ struct RunReport {
   // T x T, pointwise ops one per element); and the CPU's peak FLOP/s that MFU is relative to:
   // fused multiply-adds at full vector width on the threads the run uses (measured) or --peak-gflops.
   double forward_flops_per_sample = 0;  // 0: not measured (no FLOP or MFU lines)
+  // the same per token, for models whose samples vary in length (0: count per sample)
+  double forward_flops_per_token = 0;
   double peak_flops = 0;                // FLOP/s; 0: no MFU line
   std::string peak_source;              // how peak_flops was found, e.g. "FMA loop, 2 threads"
 
   double samples_per_second() const;  // samples / train_seconds; 0 when train_seconds is 0
   double tokens_per_second() const;
   // Training FLOP/s: 3 x forward FLOPs per sample x samples per second (backward ~ 2 x forward:
-  // the gradients of both operands of every product).
+  // the gradients of both operands of every product). When both forward_flops_per_token and the
+  // token count are known, 3 x FLOPs per token x tokens per second instead: a text classifier's
+  // batches are padded to their own length, so a per-sample count measured on one batch would
+  // be off by the ratio of lengths; only the real (unpadded) tokens count as useful work.
   double training_flops_per_second() const;
   // Model FLOPs utilisation: training_flops_per_second() / peak_flops; 0 when either is unknown.
   double mfu() const;

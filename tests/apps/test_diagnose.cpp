@@ -105,6 +105,12 @@ TEST_CASE("diagnose: MFU in the report is 3 x forward FLOPs x samples/s over the
   const nlohmann::json j = r.to_json();
   CHECK(j.at("mfu").get<double>() == doctest::Approx(0.15));
   CHECK(j.at("training_flops_per_second") == 1.5e8);
+  // texts of varying length: the real tokens count, not the padded samples of the probe batch
+  r.forward_flops_per_token = 2e4, r.tokens = 2000;  // 1000 tokens/s
+  CHECK(r.training_flops_per_second() == 6e7);
+  CHECK(r.mfu() == doctest::Approx(0.06));
+  CHECK(r.to_text().find("forward FLOPs: 20.0k per token") != std::string::npos);
+  CHECK(r.to_json().at("forward_flops_per_token") == 2e4);
   // a CPU of this century does more than 0.1 GFLOP/s of FMAs on one thread
   CHECK(measure_peak_flops(1, 0.01) > 1e8);
 }
