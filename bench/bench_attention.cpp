@@ -42,13 +42,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu or cuda (cuda:N): where both sides run")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
-  Device dev;
-  try {
-    dev = Device::parse(device_name);
-  } catch (const Error& e) {
-    fmt::print(stderr, "bench_attention: --device: {}\n", e.what());
-    return 1;
-  }
+  const std::optional<Device> parsed = bench::parse_device("bench_attention", device_name);
+  if (!parsed) return 1;
+  const Device dev = *parsed;
 
   Generator gen(0);
   auto leaf = [&] { return randn({B, H, T, D}, DType::f32, &gen).to(dev).set_requires_grad(true); };

@@ -250,13 +250,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
   if (deterministic) set_deterministic(true);
-  Device dev;
-  try {
-    dev = Device::parse(device_name);
-  } catch (const Error& e) {
-    fmt::print(stderr, "bench_train: --device: {}\n", e.what());
-    return 1;
-  }
+  const std::optional<Device> parsed = bench::parse_device("bench_train", device_name);
+  if (!parsed) return 1;
+  const Device dev = *parsed;
   if (roofline && dev.is_cuda()) {
     fmt::print(stderr, "bench_train: --roofline times the CPU's GEMMs; it does not go with --device {}\n", dev);
     return 1;

@@ -15,7 +15,25 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
+#include "core/tensor.h"
+#include "cuda/memory.h"
+
 namespace bench {
+
+// A benchmark's --device: the device it names, or nullopt after printing "tool: --device: why" on
+// stderr (a name that does not parse, or a GPU this machine does not have).
+inline std::optional<ag::Device> parse_device(const char* tool, const std::string& name) {
+  try {
+    const ag::Device dev = ag::Device::parse(name);
+    ag::check(dev.is_cpu() || ag::cuda::device_count() > dev.index, "{}: {} CUDA GPU(s) visible", name,
+              ag::cuda::device_count());
+    return dev;
+  } catch (const ag::Error& e) {
+    fmt::print(stderr, "{}: --device: {}\n", tool, e.what());
+    return std::nullopt;
+  }
+}
 
 // Median wall time in seconds of fn() over `reps` runs after `warmup` runs.
 template <class F>
