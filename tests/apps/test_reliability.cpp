@@ -109,23 +109,6 @@ void interrupt_and_resume(const std::string& app, int sig, int64_t steps) {
 
 // ---- resume equivalence -------------------------------------------------------------------------
 
-// Bit-for-bit equality of two checkpoints: the same tensor names, dtypes, shapes and bytes
-// (parameters, AdamW moments, step, RNG state), and the same step metadata.
-void check_same_checkpoint(const std::string& a, const std::string& b) {
-  std::map<std::string, std::string> meta_a, meta_b;
-  const auto ta = load_safetensors_map(a, &meta_a), tb = load_safetensors_map(b, &meta_b);
-  CHECK(meta_a.at("step") == meta_b.at("step"));
-  REQUIRE(ta.size() == tb.size());
-  for (const auto& [name, x] : ta) {
-    INFO("tensor " << name);
-    REQUIRE(tb.count(name) == 1);
-    const Tensor& y = tb.at(name);
-    REQUIRE(x.dtype() == y.dtype());
-    REQUIRE(x.shape() == y.shape());
-    CHECK(std::memcmp(x.raw_data(), y.raw_data(), size_t(x.nbytes())) == 0);
-  }
-}
-
 // Run A: N steps straight. Run B: --stop-at k, then --resume in the same run directory, same
 // threads. k = 25 is not a multiple of the logging interval 10, so the line at step 30 averages
 // training losses from both processes of B (the partial sum travels in the checkpoint).
@@ -144,7 +127,7 @@ void resume_equivalence(const std::string& app) {
         std::string::npos);
   CHECK(nlohmann::json::parse(read_bytes(apps.tmp.file("split") + "/report.json")).at("steps") == N - k);
 
-  check_same_checkpoint(apps.checkpoint("straight"), apps.checkpoint("split"));
+  check_checkpoints(apps.checkpoint("straight"), apps.checkpoint("split"));
   std::vector<nlohmann::json> a = read_metrics(apps.tmp.file("straight") + "/metrics.jsonl"),
                               b = read_metrics(apps.tmp.file("split") + "/metrics.jsonl");
   REQUIRE(a.size() == size_t(N / every));
@@ -195,7 +178,7 @@ void deterministic_threads(const std::string& app) {
   Apps apps("det_" + app);
   run_app(apps.command(app, "one", N, every, 1, {"--deterministic"}), apps.logs(), "one");
   run_app(apps.command(app, "two", N, every, 2, {"--deterministic"}), apps.logs(), "two");
-  check_same_checkpoint(apps.checkpoint("one"), apps.checkpoint("two"));
+  check_checkpoints(apps.checkpoint("one"), apps.checkpoint("two"));
   std::vector<nlohmann::json> a = read_metrics(apps.tmp.file("one") + "/metrics.jsonl"),
                               b = read_metrics(apps.tmp.file("two") + "/metrics.jsonl");
   REQUIRE(a.size() == size_t(N / every));

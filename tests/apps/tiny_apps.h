@@ -1,14 +1,17 @@
 #pragma once
 // The three apps at a tiny size on tiny synthetic data, for the tests that run the real binaries
-// (tests/apps/test_reliability.cpp, tests/dist/test_dist_apps.cpp): the data written the way a
-// user would bring it, the command lines, and readers for what a run leaves in its directory.
+// (tests/apps/test_reliability.cpp, tests/dist/test_dist_apps.cpp, tests/cuda/test_cuda_apps.cpp):
+// the data written the way a user would bring it, the command lines, and readers and comparisons
+// of what a run leaves in its directory.
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
@@ -16,6 +19,7 @@
 
 #include <fmt/core.h>
 
+#include "core/serialize.h"
 #include "tests/helpers.h"
 
 namespace ag::test {
@@ -121,6 +125,49 @@ inline std::vector<nlohmann::json> read_metrics(const std::string& path) {
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
   return lines;
+}
+
+// Two checkpoints hold the same tensors (names, dtypes, shapes) at the same step, with float values
+// within atol + rtol |b|, or bit for bit when both are 0 (integer tensors always equal). Names the
+// first offending tensor.
+inline void check_checkpoints(const std::string& a, const std::string& b, double atol = 0, double rtol = 0) {
+  std::map<std::string, std::string> meta_a, meta_b;
+  const auto ta = load_safetensors_map(a, &meta_a), tb = load_safetensors_map(b, &meta_b);
+  CHECK(meta_a.at("step") == meta_b.at("step"));
+  REQUIRE(ta.size() == tb.size());
+  REQUIRE(ta.size() > 2);
+  for (const auto& [name, x] : ta) {
+    INFO("tensor " << name);
+    REQUIRE(tb.count(name) == 1);
+    const Tensor& y = tb.at(name);
+    REQUIRE(x.dtype() == y.dtype());
+    REQUIRE(x.shape() == y.shape());
+    if (atol == 0 && rtol == 0)
+      CHECK(std::memcmp(x.raw_data(), y.raw_data(), size_t(x.nbytes())) == 0);
+    else if (is_floating(x.dtype()))
+      check_close(x.to_vector<double>(), y.to_vector<double>(), atol, rtol);  // INFO above names it
+    else
+      CHECK(x.to_vector<int64_t>() == y.to_vector<int64_t>());
+  }
+}
+
+// Every loss of two metrics.jsonl files (train_loss, test_loss, val_loss), line by line at the
+// same steps, within atol + rtol |b|.
+inline void check_close_losses(const std::string& a, const std::string& b, double atol, double rtol) {
+  const std::vector<nlohmann::json> la = read_metrics(a), lb = read_metrics(b);
+  REQUIRE(la.size() == lb.size());
+  REQUIRE(!la.empty());
+  std::vector<double> va, vb;
+  for (size_t i = 0; i < la.size(); ++i) {
+    CHECK(la[i].at("step") == lb[i].at("step"));
+    for (const auto& [name, value] : la[i].items())
+      if (name.ends_with("_loss")) {
+        REQUIRE(lb[i].contains(name));
+        va.push_back(value.get<double>()), vb.push_back(lb[i].at(name).get<double>());
+      }
+  }
+  INFO("the losses of " << a << " against " << b);
+  check_close(va, vb, atol, rtol);
 }
 
 inline size_t count_lines(const std::string& path) {

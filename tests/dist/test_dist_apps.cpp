@@ -40,44 +40,6 @@ using namespace ag::test;
 
 namespace {
 
-// Float tensors of two checkpoints within atol + rtol |b|, others equal: the same names, shapes
-// and steps. Names an offending tensor.
-void check_close_checkpoints(const std::string& a, const std::string& b, double atol, double rtol) {
-  std::map<std::string, std::string> meta_a, meta_b;
-  const auto ta = load_safetensors_map(a, &meta_a), tb = load_safetensors_map(b, &meta_b);
-  CHECK(meta_a.at("step") == meta_b.at("step"));
-  REQUIRE(ta.size() == tb.size());
-  REQUIRE(ta.size() > 2);
-  for (const auto& [name, x] : ta) {
-    INFO("tensor " << name);
-    REQUIRE(tb.count(name) == 1);
-    const Tensor& y = tb.at(name);
-    REQUIRE(x.dtype() == y.dtype());
-    REQUIRE(x.shape() == y.shape());
-    if (is_floating(x.dtype()))
-      check_close(x.to_vector<double>(), y.to_vector<double>(), atol, rtol, name);
-    else
-      CHECK(x.to_vector<int64_t>() == y.to_vector<int64_t>());
-  }
-}
-
-// Every loss of metrics.jsonl (train_loss, test_loss or val_loss), line by line, within tolerance.
-void check_close_losses(const std::string& a, const std::string& b, double atol, double rtol) {
-  const std::vector<nlohmann::json> la = read_metrics(a), lb = read_metrics(b);
-  REQUIRE(la.size() == lb.size());
-  REQUIRE(!la.empty());
-  std::vector<double> va, vb;
-  for (size_t i = 0; i < la.size(); ++i) {
-    CHECK(la[i].at("step") == lb[i].at("step"));
-    for (const auto& [name, value] : la[i].items())
-      if (name.ends_with("_loss")) {
-        REQUIRE(lb[i].contains(name));
-        va.push_back(value.get<double>()), vb.push_back(lb[i].at(name).get<double>());
-      }
-  }
-  check_close(va, vb, atol, rtol, "losses of metrics.jsonl");
-}
-
 // The cases above for one app; `B` is the per-rank batch.
 void trains_as_one_process(const std::string& app, int64_t B) {
   Apps apps("apps_" + app);  // the data (Job has its own folder for the mpirun sessions)
@@ -97,7 +59,7 @@ void trains_as_one_process(const std::string& app, int64_t B) {
 
   // The same global batches; only the order of float additions differs (two half-batch means
   // averaged vs one mean), so float tolerance, not bits.
-  check_close_checkpoints(apps.checkpoint("two"), apps.checkpoint("one"), 1e-5, 1e-4);
+  check_checkpoints(apps.checkpoint("two"), apps.checkpoint("one"), 1e-5, 1e-4);
   check_close_losses(apps.tmp.file("two") + "/metrics.jsonl", apps.tmp.file("one") + "/metrics.jsonl", 1e-6, 1e-5);
   // the ranks split the work: the job trained on as many samples as the one process, not twice as many
   auto report = [&](const std::string& out) { return nlohmann::json::parse(read_bytes(apps.tmp.file(out) + "/report.json")); };
@@ -113,7 +75,7 @@ void trains_as_one_process(const std::string& app, int64_t B) {
   CHECK(mid.output().find(fmt::format("resumed from {} at step 2", apps.checkpoint("hop"))) != std::string::npos);
   const Child last = job.run(Job::mpirun(2, cmd("hop", B, {"--resume"})), "hop3");
   CHECK(last.output().find(fmt::format("resumed from {} at step 4", apps.checkpoint("hop"))) != std::string::npos);
-  check_close_checkpoints(apps.checkpoint("hop"), apps.checkpoint("one"), 1e-5, 1e-4);
+  check_checkpoints(apps.checkpoint("hop"), apps.checkpoint("one"), 1e-5, 1e-4);
   check_close_losses(apps.tmp.file("hop") + "/metrics.jsonl", apps.tmp.file("one") + "/metrics.jsonl", 1e-6, 1e-5);
 }
 
