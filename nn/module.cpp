@@ -119,13 +119,18 @@ void Module::to(Device device) {
   for (auto& [n, t] : named_buffers()) move(t);
 }
 
+const Tensor* Module::first_tensor(bool params) const {
+  const NamedTensors& own = params ? params_ : buffers_;
+  if (!own.empty()) return &own.front().second;
+  for (const auto& [n, m] : children_)
+    if (const Tensor* t = m->first_tensor(params)) return t;
+  return nullptr;
+}
+
 Device Module::device() const {
-  for (const bool params : {true, false}) {
-    NamedTensors own;
-    collect("", params, !params, own);
-    if (!own.empty()) return own.front().second.device();
-  }
-  return Device::cpu();
+  const Tensor* t = first_tensor(true);
+  if (!t) t = first_tensor(false);
+  return t ? t->device() : Device::cpu();
 }
 
 NamedTensors Module::state_dict() const {

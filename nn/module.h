@@ -98,6 +98,9 @@ class Module {
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   // Own tensors prefixed with `prefix`, then each child's under prefix + child name + ".".
   void collect(const std::string& prefix, bool params, bool buffers, NamedTensors& out) const;
+  // The first parameter (or buffer) in collect()'s order, or null: what device() reads, without
+  // building every name (device() runs in each forward of the apps' models).
+  const Tensor* first_tensor(bool params) const;
 
   NamedTensors params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -2,6 +2,7 @@
 // skipped (they print the marker matched by SKIP_REGULAR_EXPRESSION in CMakeLists.txt).
 #include "core/dispatch.h"
 #include "cuda/memory.h"
+#include "nn/linear.h"
 #include "tests/helpers.h"
 
 using namespace ag;
@@ -39,4 +40,15 @@ TEST_CASE("cuda: in a build without the CUDA backend, KERNEL names the kernel an
   Layout l;
   auto call = [&] { KERNEL(Device::cuda(0), fill<float>, nullptr, l, 0.0f); };
   AG_CHECK_ERROR(call(), "fill<float>", "cuda:0", "no CUDA kernel");
+}
+
+TEST_CASE("cuda: Module::to moves every parameter, and device() reports where they went") {
+  if (skip_without_gpu()) return;
+  nn::Linear layer(3, 2);
+  CHECK(layer.device() == Device::cpu());
+  layer.to(Device::cuda(0));
+  CHECK(layer.device() == Device::cuda(0));
+  for (const Tensor& p : layer.parameters()) CHECK(p.device() == Device::cuda(0));
+  layer.to(Device::cpu());
+  CHECK(layer.device() == Device::cpu());
 }
