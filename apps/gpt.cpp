@@ -242,7 +242,8 @@ int main(int argc, char** argv) {
         w.x = w.x.narrow(0, mine.begin, mine.size()).contiguous();
         w.y = w.y.narrow(0, mine.begin, mine.size()).contiguous();
       }
-      Tensor loss = cross_entropy(model.forward(w.x).reshape({N, V}), w.y.reshape({N}).to(model.device()));
+      const Tensor logits = model.forward(w.x).reshape({N, V});
+      Tensor loss = cross_entropy(logits, w.y.reshape({N}).to(logits.device()));
       opt.zero_grad();
       loss.backward();
       const Run::StepTotals t = run.reduce_step(loss.item<double>(), w.x.size(0), w.x.numel());  // over the ranks

@@ -13,7 +13,6 @@
 // a little. A wrong kernel or a tensor left on the host moves the first logged loss already.
 // Then the GPU checkpoint must load in a CPU --eval-only (checkpoints do not record devices).
 // Without a GPU every case prints the skip marker (CTest lists it as skipped).
-#include <cmath>
 #include <string>
 #include <vector>
 
