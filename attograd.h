@@ -1,6 +1,7 @@
 #pragma once
 // One include for users: tensors, ops, the tape, random numbers, gradcheck, threads and the
 // determinism switch (core/parallel.h: set_num_threads, set_deterministic).
+#include "autograd/autocast.h"
 #include "autograd/checkpoint.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"

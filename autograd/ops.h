@@ -295,6 +295,15 @@ Tensor silu(const Tensor& x, Site site = Site::current());
 //   note:    lo <= hi is required
 Tensor clamp(const Tensor& x, double lo, double hi, Site site = Site::current());
 
+// round_bf16: round to the nearest bfloat16, kept in f32 (bf16 autocast's cast: autograd/autocast.h)
+//   forward: y = x rounded to 8 significant bits (7 stored), ties to even; the exponent range is
+//            f32's, so only values within half a bf16 unit of f32's largest become inf; NaN stays NaN
+//   vjp:     dx = g  (straight through: a cast's gradient, as torch's .to(torch.bfloat16))
+//   shapes:  x [...] -> y of x's shape, f32
+//   saves:   nothing
+//   note:    f32 only; |y - x| <= 2^-8 |x|
+Tensor round_bf16(const Tensor& x, Site site = Site::current());
+
 // maximum, minimum: elementwise max or min of two tensors
 //   forward: y = max(a, b), or y = min(a, b)  (a NaN on either side gives NaN)
 //   vjp:     maximum: da = g * ([a > b] + [a == b]/2),  db = g * ([b > a] + [a == b]/2)
@@ -392,7 +401,8 @@ Tensor argmax(const Tensor& x, int dim, bool keepdim = false, Site site = Site::
 //   saves:   a, b (copied only when BLAS cannot read a view's strides)
 //   note:    f32 runs attograd's sgemm (core/cpu/gemm.cpp), f64 cblas_dgemm; transposed views go as
 //            transpose flags, not copies. A b shared by every matrix of a makes one GEMM of all of
-//            a's rows.
+//            a's rows. Under bf16 autocast (autograd/autocast.h) f32 operands are read rounded to
+//            bfloat16 (round_bf16), in backward too, and the products are summed in f32.
 //   math:    docs/math/linear.md
 Tensor matmul(const Tensor& a, const Tensor& b, Site site = Site::current());
 
@@ -402,7 +412,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, Site site = Site::current());
 //   shapes:  x [..., in], w [out, in], b [out] -> y [..., out]
 //   saves:   x, w
 //   note:    one GEMM with the bias added in its epilogue, no second pass. dW is computed in W's own
-//            (out, in) layout: no transposed gradient to copy back.
+//            (out, in) layout: no transposed gradient to copy back. Under bf16 autocast x, w
+//            (and g in backward) are read as bfloat16, as in matmul; the bias stays f32.
 //   math:    docs/math/linear.md
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(), Site site = Site::current());
 
@@ -514,7 +525,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 //   note:    fused (default): online softmax over key tiles; backward rebuilds P tile by tile from
 //            lse: memory O(T), not O(T^2). return_weights: the composed matmul-softmax-matmul
 //            path, returning P too. Dropout uses the same Philox elements in both paths, so they
-//            agree for a seed.
+//            agree for a seed. Under bf16 autocast (autograd/autocast.h) f32 q, k, v are rounded
+//            to bfloat16 (round_bf16) and the rest is computed in f32.
 //   math:    docs/math/attention.md
 struct SdpaOptions {
   bool causal = false;

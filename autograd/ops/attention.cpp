@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "core/dispatch.h"
 
@@ -78,6 +79,12 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     check(kmask.dtype() == DType::b8 && kmask.shape() == Shape{B, Tk},
           "{}: key_padding_mask must be b8 of shape [{}, {}] (true = ignore the key), got {} {}", op, B, Tk,
           kmask.dtype(), kmask.shape());
+  }
+  if (autocast_bf16(q.dtype())) {
+    // bf16 autocast (autograd/autocast.h): q, k and v as bfloat16 (straight-through gradients),
+    // the rest in f32, so the fused and the composed path compute the same function of them.
+    AutocastGuard f32(Precision::fp32);
+    return scaled_dot_product_attention(round_bf16(q), round_bf16(k), round_bf16(v), o, site);
   }
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 

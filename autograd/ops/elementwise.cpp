@@ -225,6 +225,15 @@ Tensor clamp(const Tensor& x, double lo, double hi, Site site) {
   return unary_saving_input("clamp", x, pw::Clamp{lo, hi}, pw::ClampBackward{lo, hi});
 }
 
+Tensor round_bf16(const Tensor& x, Site site) {
+  const CallSite at("round_bf16", site);
+  check(x.dtype() == DType::f32, "round_bf16: expected an f32 tensor, got {}", x.dtype());
+  Tensor y = empty(x.shape(), x.dtype(), x.device());
+  KERNEL(x.device(), map1, y.data<float>(), x.data<float>(), layout(x), pw::RoundBf16{});
+  record("round_bf16", {x}, y, [](const Tensor& g) { return std::vector{g}; });
+  return y;
+}
+
 Tensor maximum(const Tensor& a_, const Tensor& b_, Site site) {
   const CallSite at("maximum", site);
   auto [a, b] = broadcast("maximum", a_, b_);

@@ -18,9 +18,12 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cassert>
 #include <type_traits>
+#include <vector>
 
 #include "core/kernels.h"
+#include "core/kernels/pointwise.h"
 #include "core/parallel.h"
 
 namespace ag::cpu {
@@ -104,12 +107,47 @@ int64_t tile_boundary(int64_t n, int64_t period, int t, int parts, int64_t tile)
   return base + std::min(period, (i + tile / 2) / tile * tile);
 }
 
+// x[0, n) rounded to bfloat16 (pw::round_bf16), in a new buffer.
+std::vector<float> rounded_bf16(const float* x, int64_t n) {
+  std::vector<float> r(size_t(std::max<int64_t>(n, 0)));
+  parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) r[i] = pw::round_bf16(x[i]);
+  });
+  return r;
+}
+
 }  // namespace
+
+int64_t operand_span(bool trans, int64_t rows, int64_t cols, int64_t ld, const Layout* batch) {
+  const int64_t r = trans ? cols : rows, c = trans ? rows : cols;  // the dims as stored
+  if (r <= 0 || c <= 0) return 0;
+  int64_t last = (r - 1) * ld + (c - 1);
+  for (int d = 0; batch && d < batch->ndim; ++d) {
+    if (batch->shape[d] == 0) return 0;
+    last += (batch->shape[d] - 1) * batch->strides[d];
+  }
+  return last + 1;
+}
 
 template <class T>
 void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) {
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   if (P == 0 || M == 0 || N == 0) return;
+  if (g.bf16) {
+    // bf16 autocast: the same GEMM on copies of a and b rounded to bfloat16. Every product of two
+    // bf16 values (8 significant bits each) is exact in f32, so this sums the very products a
+    // tensor core would, in f32; only the order of the additions can differ from a GPU's.
+    if constexpr (std::is_same_v<T, float>) {
+      const std::vector<float> ra = rounded_bf16(a, operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a));
+      const std::vector<float> rb = rounded_bf16(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
+      Gemm f32 = g;
+      f32.bf16 = false;
+      matmul_forward(c, ra.data(), rb.data(), f32, bias);
+      return;
+    } else {
+      assert(!"matmul_forward: bf16 operands are f32 only (the op front casts nothing else)");
+    }
+  }
   if constexpr (std::is_same_v<T, float>) sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
   const int64_t work = P * M * N * std::max<int64_t>(g.K, 1);
   // C is cut into nt pieces, one per thread. attograd's sgemm gives every element of C the same
@@ -160,6 +198,8 @@ void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g) {
         for (int64_t k = 0; k < g.K; ++k) {
           T x = g.trans_a ? ap[k * g.lda + i] : ap[i * g.lda + k];
           T w = g.trans_b ? bp[j * g.ldb + k] : bp[k * g.ldb + j];
+          if constexpr (std::is_same_v<T, float>)
+            if (g.bf16) x = pw::round_bf16(x), w = pw::round_bf16(w);
           acc += x * w;
         }
         cp[i * g.N + j] = acc;
@@ -190,11 +230,11 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   }
   const Layout* batch_dout = g.batch_a ? &dense : nullptr;
   if (da) {
-    Gemm gd{g.M, g.K, g.N, false, !g.trans_b, g.N, g.ldb, batch_dout, g.batch_b};
+    Gemm gd{g.M, g.K, g.N, false, !g.trans_b, g.N, g.ldb, batch_dout, g.batch_b, g.bf16};
     matmul_forward(da, dout, b, gd);
   }
   if (db) {
-    Gemm gd{g.K, g.N, g.M, !g.trans_a, false, g.lda, g.N, g.batch_a, batch_dout};
+    Gemm gd{g.K, g.N, g.M, !g.trans_a, false, g.lda, g.N, g.batch_a, batch_dout, g.bf16};
     matmul_forward(db, a, dout, gd);
   }
 }

@@ -18,7 +18,15 @@ struct Gemm {
   int64_t lda = 0, ldb = 0;
   const Layout* batch_a = nullptr;  // batch dims of a; nullptr = a single matrix
   const Layout* batch_b = nullptr;  // batch dims of b, same shape as batch_a
+  // bf16 autocast (autograd/autocast.h; f32 only): both operands are read rounded to bfloat16 and
+  // the products summed in f32. The backward GEMMs inherit it (dout is rounded too).
+  bool bf16 = false;
 };
+
+// How many elements from operand x's first to its last one (batch included): a (M, K) operand read
+// as (rows, cols) = (M, K), or (K, M) when trans, with leading dim ld, over a batch of `batch`'s
+// strides (null: one matrix). What a rounded copy of the operand must cover; 0 when it is empty.
+int64_t operand_span(bool trans, int64_t rows, int64_t cols, int64_t ld, const Layout* batch);
 
 // c (batch, M, N) = a (batch, M, K) @ b (batch, K, N), through single-threaded GEMM calls (sgemm
 // below for f32, cblas_dgemm for f64); the kernel splits the batch, or the rows of one GEMM, over

@@ -4,6 +4,7 @@
 // those of autograd/ops.h; a backward functor takes (saved values..., g) and returns dx.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/kernels.h"
@@ -150,6 +151,33 @@ struct MaximumBackwardA {
 struct MinimumBackwardA {
   template <class T> AG_HD T operator()(T a, T b, T g) const { return a < b ? g : (a == b ? g / T(2) : T(0)); }
 };
+
+// ---- bfloat16 rounding (autocast, autograd/autocast.h) ------------------------------------------
+// x rounded to the nearest bfloat16, returned as the f32 of the same value: bf16 is the top 16
+// bits of an f32 (sign, 8 exponent bits, 7 stored mantissa bits), so rounding adds half of the
+// dropped 16 bits' range, plus one when the kept part is odd (ties to even), and clears them.
+// A carry out of the mantissa raises the exponent, which is the right rounding too (up to inf
+// past bf16's largest finite value). NaN stays NaN (made quiet; the carry could turn a NaN with a
+// small payload into inf). The same bits as CUDA's __float2bfloat16_rn.
+AG_HD inline float round_bf16(float x) {
+  uint32_t u;
+#if defined(__CUDA_ARCH__)
+  u = __float_as_uint(x);
+#else
+  std::memcpy(&u, &x, sizeof u);
+#endif
+  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;  // NaN: quiet, payload kept
+  else u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float y;
+  std::memcpy(&y, &u, sizeof y);
+  return y;
+#endif
+}
+struct RoundBf16 { AG_HD float operator()(float x) const { return round_bf16(x); } };
 
 // ---- comparisons and selection --------------------------------------------------------------
 struct Eq { template <class T> AG_HD bool operator()(T a, T b) const { return a == b; } };

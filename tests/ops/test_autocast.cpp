@@ -1,0 +1,199 @@
+// bf16 autocast (autograd/autocast.h): round_bf16's bits, and matmul, linear and attention under
+// the guard against references computed in f64 from the rounded operands. Each reference is what
+// the op promises: the products of bf16-rounded operands summed in f32 (in backward with the
+// gradient rounded too for matmul and linear). Every case also checks that the result is NOT the
+// f32 one, so a guard that did nothing would fail.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "autograd/autocast.h"
+#include "core/kernels/matmul.h"
+#include "tests/helpers.h"
+
+using namespace ag;
+using namespace ag::test;
+
+namespace {
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+Tensor rnd(const Shape& s, uint64_t seed) {
+  Generator g(seed);
+  return randn(s, DType::f32, &g);
+}
+
+// x rounded to bf16, as f64 (the references multiply in f64: exact products, a tiny sum error)
+Tensor bf16_f64(const Tensor& x) { return round_bf16(x.detach()).to(DType::f64); }
+
+// The largest |a - b| over the elements.
+double max_diff(const Tensor& a, const Tensor& b) {
+  return max(abs(sub(a.detach().to(DType::f64), b.detach().to(DType::f64)))).item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("round_bf16: ties to even, range, NaN and inf, straight-through gradient") {
+  const float inf = std::numeric_limits<float>::infinity();
+  // bf16 keeps 7 mantissa bits: near 1 its spacing is 2^-7.
+  //   1 + 2^-8       halfway between 1 and 1 + 2^-7: to the even one, 1
+  //   1 + 3 2^-8     halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): 1 + 2^-6
+  //   1 + 2^-8 + 2^-20  just above halfway: up, 1 + 2^-7
+  //   pi = 0x40490fdb -> 0x4049 = 3.140625;  -2.5 and 2^-130 (a subnormal) are exact
+  //   f32's largest 0x7f7fffff rounds past bf16's largest 0x7f7f0000: inf
+  Tensor x = tensor({1.f, 1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, 1.f + 0x1p-8f + 0x1p-20f, 3.14159265f, -2.5f, 0x1p-130f,
+                     from_bits(0x7f7fffffu), from_bits(0x7f7f0000u), inf, -inf},
+                    {11});
+  std::vector<float> y = round_bf16(x).to_vector<float>();
+  std::vector<float> want = {1.f,       1.f,   1.f + 0x1p-6f, 1.f + 0x1p-7f, 3.140625f, -2.5f,
+                             0x1p-130f, inf,   from_bits(0x7f7f0000u), inf, -inf};
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element ", i, ": ", x.to_vector<float>()[i]);
+    CHECK(y[i] == want[i]);
+  }
+  CHECK(std::isnan(round_bf16(tensor({std::nanf("")})).item<float>()));
+  // |round(x) - x| <= 2^-8 |x| on random values, and most of them change
+  Tensor r = rnd({4096}, 3);
+  Tensor rr = round_bf16(r);
+  CHECK(max(div(abs(sub(rr, r)), abs(r))).item<double>() <= 0x1p-8);
+  CHECK(sum(ne(rr, r).to(DType::f32)).item<double>() > 4000);
+  // vjp: dx = g
+  Tensor xl = rnd({5}, 4).set_requires_grad(true);
+  Tensor g = tensor({1.f, -2.f, 3.f, 0.5f, 7.f});
+  sum(mul(round_bf16(xl), g)).backward();
+  check_close(xl.grad(), g, 0, 0);
+  AG_CHECK_ERROR(round_bf16(ones({2}, DType::f64)), "round_bf16", "f32", "f64");
+}
+
+TEST_CASE("autocast: the guard sets and restores the thread's precision, and f64 is never cast") {
+  CHECK(autocast_precision() == Precision::fp32);
+  {
+    AutocastGuard bf16(Precision::bf16);
+    CHECK(autocast_bf16(DType::f32));
+    CHECK(!autocast_bf16(DType::f64));
+    {
+      AutocastGuard off(Precision::fp32);
+      CHECK(!autocast_bf16(DType::f32));
+    }
+    CHECK(autocast_precision() == Precision::bf16);
+  }
+  CHECK(autocast_precision() == Precision::fp32);
+  CHECK(std::string(name(Precision::bf16)) == "bf16");
+  // f64 matmul under the guard: the same bits as without
+  Tensor a = rnd({6, 9}, 1).to(DType::f64), b = rnd({9, 5}, 2).to(DType::f64);
+  Tensor plain = matmul(a, b);
+  AutocastGuard bf16(Precision::bf16);
+  CHECK(max_diff(matmul(a, b), plain) == 0);
+}
+
+TEST_CASE("autocast: matmul reads bf16 operands, sums in f32, and its backward rounds the gradient") {
+  struct Case {
+    Shape a, b;
+    bool transpose_b;  // b given as a transposed view (a cuBLAS/BLAS flag, not a copy)
+  };
+  // a 2-D product, a batch folded into one GEMM (b shared), a broadcast batch, a transposed view
+  for (const Case& c : {Case{{7, 33}, {33, 5}, false}, Case{{2, 3, 7, 33}, {33, 5}, false},
+                        Case{{2, 1, 7, 33}, {3, 33, 5}, false}, Case{{4, 7, 33}, {4, 5, 33}, true}}) {
+    INFO("a ", c.a, " b ", c.b, c.transpose_b ? " (b transposed)" : "");
+    Tensor a = rnd(c.a, 11).set_requires_grad(true);
+    Tensor bt = rnd(c.b, 12).set_requires_grad(true);
+    Tensor b = c.transpose_b ? bt.transpose(-1, -2) : bt;
+    Tensor y;
+    {
+      AutocastGuard bf16(Precision::bf16);
+      y = matmul(a, b);
+    }
+    CHECK(y.dtype() == DType::f32);
+    Tensor ref = matmul(bf16_f64(a), bf16_f64(b));
+    CHECK(max_diff(y, ref) < 1e-5);
+    CHECK(max_diff(y, matmul(a.detach(), b.detach())) > 1e-3);  // not the f32 product
+    // backward, outside the guard: the op kept the precision it ran forward with
+    Tensor g = rnd(y.shape(), 13);
+    sum(mul(y, g)).backward();
+    // dA = round(g) round(B)^T, dB = round(A)^T round(g), each summed to its input's shape
+    Tensor gr = bf16_f64(g);
+    Tensor da = sum_to(matmul(gr, bf16_f64(b).transpose(-1, -2)), a.shape());
+    Tensor db = sum_to(matmul(bf16_f64(a).transpose(-1, -2), gr), b.shape());
+    CHECK(max_diff(a.grad(), da) < 1e-5);
+    Tensor dbt = c.transpose_b ? db.transpose(-1, -2) : db;
+    CHECK(max_diff(bt.grad(), dbt) < 1e-5);
+    CHECK(max_diff(a.grad(), sum_to(matmul(g, b.detach().transpose(-1, -2)), a.shape())) > 1e-3);  // not f32's
+  }
+}
+
+TEST_CASE("autocast: linear rounds x, W and the gradient, keeps the bias f32") {
+  Tensor x = rnd({3, 4, 40}, 21).set_requires_grad(true);
+  Tensor w = rnd({24, 40}, 22).set_requires_grad(true);
+  Tensor b = mul(rnd({24}, 23), 1.0 + 0x1p-12).detach().set_requires_grad(true);  // not bf16 values
+  Tensor y;
+  {
+    AutocastGuard bf16(Precision::bf16);
+    y = linear(x, w, b);
+  }
+  Tensor ref = add(matmul(bf16_f64(x), bf16_f64(w).transpose(0, 1)), b.detach().to(DType::f64));
+  CHECK(max_diff(y, ref) < 1e-5);
+  CHECK(max_diff(y, linear(x.detach(), w.detach(), b.detach())) > 1e-3);
+  Tensor g = rnd(y.shape(), 24);
+  sum(mul(y, g)).backward();
+  Tensor gr = bf16_f64(g).reshape({12, 24});
+  CHECK(max_diff(x.grad(), matmul(gr, bf16_f64(w)).reshape(x.shape())) < 1e-5);
+  CHECK(max_diff(w.grad(), matmul(gr.transpose(0, 1), bf16_f64(x).reshape({12, 40}))) < 1e-5);
+  CHECK(max_diff(b.grad(), sum(g.reshape({12, 24}), {0})) < 1e-5);
+  // without a bias too
+  Tensor y2;
+  {
+    AutocastGuard bf16(Precision::bf16);
+    y2 = linear(x.detach(), w.detach());
+  }
+  CHECK(max_diff(y2, matmul(bf16_f64(x), bf16_f64(w).transpose(0, 1))) < 1e-5);
+}
+
+TEST_CASE("autocast: the naive matmul kernel rounds as the GEMM path does") {
+  Tensor a = rnd({5, 17}, 31), b = rnd({17, 9}, 32);
+  Tensor c1 = empty({5, 9}), c2 = empty({5, 9});
+  const cpu::Gemm g{5, 9, 17, false, false, 17, 9, nullptr, nullptr, true};
+  cpu::matmul_forward(c1.data<float>(), a.data<float>(), b.data<float>(), g);
+  cpu::matmul_forward_naive(c2.data<float>(), a.data<float>(), b.data<float>(), g);
+  CHECK(max_diff(c1, c2) < 1e-5);
+  CHECK(max_diff(c1, matmul(bf16_f64(a), bf16_f64(b))) < 1e-5);
+  // operand_span: a (5, 17) read as is covers 5 rows of ld 17; transposed (stored 17 x 5, ld 8) 16*8+5
+  CHECK(cpu::operand_span(false, 5, 17, 17, nullptr) == 85);
+  CHECK(cpu::operand_span(true, 5, 17, 8, nullptr) == 16 * 8 + 5);
+  Layout batch;
+  batch.ndim = 2, batch.shape[0] = 3, batch.shape[1] = 2, batch.strides[0] = 0, batch.strides[1] = 100;
+  CHECK(cpu::operand_span(false, 5, 17, 17, &batch) == 185);  // broadcast dim adds nothing
+  CHECK(cpu::operand_span(false, 0, 17, 17, &batch) == 0);
+}
+
+TEST_CASE("autocast: attention computes the f32 attention of bf16 q, k, v, fused and composed") {
+  for (bool weights : {false, true}) {
+    INFO("path: ", weights ? "return_weights (composed)" : "fused");
+    Tensor q = rnd({2, 3, 9, 16}, 41).set_requires_grad(true);
+    Tensor k = rnd({2, 3, 9, 16}, 42).set_requires_grad(true);
+    Tensor v = rnd({2, 3, 9, 16}, 43).set_requires_grad(true);
+    SdpaOptions o;
+    o.causal = true;
+    o.return_weights = weights;
+    Tensor y;
+    {
+      AutocastGuard bf16(Precision::bf16);
+      y = scaled_dot_product_attention(q, k, v, o).out;
+    }
+    Tensor q2 = round_bf16(q.detach()).set_requires_grad(true);
+    Tensor k2 = round_bf16(k.detach()).set_requires_grad(true);
+    Tensor v2 = round_bf16(v.detach()).set_requires_grad(true);
+    Tensor ref = scaled_dot_product_attention(q2, k2, v2, o).out;
+    CHECK(max_diff(y, ref) < 1e-6);
+    CHECK(max_diff(y, scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), o).out) > 1e-4);
+    Tensor g = rnd(y.shape(), 44);
+    sum(mul(y, g)).backward();
+    sum(mul(ref, g)).backward();
+    CHECK(max_diff(q.grad(), q2.grad()) < 1e-6);
+    CHECK(max_diff(k.grad(), k2.grad()) < 1e-6);
+    CHECK(max_diff(v.grad(), v2.grad()) < 1e-6);
+  }
+}
