@@ -31,9 +31,12 @@
 // would need. --json prints one JSON line of our side only (for bench/compare_pytorch).
 //
 // --deterministic sets ag::set_deterministic(true) (core/parallel.h), to measure what it costs.
+// --precision bf16 runs forward under ag::AutocastGuard (autograd/autocast.h: matmul, linear and
+// attention on bf16 operands, f32 sums, f32 weights and AdamW) and PyTorch's forward under
+// torch.autocast(dtype=torch.bfloat16); on a GPU the GEMMs then run on tensor cores on both sides.
 //
-//   bench_train [--configs V,G,C,L] [--device cpu|cuda] [--reps 10] [--warmup 3] [--threads N]
-//               [--script PATH] [--roofline] [--json] [--deterministic]
+//   bench_train [--configs V,G,C,L] [--device cpu|cuda] [--precision fp32|bf16] [--reps 10]
+//               [--warmup 3] [--threads N] [--script PATH] [--roofline] [--json] [--deterministic]
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <malloc.h>
@@ -204,13 +207,18 @@ Result measure(F&& step, int reps, int warmup, Device dev) {
 
 // One step on `model` (moved to `dev` first) for the batch that `loss_of` turns into a scalar loss;
 // loss.item() copies the loss to the host, so on a GPU a step is timed to its end.
+// With `precision` bf16 the forward runs under autocast (backward keeps what each op recorded).
 template <class M, class L>
-Result run(M& model, L&& loss_of, int reps, int warmup, Device dev) {
+Result run(M& model, L&& loss_of, int reps, int warmup, Device dev, Precision precision) {
   model.to(dev);
   const auto params = model.parameters();
   optim::AdamW opt(params, {.lr = 1e-3, .weight_decay = 0.05});
   auto step = [&] {
-    Tensor loss = loss_of();
+    Tensor loss;
+    {
+      AutocastGuard autocast(precision);
+      loss = loss_of();
+    }
     loss.backward();
     optim::clip_grad_norm(params, 1.0);
     opt.step();
@@ -232,13 +240,17 @@ Tensor random_ints(std::mt19937_64& rng, int64_t low, int64_t high, const Shape&
 
 int main(int argc, char** argv) {
   CLI::App app{"attograd: one training step (fwd, loss, bwd, clip, AdamW) of each sample model, beside PyTorch"};
-  std::string configs = "V,G,C", script, device_name = "cpu";
+  std::string configs = "V,G,C", script, device_name = "cpu", precision_name = "fp32";
   int reps = 10, warmup = 3, threads = 0;
   bool roofline = false, json = false, deterministic = false;
   app.add_option("--configs", configs,
                  "comma-separated subset of V (ViT), G (GPT), C (TextClassifier), L (GPT d 768, 12 layers, T 1024)")
       ->capture_default_str();
   app.add_option("--device", device_name, "cpu or cuda (cuda:N): where both sides run")->capture_default_str();
+  app.add_option("--precision", precision_name,
+                 "fp32, or bf16: forward under autocast on both sides (bf16 matmul operands, f32 sums)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--reps", reps, "timed steps (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")
@@ -253,6 +265,7 @@ int main(int argc, char** argv) {
   const std::optional<Device> parsed = bench::parse_device("bench_train", device_name);
   if (!parsed) return 1;
   const Device dev = *parsed;
+  const Precision precision = precision_name == "bf16" ? Precision::bf16 : Precision::fp32;
   if (roofline && dev.is_cuda()) {
     fmt::print(stderr, "bench_train: --roofline times the CPU's GEMMs; it does not go with --device {}\n", dev);
     return 1;
@@ -284,10 +297,10 @@ int main(int argc, char** argv) {
 
   if (!json)
     fmt::print("attograd bench_train: one step = forward, cross-entropy, backward, clip_grad_norm 1.0, AdamW "
-             "(lr 1e-3, wd 0.05), zero_grad; f32, dropout 0, on {}, {} threads, OMP_WAIT_POLICY {}, sgemm kernel {} "
+             "(lr 1e-3, wd 0.05), zero_grad; {}, dropout 0, on {}, {} threads, OMP_WAIT_POLICY {}, sgemm kernel {} "
                "(OpenBLAS core {}), deterministic {}\n",
-               dev, num_threads(), bench::omp_wait_policy(), cpu::sgemm_kernel_name(), openblas_get_corename(),
-               is_deterministic() ? "on" : "off");
+               precision == Precision::bf16 ? "bf16 autocast" : "f32", dev, num_threads(), bench::omp_wait_policy(),
+               cpu::sgemm_kernel_name(), openblas_get_corename(), is_deterministic() ? "on" : "off");
 
   std::vector<Result> results;
   std::vector<int64_t> clf_lengths;  // C's lengths, passed on to PyTorch
@@ -303,7 +316,7 @@ int main(int argc, char** argv) {
       apps::ViT model(cfg, &gen);
       Tensor images = randn({c.B, 1, 28, 28}, DType::f32, &gen).to(dev);
       Tensor labels = random_ints(rng, 0, 10, {c.B}, c.B).to(dev);
-      r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup, dev);
+      r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup, dev, precision);
       const int64_t P = 49, K = 16;  // patches; pixels per patch
       gemms = step_gemms(c, {{{c.B * P, K, c.d}}, {{c.B, c.d, 10}}});  // patch projection, head
     } else if (c.key == 'G' || c.key == 'L') {
@@ -320,7 +333,7 @@ int main(int argc, char** argv) {
       Tensor targets = random_ints(rng, 0, V, {c.B * c.T}, c.B * c.T).to(dev);
       r = run(
           model, [&] { return cross_entropy(model.forward(idx).reshape({c.B * c.T, V}), targets); }, reps, warmup,
-          dev);
+          dev, precision);
       gemms = step_gemms(c, {{{c.B * c.T, c.d, V}}});  // head
     } else {
       apps::TextClassifierConfig cfg;  // vocab 20000, max_len 256, 2 classes, d 128, 4 heads, 2 layers, MLP 512
@@ -336,7 +349,8 @@ int main(int argc, char** argv) {
       Tensor tokens = from_vector<int64_t>(tok, {c.B, c.T}).to(dev);
       Tensor lengths = from_vector<int64_t>(clf_lengths, {c.B}).to(dev);
       Tensor labels = random_ints(rng, 0, 2, {c.B}, c.B).to(dev);
-      r = run(model, [&] { return cross_entropy(model.forward(tokens, lengths), labels); }, reps, warmup, dev);
+      r = run(model, [&] { return cross_entropy(model.forward(tokens, lengths), labels); }, reps, warmup, dev,
+              precision);
       gemms = step_gemms(c, {{{c.B, c.d, 2}}});  // head on the pooled tokens
     }
     r.flops = total_flops(gemms);
@@ -347,6 +361,7 @@ int main(int argc, char** argv) {
   if (json) {
     nlohmann::json j;
     j["device"] = dev.str();
+    j["precision"] = precision_name;
     j["threads"] = num_threads();
     j["deterministic"] = is_deterministic();
     j["openblas_core"] = openblas_get_corename();
@@ -373,7 +388,8 @@ int main(int argc, char** argv) {
     variants.push_back(std::string(1, c.key));
   }
   std::vector<std::string> args = {"--configs", keys,  "--threads", std::to_string(num_threads()), "--reps",
-                                    std::to_string(reps), "--warmup", std::to_string(warmup), "--device", dev.str()};
+                                    std::to_string(reps), "--warmup", std::to_string(warmup), "--device", dev.str(),
+                                    "--precision", precision_name};
   if (!clf_lengths.empty()) {
     std::string l;
     for (int64_t x : clf_lengths) l += (l.empty() ? "" : ",") + std::to_string(x);

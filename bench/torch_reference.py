@@ -8,6 +8,7 @@ subcommand here.
     torch_reference.py attention --json --batch 32 --heads 4 --T 256 --d 32 --threads 2 --reps 10
     torch_reference.py block     --json --batch 32 --T 128 --d 128 --heads 4 --threads 2 --reps 20
     torch_reference.py train     --json --configs V,G,C --threads 2 --reps 10 --warmup 3 [--device cuda]
+                                 [--precision bf16]
     torch_reference.py generate  --json --tokens 256 --threads 2 --reps 3
 
 The environment is inherited from the C++ benchmark, so both sides run under the same OpenMP
@@ -188,6 +189,7 @@ def cmd_train(args):
     keys = [k.strip().upper() for k in args.configs.split(",") if k.strip()]
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
+    bf16 = args.precision == "bf16"  # forward and loss under torch.autocast, as bench_train --precision bf16
     lengths = None
     if args.lengths:
         lengths = torch.tensor([int(v) for v in args.lengths.split(",")], dtype=torch.int64)
@@ -205,8 +207,9 @@ def cmd_train(args):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
 
         def step():
-            logits = model(*inputs)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
+            with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = model(*inputs)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -220,7 +223,8 @@ def cmd_train(args):
             step()
             out[key]["peak_mb"] = torch.cuda.max_memory_allocated(dev) / 1e6
         out[key]["config"] = name
-    return {"impl": "torch_models twins, torch.optim.AdamW (default impl), clip_grad_norm_, attention: "
+    return {"impl": ("bf16 autocast, " if bf16 else "")
+                    + "torch_models twins, torch.optim.AdamW (default impl), clip_grad_norm_, attention: "
                     + ("F.scaled_dot_product_attention" if has_sdpa() else "math"),
             "results": out}
 
@@ -302,6 +306,8 @@ def train_args(s):
                    help="comma-separated subset of V (ViT), G (GPT), C (TextClassifier), L (GPT d 768, 12 layers)")
     s.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     s.add_argument("--lengths", default="", help="config C: the B lengths, comma-separated (default: random)")
+    s.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: forward under torch.autocast(dtype=torch.bfloat16)")
 
 
 def generate_args(s):

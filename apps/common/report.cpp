@@ -208,6 +208,7 @@ std::string RunReport::to_text() const {
   std::vector<std::pair<std::string, std::string>> rows;
   rows.reserve(17 + extra.size());  // also keeps GCC 12 from a false -Warray-bounds in the growth path
   rows.emplace_back("app", app + (interrupted ? " (interrupted)" : ""));
+  rows.emplace_back("device", device + (precision == "bf16" ? ", bf16 autocast (matmul, linear, attention)" : ", fp32"));
   rows.emplace_back("wall time", format_duration(wall_seconds));
   rows.emplace_back("training time", format_duration(train_seconds));
   rows.emplace_back("steps", fmt::format("{}", steps));
@@ -244,6 +245,8 @@ std::string RunReport::to_text() const {
 
 nlohmann::json RunReport::to_json() const {
   nlohmann::json j = {{"app", app},
+                      {"device", device},
+                      {"precision", precision},
                       {"interrupted", interrupted},
                       {"wall_seconds", wall_seconds},
                       {"train_seconds", train_seconds},

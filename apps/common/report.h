@@ -70,6 +70,8 @@ struct ConfusionMatrix {
 // ---- the final report ----------------------------------------------------------------------
 struct RunReport {
   std::string app;                   // "vit", "textclf", "gpt"
+  std::string device = "cpu";        // --device: "cpu", "cuda", "cuda:1"
+  std::string precision = "fp32";    // --precision: "fp32" or "bf16" (autocast)
   double wall_seconds = 0;           // whole run
   double train_seconds = 0;          // time inside training steps (throughput divides by this)
   int64_t steps = 0;

@@ -117,7 +117,10 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
                "Inf, naming the op, its shapes and the source line that called it (ag::detect_anomaly; slower: "
                "every value is checked)");
   cli.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
-  cli.add_option("--precision", o.precision, "fp32 (bf16 autocast on CUDA is not implemented yet: refused)")
+  cli.add_option("--precision", o.precision,
+                 "fp32, or bf16: autocast (ag::AutocastGuard) of matmul, linear and attention to bfloat16 "
+                 "operands summed in f32, weights, gradients and optimizer in f32 (tensor cores on a GPU; on the "
+                 "CPU the rounding is emulated: the same numbers, slower than fp32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cli.add_option("--out,--checkpoint-dir", o.out_dir,
@@ -190,9 +193,8 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
                                  app, o.device));
 #endif
   }
-  usage_check(o.precision == "fp32",
-              "{}: --precision {}: bf16 autocast (CUDA) is not implemented yet; every device trains in fp32",
-              app, o.precision);
+  usage_check(o.precision == "fp32" || o.precision == "bf16", "{}: --precision {}: expected fp32 or bf16", app,
+              o.precision);
 }
 
 void apply_run_options(RunOptions& o, const std::string& app) {
@@ -209,6 +211,8 @@ void apply_run_options(RunOptions& o, const std::string& app) {
     set_num_threads(std::max(1, num_threads() / ranks_on_this_host()));
   if (o.deterministic) set_deterministic(true);
   if (o.detect_anomaly) detect_anomaly(true);
+  // this thread's autocast precision for the whole run: training, evaluation and sampling alike
+  set_autocast_precision(training_precision(o));
   if (o.out_dir.empty()) o.out_dir = "runs/" + app;
   if (o.eval_every <= 0) o.eval_every = std::max<int64_t>(1, o.steps / 10);
   if (o.checkpoint_every <= 0) o.checkpoint_every = o.eval_every;
@@ -216,6 +220,8 @@ void apply_run_options(RunOptions& o, const std::string& app) {
 }
 
 Device training_device(const RunOptions& o) { return Device::parse(o.device); }
+
+Precision training_precision(const RunOptions& o) { return o.precision == "bf16" ? Precision::bf16 : Precision::fp32; }
 
 int64_t global_batch(const RunOptions& o) { return int64_t(dist::world_size()) * o.batch; }
 
@@ -320,8 +326,10 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
   const std::string ranks =
       world > 1 ? fmt::format(" x {} ranks (global batch {} = {} x --batch {})", world, global_batch(o), world, o.batch)
                 : std::string();
-  fmt::print(stderr, "{}: {} parameters, {} threads{}, run directory {}\n", app_,
-             format_count(double(model.num_parameters())), num_threads(), ranks, dir_);
+  const std::string where = fmt::format("{}{}", o.device == "cpu" ? "" : ", on " + o.device,
+                                        o.precision == "bf16" ? ", bf16 autocast" : "");
+  fmt::print(stderr, "{}: {} parameters, {} threads{}{}, run directory {}\n", app_,
+             format_count(double(model.num_parameters())), num_threads(), ranks, where, dir_);
   // data parallelism: rank 0's initial weights everywhere, and the gradients averaged from now on
   // (the reducer's all-reduce runs during backward; with one process it does nothing)
   dist::broadcast(model_.parameters());
@@ -519,6 +527,8 @@ void Run::print(const std::string& line) {
 void Run::finish(RunReport& report) {
   if (bar_) bar_->finish();
   report.app = app_;
+  report.device = o_.device;
+  report.precision = o_.precision;
   report.wall_seconds = now_seconds() - start_time_;
   report.train_seconds = train_seconds_;
   report.steps = last_step_ - first_step_;

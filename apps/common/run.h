@@ -70,6 +70,7 @@
 #include "apps/common/progress.h"
 #include "apps/common/report.h"
 #include "apps/common/signal.h"
+#include "autograd/autocast.h"
 #include "core/error.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -145,9 +146,9 @@ void add_run_options(CLI::App& cli, RunOptions& o);
 // After parsing: joins the data-parallel job when started by mpirun (dist::init; on ranks other
 // than 0, stdout and stderr then go to /dev/null, and print_error alone reaches the console),
 // checks every value and combination (validate_run_options), sets the thread count (--threads 0
-// under mpirun: the cores divided among this host's ranks), determinism and anomaly mode
-// (--detect-anomaly), fills the defaults that depend on others (out_dir, eval_every, checkpoint
-// path).
+// under mpirun: the cores divided among this host's ranks), determinism, anomaly mode
+// (--detect-anomaly) and this thread's autocast precision (--precision), fills the defaults that
+// depend on others (out_dir, eval_every, checkpoint path).
 void apply_run_options(RunOptions& o, const std::string& app);
 
 // The global batch of a data-parallel job: world_size() x the per-rank --batch.
@@ -156,12 +157,15 @@ int64_t global_batch(const RunOptions& o);
 // steps, batch, lr < 1; min-lr outside [0, lr]; warmup outside [0, 1]; weight decay, clip,
 // threads, eval/checkpoint cadence or max-skips < 0; dropout outside [0, 1); stop-at outside
 // [0, steps]; a --device that does not parse, a cuda one in a build without CUDA, on a machine
-// without that GPU, or under mpirun (the GPU trains one process); a precision other than fp32.
+// without that GPU, or under mpirun (the GPU trains one process); a precision other than fp32 or bf16.
 void validate_run_options(const RunOptions& o, const std::string& app);
 
 // The device --device names (after validate_run_options): the app moves its model there with
 // model.to() before building the optimizer; the models copy each host batch there in forward.
 Device training_device(const RunOptions& o);
+// The autocast precision --precision names; apply_run_options sets it on the calling thread
+// (ag::set_autocast_precision) for the whole run.
+Precision training_precision(const RunOptions& o);
 
 // The shell command that resumes a stopped run: `argv` (quoted where the shell needs it) without
 // --stop-at and its value, plus --resume (unless already there).

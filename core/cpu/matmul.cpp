@@ -20,8 +20,8 @@
 #include <algorithm>
 #include <cassert>
 #include <type_traits>
-#include <vector>
 
+#include "core/allocator.h"
 #include "core/kernels.h"
 #include "core/kernels/pointwise.h"
 #include "core/parallel.h"
@@ -107,14 +107,28 @@ int64_t tile_boundary(int64_t n, int64_t period, int t, int parts, int64_t tile)
   return base + std::min(period, (i + tile / 2) / tile * tile);
 }
 
-// x[0, n) rounded to bfloat16 (pw::round_bf16), in a new buffer.
-std::vector<float> rounded_bf16(const float* x, int64_t n) {
-  std::vector<float> r(size_t(std::max<int64_t>(n, 0)));
-  parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) r[i] = pw::round_bf16(x[i]);
-  });
-  return r;
-}
+// x[0, n) rounded to bfloat16 (pw::round_bf16), in a buffer of the caching allocator: these copies
+// are made at every product of every step, and a fresh heap buffer of their size would be zeroed
+// and faulted in page by page each time.
+class RoundedBf16 {
+ public:
+  RoundedBf16(const float* x, int64_t n)
+      : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(float)),
+        data_(static_cast<float*>(device_alloc(Device::cpu(), bytes_))) {
+    float* r = data_;
+    parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) r[i] = pw::round_bf16(x[i]);
+    });
+  }
+  ~RoundedBf16() { device_free(Device::cpu(), data_, bytes_); }
+  RoundedBf16(const RoundedBf16&) = delete;
+  RoundedBf16& operator=(const RoundedBf16&) = delete;
+  const float* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  float* data_;
+};
 
 }  // namespace
 
@@ -138,8 +152,8 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
     // bf16 values (8 significant bits each) is exact in f32, so this sums the very products a
     // tensor core would, in f32; only the order of the additions can differ from a GPU's.
     if constexpr (std::is_same_v<T, float>) {
-      const std::vector<float> ra = rounded_bf16(a, operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a));
-      const std::vector<float> rb = rounded_bf16(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
+      const RoundedBf16 ra(a, operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a));
+      const RoundedBf16 rb(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
       Gemm f32 = g;
       f32.bf16 = false;
       matmul_forward(c, ra.data(), rb.data(), f32, bias);

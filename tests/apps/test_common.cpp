@@ -563,8 +563,11 @@ TEST_CASE("report: run report text and JSON") {
   r.peak_tensor_bytes = int64_t(3) << 20;
   r.accuracy = 0.875;
   r.extra = {{"val_loss", 1.25}};
+  CHECK(r.to_text().find("device: cpu, fp32") != std::string::npos);  // the defaults
+  r.device = "cuda:1";
+  r.precision = "bf16";
   const std::string text = r.to_text();
-  for (const char* want : {"wall time: 1:02:05", "parameters: 1234567 (1.23M)", "throughput: 64 samples/s",
+  for (const char* want : {"device: cuda:1, bf16 autocast", "wall time: 1:02:05", "parameters: 1234567 (1.23M)", "throughput: 64 samples/s",
                            "token throughput: 8.19k tok/s", "peak memory (RSS): 1.5 GiB",
                            "peak tensor memory: 3.0 MiB", "accuracy: 87.50%",
                            "val_loss: 1.25"}) {
@@ -576,6 +579,8 @@ TEST_CASE("report: run report text and JSON") {
   CHECK(j["tokens_per_second"] == 8192.0);
   CHECK(j["accuracy"] == 0.875);
   CHECK(j["val_loss"] == 1.25);
+  CHECK(j["device"] == "cuda:1");
+  CHECK(j["precision"] == "bf16");
   CHECK_FALSE(j.contains("confusion"));
   r.confusion = ConfusionMatrix(2);
   r.confusion->add(1, 1);

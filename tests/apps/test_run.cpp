@@ -70,7 +70,25 @@ TEST_CASE("run: options, defaults and refusals") {
   AG_CHECK_ERROR(parse({"--device", "cuda:x"}), "--device", "'cuda:x'");
   AG_CHECK_ERROR(parse({"--min-lr", "1"}), "min-lr", "demo");
   CHECK_THROWS_AS(parse({"--precision", "fp8"}), CLI::ValidationError);
-  AG_CHECK_ERROR(parse({"--precision", "bf16"}), "--precision bf16", "fp32");
+}
+
+TEST_CASE("run: --precision bf16 turns autocast on for the thread that trains, fp32 leaves it off") {
+  const AutocastGuard restore(Precision::fp32);  // the test's thread is fp32 again when it ends
+  RunOptions o = parse({"--precision", "bf16"});
+  CHECK(o.precision == "bf16");
+  CHECK(training_precision(o) == Precision::bf16);
+  CHECK(autocast_precision() == Precision::bf16);
+  CHECK(autocast_bf16(DType::f32));
+  o = parse({});
+  CHECK(training_precision(o) == Precision::fp32);
+  CHECK(autocast_precision() == Precision::fp32);
+  // a caller that fills RunOptions itself gets the same check as the command line
+  o.precision = "fp16";
+  AG_CHECK_ERROR(validate_run_options(o, "demo"), "--precision fp16", "fp32 or bf16");
+  CLI::App cli;
+  RunOptions h;
+  add_run_options(cli, h);
+  CHECK(cli.help().find("bf16: autocast") != std::string::npos);
 }
 
 TEST_CASE("run: --detect-anomaly turns anomaly mode on, and an op making a NaN then names itself") {
