@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
       run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
       run.step_done(step + 1, t.loss, t.samples, t.tokens);
       if (run.eval_due(step + 1)) {
-        val = lm_loss(model, d.valid, val_starts, T, o.batch), val_step = step + 1;
+        val = lm_loss(model, d.valid, val_starts, T, o.batch, /*sharded=*/true), val_step = step + 1;
         run.log_eval(step + 1, {{"val_loss", val}});
       }
       if (run.checkpoint_due(step + 1)) run.save(step + 1);
@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
     if (!run.checkpoint_due(step)) run.save(step);  // after Ctrl-C; a finished run just saved
     // the final model's loss (after Ctrl-C the last evaluation's, unless there was none)
     if (val_step != step && (std::isnan(val) || !run.stop_requested()))
-      val = lm_loss(model, d.valid, val_starts, T, o.batch), val_step = step;
+      val = lm_loss(model, d.valid, val_starts, T, o.batch, /*sharded=*/true), val_step = step;
 
     // ---- sample, plot, report ----
     RunReport report;

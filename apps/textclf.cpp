@@ -316,7 +316,8 @@ int main(int argc, char** argv) {
         run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
         run.step_done(step + 1, t.loss, t.samples, t.tokens);
         if (run.eval_due(step + 1)) {
-          EvalResult v = evaluate(model, valid, classes, settings.eval_batch_tokens, settings.eval_samples);
+          EvalResult v =
+              evaluate(model, valid, classes, settings.eval_batch_tokens, settings.eval_samples, /*sharded=*/true);
           run.log_eval(step + 1, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
         }
         if (run.checkpoint_due(step + 1)) run.save(step + 1);
@@ -326,8 +327,8 @@ int main(int argc, char** argv) {
 
     // ---- the final evaluation: the whole validation and test splits ---------------------------
     t0 = std::chrono::steady_clock::now();
-    EvalResult v = evaluate(model, valid, classes, settings.eval_batch_tokens);
-    EvalResult t = evaluate(model, test, classes, settings.eval_batch_tokens);
+    EvalResult v = evaluate(model, valid, classes, settings.eval_batch_tokens, 0, /*sharded=*/true);
+    EvalResult t = evaluate(model, test, classes, settings.eval_batch_tokens, 0, /*sharded=*/true);
     run.print(fmt::format("final: validation accuracy {:.2f}% (loss {:.4f}), test accuracy {:.2f}% (loss {:.4f}) ({:.1f} s)",
                           100 * v.accuracy, v.loss, 100 * t.accuracy, t.loss, seconds_since(t0)));
     if (dist::is_main()) write_attention_svg(model, tok, test, split.test, run.path("attention.svg"));

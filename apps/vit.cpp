@@ -137,7 +137,7 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const Diag
     run.step_done(step + 1, t.loss, t.samples);
     if (run.eval_due(step + 1)) {
       const bool final_eval = step + 1 == o.steps;
-      last = evaluate(model, test_set, data.norm, a.eval_batch, final_eval ? 0 : a.eval_limit);
+      last = evaluate(model, test_set, data.norm, a.eval_batch, final_eval ? 0 : a.eval_limit, /*sharded=*/true);
       last_eval_step = step + 1;
       run.log_eval(step + 1, {{"test_loss", last.loss}, {"test_accuracy", last.accuracy}});
     }
@@ -145,7 +145,7 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const Diag
   }
   run.save(step);  // also after Ctrl-C: nothing trained is lost
   if (last_eval_step != step || last.samples != test_set.size())
-    last = evaluate(model, test_set, data.norm, a.eval_batch);
+    last = evaluate(model, test_set, data.norm, a.eval_batch, 0, /*sharded=*/true);
 
   RunReport report;
   report.accuracy = last.accuracy;

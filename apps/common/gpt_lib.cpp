@@ -125,7 +125,7 @@ std::vector<float> last_logits(const Tensor& logits) {
 }  // namespace
 
 double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T,
-               int64_t batch) {
+               int64_t batch, bool sharded) {
   check(T >= 1 && T <= model.cfg.context, "lm_loss: window {} is outside [1, context {}]", T, model.cfg.context);
   check(batch >= 1, "lm_loss: batch {} must be positive", batch);
   check(!starts.empty(), "lm_loss: no windows");
@@ -133,21 +133,26 @@ double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64
     check(s >= 0 && s + T + 1 <= int64_t(ids.size()), "lm_loss: window start {} + {} + 1 passes the end of {} tokens",
           s, T, ids.size());
   InferenceScope scope(model);
-  double total = 0;
-  for (size_t b0 = 0; b0 < starts.size(); b0 += size_t(batch)) {
-    const size_t nb = std::min(size_t(batch), starts.size() - b0);
+  std::vector<int64_t> mine;  // this rank's windows (all of them unless sharded)
+  const int64_t n = int64_t(starts.size());
+  for (int64_t i : sharded ? eval_part(n, dist::rank(), dist::world_size()) : eval_part(n, 0, 1))
+    mine.push_back(starts[size_t(i)]);
+  std::vector<double> total = {0.0};
+  for (size_t b0 = 0; b0 < mine.size(); b0 += size_t(batch)) {
+    const size_t nb = std::min(size_t(batch), mine.size() - b0);
     std::vector<int64_t> x(nb * size_t(T)), y(nb * size_t(T));
     for (size_t b = 0; b < nb; ++b)
       for (int64_t t = 0; t < T; ++t) {
-        x[b * size_t(T) + size_t(t)] = ids[size_t(starts[b0 + b] + t)];
-        y[b * size_t(T) + size_t(t)] = ids[size_t(starts[b0 + b] + t + 1)];
+        x[b * size_t(T) + size_t(t)] = ids[size_t(mine[b0 + b] + t)];
+        y[b * size_t(T) + size_t(t)] = ids[size_t(mine[b0 + b] + t + 1)];
       }
     const int64_t N = int64_t(nb) * T;
     Tensor logits = model.forward(from_vector(x, {int64_t(nb), T}));
-    total += cross_entropy(logits.reshape({N, model.cfg.vocab}), from_vector(y, {N}, logits.device()), "sum")
-                 .item<double>();
+    total[0] += cross_entropy(logits.reshape({N, model.cfg.vocab}), from_vector(y, {N}, logits.device()), "sum")
+                    .item<double>();
   }
-  return total / (double(starts.size()) * double(T));
+  if (sharded) sum_over_ranks(total);
+  return total[0] / (double(n) * double(T));
 }
 
 // ---- sampling ----------------------------------------------------------------------------------

@@ -93,9 +93,11 @@ std::vector<int64_t> eval_starts(int64_t len, int64_t T, int64_t n);
 
 // Mean next-token cross-entropy (nats per token) of `model` over the windows x = ids[s, s + T),
 // y = ids[s + 1, s + T + 1) for s in `starts`, `batch` windows per forward. Runs in eval mode
-// under NoGradGuard and restores the model's train/eval mode afterwards.
+// under NoGradGuard and restores the model's train/eval mode afterwards. `sharded`: in a
+// data-parallel job each rank evaluates its eval_part of the windows and every rank returns the
+// whole mean (every rank must call it; apps/common/run.h).
 double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T,
-               int64_t batch);
+               int64_t batch, bool sharded = false);
 
 // ---- sampling ----------------------------------------------------------------------------------
 

@@ -225,6 +225,24 @@ Precision training_precision(const RunOptions& o) { return o.precision == "bf16"
 
 int64_t global_batch(const RunOptions& o) { return int64_t(dist::world_size()) * o.batch; }
 
+std::vector<int64_t> eval_part(int64_t n, int rank, int world) {
+  check(world >= 1 && rank >= 0 && rank < world, "eval_part: rank {} of a world of {}", rank, world);
+  std::vector<int64_t> items;
+  items.reserve(size_t(std::max<int64_t>(0, (n - rank + world - 1) / world)));
+  for (int64_t i = rank; i < n; i += world) items.push_back(i);
+  return items;
+}
+
+void sum_over_ranks(std::vector<double>& values, ConfusionMatrix* cm) {
+  if (dist::world_size() == 1) return;
+  const size_t k = values.size();
+  if (cm) values.insert(values.end(), cm->counts.begin(), cm->counts.end());  // counts < 2^53: exact
+  dist::all_reduce_sum(values);
+  if (cm)
+    for (size_t i = 0; i < cm->counts.size(); ++i) cm->counts[i] = int64_t(values[k + i]);
+  values.resize(k);
+}
+
 std::string resume_command(const std::vector<std::string>& argv) {
   // a word the shell reads as it is: letters, digits and a few punctuation marks; anything else
   // goes in single quotes (a ' inside becomes '\'')

@@ -167,6 +167,15 @@ Device training_device(const RunOptions& o);
 // (ag::set_autocast_precision) for the whole run.
 Precision training_precision(const RunOptions& o);
 
+// Sharded evaluation in a data-parallel job: each rank evaluates a part of the split and the
+// partial sums are added over the ranks, so every rank returns the whole split's result in 1/N of
+// the time. eval_part(n, r, N) = the items {r, r + N, r + 2N, ...} of [0, n): strided, so that a
+// split sorted by length gives every rank the same mix. sum_over_ranks adds `values` (loss sums,
+// counts) and `cm`'s counts (may be null) over the job's ranks (dist::all_reduce_sum; nothing in
+// a job of one). Every rank must call it, the same number of times.
+std::vector<int64_t> eval_part(int64_t n, int rank, int world);
+void sum_over_ranks(std::vector<double>& values, ConfusionMatrix* cm = nullptr);
+
 // The shell command that resumes a stopped run: `argv` (quoted where the shell needs it) without
 // --stop-at and its value, plus --resume (unless already there).
 std::string resume_command(const std::vector<std::string>& argv);

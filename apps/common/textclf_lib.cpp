@@ -440,7 +440,7 @@ StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch&
 }
 
 EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vector<std::string>& classes,
-                    int64_t batch_tokens, int64_t limit) {
+                    int64_t batch_tokens, int64_t limit, bool sharded) {
   check(batch_tokens > 0, "textclf evaluate: batch_tokens must be > 0, got {}", batch_tokens);
   EvalResult r(classes);
   const int64_t n = limit > 0 ? std::min(limit, set.size()) : set.size();
@@ -449,28 +449,34 @@ EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vec
     return r;
   }
   // longest first: each batch pads to its first text, and similar lengths pad little
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), int64_t(0));
-  std::stable_sort(order.begin(), order.end(),
+  std::vector<int64_t> sorted(static_cast<size_t>(n));
+  std::iota(sorted.begin(), sorted.end(), int64_t(0));
+  std::stable_sort(sorted.begin(), sorted.end(),
                    [&](int64_t a, int64_t b) { return set.ids[size_t(a)].size() > set.ids[size_t(b)].size(); });
+  // this rank's part, still longest first (all of it unless sharded)
+  std::vector<int64_t> order;
+  for (int64_t i : sharded ? eval_part(n, dist::rank(), dist::world_size()) : eval_part(n, 0, 1))
+    order.push_back(sorted[size_t(i)]);
+  const int64_t m = int64_t(order.size());
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
-  double loss_sum = 0;
-  for (int64_t begin = 0; begin < n;) {
+  std::vector<double> loss_sum = {0.0};
+  for (int64_t begin = 0; begin < m;) {
     const int64_t T = int64_t(set.ids[size_t(order[size_t(begin)])].size());
-    const int64_t count = std::clamp<int64_t>(batch_tokens / std::max<int64_t>(T, 1), 1, n - begin);
+    const int64_t count = std::clamp<int64_t>(batch_tokens / std::max<int64_t>(T, 1), 1, m - begin);
     std::span<const int64_t> idx(order.data() + begin, size_t(count));
     Batch b = make_batch(set, idx, model.cfg.max_len);
     Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);
-    loss_sum += cross_entropy(logits, b.labels.to(logits.device()), "sum").item<double>();
+    loss_sum[0] += cross_entropy(logits, b.labels.to(logits.device()), "sum").item<double>();
     std::vector<int64_t> pred = argmax(logits, 1).to_vector<int64_t>();
     std::vector<int64_t> truth = b.labels.to_vector<int64_t>();
     r.confusion.add(truth, pred);
     begin += count;
   }
+  if (sharded) sum_over_ranks(loss_sum, &r.confusion);
   model.train(was_training);
-  r.loss = loss_sum / double(n);
+  r.loss = loss_sum[0] / double(n);
   r.accuracy = r.confusion.accuracy();
   return r;
 }

@@ -216,9 +216,11 @@ struct EvalResult {
 };
 // In eval mode under NoGradGuard (the model's train/eval state is restored afterwards); batches
 // of texts of similar length (sorted, longest first), at most `batch_tokens` padded tokens each.
-// `limit` > 0 evaluates only the first `limit` texts.
+// `limit` > 0 evaluates only the first `limit` texts. `sharded`: in a data-parallel job each rank
+// evaluates its eval_part of the length-sorted texts and every rank returns the whole result
+// (every rank must call it; apps/common/run.h).
 EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vector<std::string>& classes,
-                    int64_t batch_tokens = 16384, int64_t limit = 0);
+                    int64_t batch_tokens = 16384, int64_t limit = 0, bool sharded = false);
 
 // Per-head attention weights of text i of `set`: one panel per (layer, head) titled "layer l,
 // head h", rows = queries, columns = keys, both labelled by the tokens. `predicted` gets the

@@ -165,7 +165,7 @@ double train_step(ViT& model, optim::Optimizer& opt, const data::Batch& batch, d
 }
 
 EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm, int64_t batch,
-                    int64_t limit) {
+                    int64_t limit, bool sharded) {
   check(batch >= 1, "vit: evaluation batch must be >= 1, got {}", batch);
   const int64_t n = limit > 0 ? std::min(limit, ds.size()) : ds.size();
   check(n >= 1, "vit: nothing to evaluate: the dataset is empty");
@@ -175,19 +175,19 @@ EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normal
   EvalResult r;
   r.confusion = int64_t(ds.class_names.size()) == ds.num_classes ? ConfusionMatrix(ds.class_names)
                                                                   : ConfusionMatrix(ds.num_classes);
-  double loss_sum = 0;
-  std::vector<int64_t> indices;
-  for (int64_t b0 = 0; b0 < n; b0 += batch) {
-    indices.resize(size_t(std::min(batch, n - b0)));
-    std::iota(indices.begin(), indices.end(), b0);
+  std::vector<double> loss_sum = {0.0};
+  const std::vector<int64_t> part = sharded ? eval_part(n, dist::rank(), dist::world_size()) : eval_part(n, 0, 1);
+  for (size_t b0 = 0; b0 < part.size(); b0 += size_t(batch)) {
+    const std::vector<int64_t> indices(part.begin() + b0, part.begin() + std::min(part.size(), b0 + size_t(batch)));
     data::Batch b = data::make_batch(ds, indices, norm);
     Tensor logits = model.forward(b.images);
-    loss_sum += cross_entropy(logits, b.labels.to(logits.device()), "sum").item<double>();
+    loss_sum[0] += cross_entropy(logits, b.labels.to(logits.device()), "sum").item<double>();
     r.confusion->add(b.labels.to_vector<int64_t>(), argmax(logits, 1).to_vector<int64_t>());
   }
+  if (sharded) sum_over_ranks(loss_sum, &*r.confusion);
   model.train(was_training);
   r.samples = n;
-  r.loss = loss_sum / double(n);
+  r.loss = loss_sum[0] / double(n);
   r.accuracy = r.confusion->accuracy();
   return r;
 }

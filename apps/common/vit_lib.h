@@ -95,9 +95,11 @@ struct EvalResult {
   std::optional<ConfusionMatrix> confusion;  // rows: true class, columns: predicted
 };
 // The model on the first `limit` images of `ds` (0: all), `batch` at a time, in eval mode and
-// without recording; the model's mode is restored afterwards.
+// without recording; the model's mode is restored afterwards. `sharded`: in a data-parallel job
+// each rank evaluates its eval_part of the images and every rank returns the whole result (every
+// rank must call it; apps/common/run.h).
 EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm, int64_t batch,
-                    int64_t limit = 0);
+                    int64_t limit = 0, bool sharded = false);
 
 // ---- attention ---------------------------------------------------------------------------------
 // From the weights of one block, (B, H, T, T) with T = grid_h * grid_w + 1: for each image b, what

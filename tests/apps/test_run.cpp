@@ -1,5 +1,6 @@
 // apps/common/run.h: the options every app shares and the run directory (checkpoint, resume,
 // metrics, curves, report).
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -89,6 +90,29 @@ TEST_CASE("run: --precision bf16 turns autocast on for the thread that trains, f
   RunOptions h;
   add_run_options(cli, h);
   CHECK(cli.help().find("bf16: autocast") != std::string::npos);
+}
+
+TEST_CASE("run: eval_part gives each rank a strided part, the parts cover the split once") {
+  CHECK(eval_part(7, 0, 1) == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6});
+  CHECK(eval_part(7, 0, 3) == std::vector<int64_t>{0, 3, 6});
+  CHECK(eval_part(7, 1, 3) == std::vector<int64_t>{1, 4});
+  CHECK(eval_part(7, 2, 3) == std::vector<int64_t>{2, 5});
+  CHECK(eval_part(2, 2, 3).empty());  // more ranks than items: some evaluate nothing
+  CHECK(eval_part(0, 0, 1).empty());
+  for (int world : {1, 2, 3, 5}) {  // every item exactly once, over all ranks
+    std::vector<int> seen(101, 0);
+    for (int r = 0; r < world; ++r)
+      for (int64_t i : eval_part(101, r, world)) seen[size_t(i)] += 1;
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 101);
+  }
+  AG_CHECK_ERROR(eval_part(5, 2, 2), "eval_part", "rank 2 of a world of 2");
+  // in a job of one, the sum over the ranks is the rank's own
+  std::vector<double> v = {1.5, 2.0};
+  ConfusionMatrix cm(2);
+  cm.add(1, 0);
+  sum_over_ranks(v, &cm);
+  CHECK(v == std::vector<double>{1.5, 2.0});
+  CHECK(cm.at(1, 0) == 1);
 }
 
 TEST_CASE("run: --detect-anomaly turns anomaly mode on, and an op making a NaN then names itself") {
