@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
       const Tensor logits = model.forward(w.x).reshape({N, V});
       Tensor loss = cross_entropy(logits, w.y.reshape({N}).to(logits.device()));
       opt.zero_grad();
-      loss.backward();
+      (run.loss_scale() == 1.0 ? loss : mul(loss, run.loss_scale())).backward();  // fp16: scaled
       const Run::StepTotals t = run.reduce_step(loss.item<double>(), w.x.size(0), w.x.numel());  // over the ranks
       run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
       run.step_done(step + 1, t.loss, t.samples, t.tokens);

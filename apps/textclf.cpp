@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
       for (; step < o.steps && !run.stop_requested(); ++step) {
         sched->set_lr(opt, step);
         Batch b = loader->next_step();
-        StepResult r = forward_backward(model, opt, b, settings.label_smoothing);
+        StepResult r = forward_backward(model, opt, b, settings.label_smoothing, run.loss_scale());
         const Run::StepTotals t = run.reduce_step(r.loss, b.labels.size(0), b.num_tokens);  // over the ranks
         run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
         run.step_done(step + 1, t.loss, t.samples, t.tokens);

@@ -131,7 +131,7 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const Diag
   for (; step < o.steps && !run.stop_requested(); ++step) {
     schedule->set_lr(opt, step);
     const data::Batch batch = loader->next_step();
-    const double loss = forward_backward(model, opt, batch, cfg.label_smoothing);
+    const double loss = forward_backward(model, opt, batch, cfg.label_smoothing, run.loss_scale());
     const Run::StepTotals t = run.reduce_step(loss, batch.labels.size(0));  // over the ranks
     run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
     run.step_done(step + 1, t.loss, t.samples);

@@ -23,22 +23,28 @@
 // stay exact). The ops read the precision when they run forward and keep it for their backward,
 // so backward needs no guard of its own.
 //
+// fp16 (Precision::fp16, round_fp16) works the same way with IEEE half operands: 11 significant
+// bits (relative error <= 2^-11), but a range of only 6e-8 (smallest subnormal) to 65504. Values
+// past 65504 become inf, gradients below 6e-8 become 0. Activations rarely leave that range;
+// gradients do, since the backward GEMMs round the incoming gradient: scale the loss by a factor S
+// before backward and divide the gradients by S before the step, adjusting S as overflows show up
+// (optim::GradScaler, optim/grad_scaler.h, as torch.cuda.amp.GradScaler).
+//
 // Speed: on a GPU the bf16 GEMMs run on tensor cores; on the CPU the rounding is an extra pass
 // and the GEMM is the f32 one, so bf16 there is for checking what the numbers do, not for speed.
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/precision.h"
 
 namespace ag {
 
-enum class Precision : uint8_t { fp32, bf16 };
-inline constexpr const char* name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
-
-// This thread's autocast precision: fp32 (no autocast) outside every guard.
+// This thread's autocast precision (core/precision.h): fp32 (no autocast) outside every guard.
 Precision autocast_precision();
 void set_autocast_precision(Precision p);
-// Whether an op with operands of dtype t reads them as bfloat16 now: bf16 autocast and t == f32.
-inline bool autocast_bf16(DType t) { return t == DType::f32 && autocast_precision() == Precision::bf16; }
+// How an op reads operands of dtype t now: the autocast precision for f32, fp32 (as they are)
+// for anything else.
+inline Precision autocast_operands(DType t) { return t == DType::f32 ? autocast_precision() : Precision::fp32; }
 
 // Sets the precision for its lifetime, then restores the previous one (guards nest).
 class AutocastGuard {

@@ -304,6 +304,15 @@ Tensor clamp(const Tensor& x, double lo, double hi, Site site = Site::current())
 //   note:    f32 only; |y - x| <= 2^-8 |x|
 Tensor round_bf16(const Tensor& x, Site site = Site::current());
 
+// round_fp16: round to the nearest IEEE half, kept in f32 (fp16 autocast's cast: autograd/autocast.h)
+//   forward: y = x rounded to 11 significant bits, ties to even; |x| >= 65520 -> inf (65504 is the
+//            largest half); below 2^-14 to multiples of 2^-24 (subnormals), so |x| <= 2^-25 -> 0
+//   vjp:     dx = g  (straight through, as torch's .to(torch.float16))
+//   shapes:  x [...] -> y of x's shape, f32
+//   saves:   nothing
+//   note:    f32 only; |y - x| <= 2^-11 |x| where no overflow or underflow
+Tensor round_fp16(const Tensor& x, Site site = Site::current());
+
 // maximum, minimum: elementwise max or min of two tensors
 //   forward: y = max(a, b), or y = min(a, b)  (a NaN on either side gives NaN)
 //   vjp:     maximum: da = g * ([a > b] + [a == b]/2),  db = g * ([b > a] + [a == b]/2)
@@ -401,8 +410,9 @@ Tensor argmax(const Tensor& x, int dim, bool keepdim = false, Site site = Site::
 //   saves:   a, b (copied only when BLAS cannot read a view's strides)
 //   note:    f32 runs attograd's sgemm (core/cpu/gemm.cpp), f64 cblas_dgemm; transposed views go as
 //            transpose flags, not copies. A b shared by every matrix of a makes one GEMM of all of
-//            a's rows. Under bf16 autocast (autograd/autocast.h) f32 operands are read rounded to
-//            bfloat16 (round_bf16), in backward too, and the products are summed in f32.
+//            a's rows. Under bf16 or fp16 autocast (autograd/autocast.h) f32 operands are read
+//            rounded to that format (round_bf16, round_fp16), in backward too, and the products
+//            are summed in f32.
 //   math:    docs/math/linear.md
 Tensor matmul(const Tensor& a, const Tensor& b, Site site = Site::current());
 
@@ -412,8 +422,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, Site site = Site::current());
 //   shapes:  x [..., in], w [out, in], b [out] -> y [..., out]
 //   saves:   x, w
 //   note:    one GEMM with the bias added in its epilogue, no second pass. dW is computed in W's own
-//            (out, in) layout: no transposed gradient to copy back. Under bf16 autocast x, w
-//            (and g in backward) are read as bfloat16, as in matmul; the bias stays f32.
+//            (out, in) layout: no transposed gradient to copy back. Under bf16 or fp16 autocast x,
+//            w (and g in backward) are read rounded, as in matmul; the bias stays f32.
 //   math:    docs/math/linear.md
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(), Site site = Site::current());
 
@@ -525,8 +535,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 //   note:    fused (default): online softmax over key tiles; backward rebuilds P tile by tile from
 //            lse: memory O(T), not O(T^2). return_weights: the composed matmul-softmax-matmul
 //            path, returning P too. Dropout uses the same Philox elements in both paths, so they
-//            agree for a seed. Under bf16 autocast (autograd/autocast.h) f32 q, k, v are rounded
-//            to bfloat16 (round_bf16) and the rest is computed in f32.
+//            agree for a seed. Under bf16 or fp16 autocast (autograd/autocast.h) f32 q, k, v are
+//            rounded to that format (round_bf16, round_fp16) and the rest is computed in f32.
 //   math:    docs/math/attention.md
 struct SdpaOptions {
   bool causal = false;

@@ -28,12 +28,14 @@
 // TF32: whether cuBLAS may use it for f32 is the handle's math mode (cuda/common.cuh); its default
 // is full f32, which the CPU == GPU tests rely on.
 //
-// bf16 autocast (Gemm::bf16, autograd/autocast.h): a and b are first converted to bfloat16 copies
-// (one pass over each operand's span, same element offsets, so the descriptions above still hold),
-// then cublasGemmEx / cublasGemmStridedBatchedEx multiply them on the tensor cores with f32
-// accumulation (CUBLAS_COMPUTE_32F) into the f32 C. The conversion rounds to nearest even, the
-// bits of the CPU's pw::round_bf16, so both backends multiply the same numbers.
+// Autocast (Gemm::operands bf16 or fp16, autograd/autocast.h): a and b are first converted to
+// bfloat16 or half copies (one pass over each operand's span, same element offsets, so the
+// descriptions above still hold), then cublasGemmEx / cublasGemmStridedBatchedEx multiply them on
+// the tensor cores with f32 accumulation (CUBLAS_COMPUTE_32F) into the f32 C. The conversions round
+// to nearest even, the bits of the CPU's pw::round_bf16 / pw::round_fp16, so both backends
+// multiply the same numbers.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 
@@ -83,10 +85,10 @@ __global__ void fill_rows_kernel(T* c, const T* bias, int64_t rows, int64_t N) {
 }
 
 // The naive product, one thread per element of C: the reference the cuBLAS path is tested against.
-// With bf16 (f32 only) each operand is rounded as it is read, as the CPU's naive kernel does.
+// With 16-bit operands (f32 only) each is rounded as it is read, as the CPU's naive kernel does.
 template <class T>
 __global__ void matmul_naive_kernel(T* c, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                                    int64_t lda, int64_t ldb, bool bf16) {
+                                    int64_t lda, int64_t ldb, Precision operands) {
   const int64_t n = M * N;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = e / N, j = e % N;
@@ -94,7 +96,7 @@ __global__ void matmul_naive_kernel(T* c, const T* a, const T* b, int64_t M, int
     for (int64_t k = 0; k < K; ++k) {
       T x = ta ? a[k * lda + i] : a[i * lda + k], w = tb ? b[j * ldb + k] : b[k * ldb + j];
       if constexpr (std::is_same_v<T, float>)
-        if (bf16) x = pw::round_bf16(x), w = pw::round_bf16(w);
+        x = pw::round_operand(x, operands), w = pw::round_operand(w, operands);
       acc += x * w;
     }
     c[e] = acc;
@@ -127,29 +129,36 @@ void gemm_batched(const double* a, int64_t sa, const double* b, int64_t sb, doub
                                           g.M * g.N, int(count)));
 }
 
-// bf16 operands, f32 C: tensor cores, f32 accumulation
-void gemm_batched(const __nv_bfloat16* a, int64_t sa, const __nv_bfloat16* b, int64_t sb, float* c, int64_t count,
-                  const Gemm& g, float beta) {
+// 16-bit operands (bf16 or half), f32 C: tensor cores, f32 accumulation
+template <class H> constexpr cudaDataType_t cuda_type();
+template <> constexpr cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+template <> constexpr cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
+
+template <class H>
+void gemm_batched(const H* a, int64_t sa, const H* b, int64_t sb, float* c, int64_t count, const Gemm& g, float beta) {
   const float alpha = 1;
+  constexpr cudaDataType_t t = cuda_type<H>();
   if (count == 1)
-    cublasCheck(cublasGemmEx(cublas(), op(g.trans_b), op(g.trans_a), int(g.N), int(g.M), int(g.K), &alpha, b,
-                             CUDA_R_16BF, int(g.ldb), a, CUDA_R_16BF, int(g.lda), &beta, c, CUDA_R_32F, int(g.N),
-                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cublasCheck(cublasGemmEx(cublas(), op(g.trans_b), op(g.trans_a), int(g.N), int(g.M), int(g.K), &alpha, b, t,
+                             int(g.ldb), a, t, int(g.lda), &beta, c, CUDA_R_32F, int(g.N), CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT));
   else
     cublasCheck(cublasGemmStridedBatchedEx(cublas(), op(g.trans_b), op(g.trans_a), int(g.N), int(g.M), int(g.K),
-                                           &alpha, b, CUDA_R_16BF, int(g.ldb), sb, a, CUDA_R_16BF, int(g.lda), sa,
-                                           &beta, c, CUDA_R_32F, int(g.N), g.M * g.N, int(count),
-                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                           &alpha, b, t, int(g.ldb), sb, a, t, int(g.lda), sa, &beta, c, CUDA_R_32F,
+                                           int(g.N), g.M * g.N, int(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// y[0, n) = x[0, n) as bfloat16, rounded to nearest even
-__global__ void to_bf16_kernel(__nv_bfloat16* y, const float* x, int64_t n) {
+// y[0, n) = x[0, n) as bfloat16 or half, rounded to nearest even
+__device__ inline void to_16(__nv_bfloat16& y, float x) { y = __float2bfloat16_rn(x); }
+__device__ inline void to_16(__half& y, float x) { y = __float2half_rn(x); }
+template <class H>
+__global__ void to_16bit_kernel(H* y, const float* x, int64_t n) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    y[e] = __float2bfloat16_rn(x[e]);
+    to_16(y[e], x[e]);
 }
 
 // The GEMMs of one forward call: the batch in strided-batched runs (see the top of the file).
-// A is the operands' element type (T, or bf16 for autocast), C's is T.
+// A is the operands' element type (T, or bf16 / half for autocast), C's is T.
 template <class A, class T>
 void gemm_runs(T* c, const A* a, const A* b, const Gemm& g, T beta) {
   const Layout* lay = g.batch_a ? g.batch_a : g.batch_b;
@@ -172,6 +181,19 @@ void gemm_runs(T* c, const A* a, const A* b, const Gemm& g, T beta) {
   }
 }
 
+// autocast: 16-bit copies of both operands (H: __nv_bfloat16 or __half), then tensor-core GEMMs
+template <class H>
+void gemm_16bit(float* c, const float* a, const float* b, const Gemm& g, float beta) {
+  const int64_t na = cpu::operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a);
+  const int64_t nb = cpu::operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b);
+  Scratch ra(size_t(na) * sizeof(H)), rb(size_t(nb) * sizeof(H));
+  to_16bit_kernel<H><<<blocks_for(na), kThreads, 0, stream()>>>(ra.as<H>(), a, na);
+  kernelCheck();
+  to_16bit_kernel<H><<<blocks_for(nb), kThreads, 0, stream()>>>(rb.as<H>(), b, nb);
+  kernelCheck();
+  gemm_runs(c, ra.as<const H>(), rb.as<const H>(), g, beta);
+}
+
 }  // namespace
 
 template <class T>
@@ -188,19 +210,10 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
   if (g.K == 0) return;
   const T beta = bias ? T(1) : T(0);
   if constexpr (std::is_same_v<T, float>) {
-    if (g.bf16) {  // autocast: bf16 copies of both operands, then tensor-core GEMMs
-      const int64_t na = cpu::operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a);
-      const int64_t nb = cpu::operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b);
-      Scratch ra(size_t(na) * sizeof(__nv_bfloat16)), rb(size_t(nb) * sizeof(__nv_bfloat16));
-      to_bf16_kernel<<<blocks_for(na), kThreads, 0, stream()>>>(ra.as<__nv_bfloat16>(), a, na);
-      kernelCheck();
-      to_bf16_kernel<<<blocks_for(nb), kThreads, 0, stream()>>>(rb.as<__nv_bfloat16>(), b, nb);
-      kernelCheck();
-      gemm_runs(c, ra.as<const __nv_bfloat16>(), rb.as<const __nv_bfloat16>(), g, beta);
-      return;
-    }
+    if (g.operands == Precision::bf16) return gemm_16bit<__nv_bfloat16>(c, a, b, g, beta);
+    if (g.operands == Precision::fp16) return gemm_16bit<__half>(c, a, b, g, beta);
   }
-  if (g.bf16) raise("cuda matmul: bf16 operands are f32 only (the op front casts nothing else)");
+  if (g.operands != Precision::fp32) raise("cuda matmul: 16-bit operands are f32 only (the op front casts nothing else)");
   gemm_runs(c, a, b, g, beta);
 }
 
@@ -212,7 +225,7 @@ void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g) {
     if (g.M * g.N == 0) break;
     matmul_naive_kernel<T><<<blocks_for(g.M * g.N), 256, 0, stream()>>>(
         c + p * g.M * g.N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g.M, g.N, g.K, g.trans_a,
-        g.trans_b, g.lda, g.ldb, g.bf16);
+        g.trans_b, g.lda, g.ldb, g.operands);
     kernelCheck();
   }
 }
@@ -240,11 +253,11 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   }
   const Layout* batch_dout = lay ? &dense : nullptr;
   if (da) {
-    Gemm gd{g.M, g.K, g.N, false, !g.trans_b, g.N, g.ldb, batch_dout, g.batch_b, g.bf16};
+    Gemm gd{g.M, g.K, g.N, false, !g.trans_b, g.N, g.ldb, batch_dout, g.batch_b, g.operands};
     cuda::matmul_forward<T>(da, dout, b, gd, nullptr);
   }
   if (db) {
-    Gemm gd{g.K, g.N, g.M, !g.trans_a, false, g.lda, g.N, g.batch_a, batch_dout, g.bf16};
+    Gemm gd{g.K, g.N, g.M, !g.trans_a, false, g.lda, g.N, g.batch_a, batch_dout, g.operands};
     cuda::matmul_forward<T>(db, a, dout, gd, nullptr);
   }
 }

@@ -99,7 +99,7 @@ void map3(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, co
 #define AG_ANY(T) AG_CMP(T, Eq) AG_CMP(T, Ne) AG_CMP(T, Lt) AG_CMP(T, Le) AG_CMP(T, Gt) AG_CMP(T, Ge) AG_WHERE(T)
 
 AG_FLOATING(float) AG_FLOATING(double)
-AG_MAP1(float, RoundBf16)  // autocast: f32 only
+AG_MAP1(float, RoundBf16) AG_MAP1(float, RoundFp16)  // autocast: f32 only
 AG_NUMERIC(float) AG_NUMERIC(double) AG_NUMERIC(int64_t)
 AG_ANY(float) AG_ANY(double) AG_ANY(int64_t) AG_ANY(bool)
 

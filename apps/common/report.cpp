@@ -208,7 +208,11 @@ std::string RunReport::to_text() const {
   std::vector<std::pair<std::string, std::string>> rows;
   rows.reserve(17 + extra.size());  // also keeps GCC 12 from a false -Warray-bounds in the growth path
   rows.emplace_back("app", app + (interrupted ? " (interrupted)" : ""));
-  rows.emplace_back("device", device + (precision == "bf16" ? ", bf16 autocast (matmul, linear, attention)" : ", fp32"));
+  rows.emplace_back("device", device + (precision == "fp32" ? std::string(", fp32")
+                                                            : ", " + precision + " autocast (matmul, linear, attention)"));
+  if (loss_scale > 0)
+    rows.emplace_back("loss scale", fmt::format("{:g} at the end, {} updates skipped for an fp16 overflow", loss_scale,
+                                                loss_scale_skips));
   rows.emplace_back("wall time", format_duration(wall_seconds));
   rows.emplace_back("training time", format_duration(train_seconds));
   rows.emplace_back("steps", fmt::format("{}", steps));
@@ -259,6 +263,7 @@ nlohmann::json RunReport::to_json() const {
                       {"peak_rss_bytes", peak_rss_bytes},
                       {"peak_tensor_bytes", peak_tensor_bytes},
                       {"skipped_steps", skipped_steps}};
+  if (loss_scale > 0) j["loss_scale"] = loss_scale, j["loss_scale_skips"] = loss_scale_skips;
   if (forward_flops_per_sample > 0) {
     j["forward_flops_per_sample"] = forward_flops_per_sample;
     if (forward_flops_per_token > 0) j["forward_flops_per_token"] = forward_flops_per_token;

@@ -82,6 +82,8 @@ struct RunReport {
   int64_t peak_tensor_bytes = 0;       // alloc_stats().peak_bytes_in_use: tensors only (0: not shown)
   bool interrupted = false;          // stopped by Ctrl-C / SIGTERM / --stop-at before the last step
   int64_t skipped_steps = 0;         // updates skipped for a non-finite loss or gradient norm
+  double loss_scale = 0;             // --precision fp16: the final loss scale (0: no scaling)
+  int64_t loss_scale_skips = 0;      // fp16: updates skipped for a gradient overflow (scale halved)
   std::optional<double> accuracy;    // final evaluation accuracy in [0, 1]
   std::optional<ConfusionMatrix> confusion;
   std::vector<std::pair<std::string, double>> extra;  // more numbers: {"val_loss", 1.23}, ...

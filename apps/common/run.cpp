@@ -118,11 +118,12 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
                "every value is checked)");
   cli.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
   cli.add_option("--precision", o.precision,
-                 "fp32, or bf16: autocast (ag::AutocastGuard) of matmul, linear and attention to bfloat16 "
-                 "operands summed in f32, weights, gradients and optimizer in f32 (tensor cores on a GPU; on the "
-                 "CPU the rounding is emulated: the same numbers, slower than fp32)")
+                 "fp32, bf16 or fp16: autocast (ag::AutocastGuard) of matmul, linear and attention to 16-bit "
+                 "operands summed in f32, weights, gradients and optimizer in f32; fp16 with dynamic loss "
+                 "scaling (tensor cores on a GPU; on the CPU the rounding is emulated: the same numbers, slower "
+                 "than fp32)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cli.add_option("--out,--checkpoint-dir", o.out_dir,
                  "run directory: checkpoint, metrics, TensorBoard events, plots, report (default runs/<app>)");
   cli.add_flag("--resume", o.resume, "continue from the checkpoint in the run directory");
@@ -193,8 +194,8 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
                                  app, o.device));
 #endif
   }
-  usage_check(o.precision == "fp32" || o.precision == "bf16", "{}: --precision {}: expected fp32 or bf16", app,
-              o.precision);
+  usage_check(o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp16",
+              "{}: --precision {}: expected fp32, bf16 or fp16", app, o.precision);
 }
 
 void apply_run_options(RunOptions& o, const std::string& app) {
@@ -221,7 +222,9 @@ void apply_run_options(RunOptions& o, const std::string& app) {
 
 Device training_device(const RunOptions& o) { return Device::parse(o.device); }
 
-Precision training_precision(const RunOptions& o) { return o.precision == "bf16" ? Precision::bf16 : Precision::fp32; }
+Precision training_precision(const RunOptions& o) {
+  return o.precision == "bf16" ? Precision::bf16 : o.precision == "fp16" ? Precision::fp16 : Precision::fp32;
+}
 
 int64_t global_batch(const RunOptions& o) { return int64_t(dist::world_size()) * o.batch; }
 
@@ -329,7 +332,9 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
     : app_(std::move(app)), dir_(o.out_dir), o_(o), model_(model), opt_(opt), gen_(gen), config_(std::move(config)),
       extra_(std::move(extra)), start_time_(now_seconds()) {
   check(!dir_.empty(), "{}: no run directory (call apply_run_options first)", app_);
-  for (const char* key : {"config", "steps", "run.loss_sum", "run.loss_count", "run.skipped", "run.skips_in_a_row"})
+  if (o.precision == "fp16") scaler_.emplace();
+  for (const char* key : {"config", "steps", "run.loss_sum", "run.loss_count", "run.skipped", "run.skips_in_a_row",
+                          "run.loss_scale", "run.loss_scale_tracker", "run.loss_scale_skips"})
     check(extra_.count(key) == 0, "{}: '{}' is reserved in the checkpoint metadata", app_, key);
   if (dist::is_main()) {
     std::error_code ec;
@@ -345,7 +350,7 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
       world > 1 ? fmt::format(" x {} ranks (global batch {} = {} x --batch {})", world, global_batch(o), world, o.batch)
                 : std::string();
   const std::string where = fmt::format("{}{}", o.device == "cpu" ? "" : ", on " + o.device,
-                                        o.precision == "bf16" ? ", bf16 autocast" : "");
+                                        o.precision == "fp32" ? "" : ", " + o.precision + " autocast");
   fmt::print(stderr, "{}: {} parameters, {} threads{}{}, run directory {}\n", app_,
              format_count(double(model.num_parameters())), num_threads(), ranks, where, dir_);
   // data parallelism: rank 0's initial weights everywhere, and the gradients averaged from now on
@@ -382,6 +387,10 @@ int64_t Run::resume() {
       loss_count_ = std::stoll(entry("run.loss_count"));
       skipped_ = std::stoll(entry("run.skipped"));
       skips_in_a_row_ = std::stoll(entry("run.skips_in_a_row"));
+      scale_skips_ = std::stoll(entry("run.loss_scale_skips"));
+      // an fp16 run's loss scale where it was (a checkpoint of another precision: the initial scale)
+      if (scaler_ && c.extra.count("run.loss_scale"))
+        scaler_->load_state(std::stod(entry("run.loss_scale")), std::stoll(entry("run.loss_scale_tracker")));
     } catch (const std::exception& e) {
       throw Error(fmt::format("{}: --resume: {} has unreadable run.* metadata ({})", app_, ckpt, e.what()));
     }
@@ -438,13 +447,20 @@ bool Run::optimizer_step(int64_t step, double loss) {
   // --clip 0 only measures: with the largest finite max_norm the clip coefficient of a finite
   // norm is >= 1, so nothing is scaled (a non-finite norm scales by 0 or NaN: dropped below)
   const double max_norm = o_.clip > 0 ? o_.clip : std::numeric_limits<double>::max();
+  if (scaler_) scaler_->unscale(opt_.params());  // fp16: the true gradients, before clip and check
   last_grad_norm_ = optim::clip_grad_norm(opt_.params(), max_norm);
-  if (std::isfinite(loss) && std::isfinite(last_grad_norm_)) {
+  const bool finite = std::isfinite(loss) && std::isfinite(last_grad_norm_);
+  if (scaler_) scaler_->update(!finite);
+  if (finite) {
     opt_.step();
     skips_in_a_row_ = 0;
     return true;
   }
   opt_.zero_grad();  // the gradients go; the parameters and the optimizer state stay as they were
+  if (scaler_ && std::isfinite(loss)) {  // an fp16 overflow: the scale was just halved
+    ++scale_skips_;
+    return false;
+  }
   ++skipped_, ++skips_in_a_row_;
   const std::string what = !std::isfinite(loss) ? fmt::format("the loss is {}", loss)
                                                 : fmt::format("the gradient norm is {} (loss {:.4g})", last_grad_norm_, loss);
@@ -528,6 +544,11 @@ bool Run::save(int64_t step) {
   meta["run.loss_count"] = std::to_string(loss_count_);
   meta["run.skipped"] = std::to_string(skipped_);
   meta["run.skips_in_a_row"] = std::to_string(skips_in_a_row_);
+  if (scaler_) {
+    meta["run.loss_scale"] = fmt::format("{:.17g}", scaler_->get_scale());
+    meta["run.loss_scale_tracker"] = std::to_string(scaler_->growth_tracker());
+    meta["run.loss_scale_skips"] = std::to_string(scale_skips_);
+  }
   nn::save_checkpoint(path("checkpoint.safetensors"), model_, opt_, step, gen_, meta);
   last_saved_step_ = step;
   last_step_time_ = now_seconds();
@@ -556,6 +577,10 @@ void Run::finish(RunReport& report) {
   report.peak_rss_bytes = peak_rss_bytes();
   report.peak_tensor_bytes = int64_t(alloc_stats(training_device(o_)).peak_bytes_in_use);  // on --device
   report.skipped_steps = skipped_;
+  if (scaler_) {
+    report.loss_scale = scaler_->get_scale();
+    report.loss_scale_skips = scale_skips_;
+  }
   const bool stopped = stop_requested() && last_step_ < o_.steps;
   report.interrupted = stopped;
   if (!dist::is_main()) return;  // rank 0 reports for the job

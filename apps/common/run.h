@@ -76,6 +76,7 @@
 #include "core/tensor.h"
 #include "dist/dist.h"
 #include "nn/module.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 
@@ -234,8 +235,16 @@ class Run {
   // gradient norm to --clip (with --clip 0 the norm is only measured), then, when `loss` and the
   // norm are both finite, opt.step() and returns true. Otherwise skips the update as described at
   // the top of this file and returns false; raises ag::Error when that makes --max-skips in a row.
+  // With --precision fp16 the gradients are first divided by the loss scale; a finite loss with a
+  // non-finite gradient norm is then an fp16 overflow, not a divergence: the update is skipped,
+  // the scale halved (optim::GradScaler), and the step counts in loss_scale_skips(), not towards
+  // --max-skips.
   bool optimizer_step(int64_t step, double loss);
   double last_grad_norm() const { return last_grad_norm_; }  // before clipping
+  // The factor the app multiplies its loss by before backward: the GradScaler's scale with
+  // --precision fp16, else 1.
+  double loss_scale() const { return scaler_ ? scaler_->get_scale() : 1.0; }
+  int64_t loss_scale_skips() const { return scale_skips_; }
   int64_t skipped_steps() const { return skipped_; }
 
   // After the update that made `step` steps: advances the progress bar (loss, lr, smoothed
@@ -285,6 +294,8 @@ class Run {
   int64_t loss_count_ = 0, first_step_ = 0, last_step_ = 0, samples_ = 0, tokens_ = 0;
   double last_grad_norm_ = 0;
   int64_t skipped_ = 0, skips_in_a_row_ = 0, last_saved_step_ = -1;
+  std::optional<optim::GradScaler> scaler_;  // --precision fp16
+  int64_t scale_skips_ = 0;                   // updates skipped for an fp16 gradient overflow
 };
 
 // Prints "app: message" on stderr: the one line an app prints for an error before it exits. A

@@ -148,12 +148,13 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
 
 // ---- training and evaluation -------------------------------------------------------------------
 
-double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing) {
+double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing,
+                        double loss_scale) {
   model.train();
   Tensor logits = model.forward(batch.images);  // (B, K)
   Tensor loss = cross_entropy(logits, batch.labels.to(logits.device()), "mean", -100, label_smoothing);
   opt.zero_grad();
-  loss.backward();
+  (loss_scale == 1.0 ? loss : mul(loss, loss_scale)).backward();
   return loss.item<double>();
 }
 

@@ -80,11 +80,12 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
           "{}: key_padding_mask must be b8 of shape [{}, {}] (true = ignore the key), got {} {}", op, B, Tk,
           kmask.dtype(), kmask.shape());
   }
-  if (autocast_bf16(q.dtype())) {
-    // bf16 autocast (autograd/autocast.h): q, k and v as bfloat16 (straight-through gradients),
-    // the rest in f32, so the fused and the composed path compute the same function of them.
+  if (const Precision p = autocast_operands(q.dtype()); p != Precision::fp32) {
+    // autocast (autograd/autocast.h): q, k and v rounded to bf16 or fp16 (straight-through
+    // gradients), the rest in f32, so the fused and the composed path compute the same function.
     AutocastGuard f32(Precision::fp32);
-    return scaled_dot_product_attention(round_bf16(q), round_bf16(k), round_bf16(v), o, site);
+    auto r = [p](const Tensor& x) { return p == Precision::bf16 ? round_bf16(x) : round_fp16(x); };
+    return scaled_dot_product_attention(r(q), r(k), r(v), o, site);
   }
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 

@@ -225,14 +225,22 @@ Tensor clamp(const Tensor& x, double lo, double hi, Site site) {
   return unary_saving_input("clamp", x, pw::Clamp{lo, hi}, pw::ClampBackward{lo, hi});
 }
 
-Tensor round_bf16(const Tensor& x, Site site) {
-  const CallSite at("round_bf16", site);
-  check(x.dtype() == DType::f32, "round_bf16: expected an f32 tensor, got {}", x.dtype());
+namespace {
+// round_bf16 and round_fp16: an f32 tensor rounded by `round` (a pw:: functor), straight-through vjp
+template <class Round>
+Tensor round_16bit(const char* op, const Tensor& x, Site site) {
+  const CallSite at(op, site);
+  check(x.dtype() == DType::f32, "{}: expected an f32 tensor, got {}", op, x.dtype());
   Tensor y = empty(x.shape(), x.dtype(), x.device());
-  KERNEL(x.device(), map1, y.data<float>(), x.data<float>(), layout(x), pw::RoundBf16{});
-  record("round_bf16", {x}, y, [](const Tensor& g) { return std::vector{g}; });
+  KERNEL(x.device(), map1, y.data<float>(), x.data<float>(), layout(x), Round{});
+  record(op, {x}, y, [](const Tensor& g) { return std::vector{g}; });
   return y;
 }
+}  // namespace
+
+Tensor round_bf16(const Tensor& x, Site site) { return round_16bit<pw::RoundBf16>("round_bf16", x, site); }
+Tensor round_fp16(const Tensor& x, Site site) { return round_16bit<pw::RoundFp16>("round_fp16", x, site); }
+
 
 Tensor maximum(const Tensor& a_, const Tensor& b_, Site site) {
   const CallSite at("maximum", site);

@@ -108,7 +108,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
     int64_t ldb;
     Tensor bs = blas_operand(b, tb, ldb), as = a.detach();
     check_blas_size(a, b, {rows, N, K, lda_folded, ldb});
-    cpu::Gemm gemm{rows, N, K, false, tb, lda_folded, ldb, nullptr, nullptr, autocast_bf16(a.dtype())};
+    cpu::Gemm gemm{rows, N, K, false, tb, lda_folded, ldb, nullptr, nullptr, autocast_operands(a.dtype())};
     visit_floating("matmul", a.dtype(), [&]<class T>() {
       KERNEL(a.device(), matmul_forward, y.data<T>(), as.data<T>(), bs.data<T>(), gemm);
     });
@@ -131,7 +131,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   Tensor as = blas_operand(a, ta, lda), bs = blas_operand(b, tb, ldb);
   check_blas_size(a, b, {M, N, K, lda, ldb});
   const Layout la = batch_layout(as, batch), lb = batch_layout(bs, batch);
-  cpu::Gemm gemm{M, N, K, ta, tb, lda, ldb, &la, &lb, autocast_bf16(a.dtype())};
+  cpu::Gemm gemm{M, N, K, ta, tb, lda, ldb, &la, &lb, autocast_operands(a.dtype())};
   visit_floating("matmul", a.dtype(), [&]<class T>() {
     KERNEL(a.device(), matmul_forward, y.data<T>(), as.data<T>(), bs.data<T>(), gemm);
   });
@@ -185,15 +185,15 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
   for (int d = 0; d + 1 < x.ndim(); ++d) out_shape.push_back(x.shape()[d]);
   out_shape.push_back(out);
   Tensor y = empty(out_shape, x.dtype(), x.device());
-  const bool bf16 = autocast_bf16(x.dtype());  // read now, kept for backward
-  const cpu::Gemm gemm{rows, out, in, false, true, ldx, ldw, nullptr, nullptr, bf16};
+  const Precision operands = autocast_operands(x.dtype());  // read now, kept for backward
+  const cpu::Gemm gemm{rows, out, in, false, true, ldx, ldw, nullptr, nullptr, operands};
   visit_floating("linear", x.dtype(), [&]<class T>() {
     KERNEL(x.device(), matmul_forward, y.data<T>(), xs.data<T>(), ws.data<T>(), gemm,
            bs.defined() ? bs.data<T>() : static_cast<const T*>(nullptr));
   });
   const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
   const Shape x_shape = x.shape();
-  auto backward = [xs, ws, x_shape, rows, in, out, ldx, ldw, bf16, gx, gw, gb](const Tensor& g) {
+  auto backward = [xs, ws, x_shape, rows, in, out, ldx, ldw, operands, gx, gw, gb](const Tensor& g) {
     // in the forward pass this was  y[r, o] = sum_i x[r, i] w[o, i] + b[o]  for every row r, so now
     //   dx[r, i] = sum_o g[r, o] w[o, i]     dx = g W        (rows, out) @ (out, in)
     //   dw[o, i] = sum_r g[r, o] x[r, i]     dw = g^T X      (out, rows) @ (rows, in): W's own layout
@@ -204,11 +204,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
     visit_floating("linear", g.dtype(), [&]<class T>() {
       if (gx)
         KERNEL(g.device(), matmul_forward, dx.data<T>(), dout.data<T>(), ws.data<T>(),
-               cpu::Gemm{rows, in, out, false, false, std::max<int64_t>(out, 1), ldw, nullptr, nullptr, bf16},
+               cpu::Gemm{rows, in, out, false, false, std::max<int64_t>(out, 1), ldw, nullptr, nullptr, operands},
                static_cast<const T*>(nullptr));
       if (gw)
         KERNEL(g.device(), matmul_forward, dw.data<T>(), dout.data<T>(), xs.data<T>(),
-               cpu::Gemm{out, in, rows, true, false, std::max<int64_t>(out, 1), ldx, nullptr, nullptr, bf16},
+               cpu::Gemm{out, in, rows, true, false, std::max<int64_t>(out, 1), ldx, nullptr, nullptr, operands},
                static_cast<const T*>(nullptr));
     });
     Tensor db = gb ? sum(dout.reshape({rows, out}), {0}) : Tensor();

@@ -107,22 +107,25 @@ int64_t tile_boundary(int64_t n, int64_t period, int t, int parts, int64_t tile)
   return base + std::min(period, (i + tile / 2) / tile * tile);
 }
 
-// x[0, n) rounded to bfloat16 (pw::round_bf16), in a buffer of the caching allocator: these copies
-// are made at every product of every step, and a fresh heap buffer of their size would be zeroed
-// and faulted in page by page each time.
-class RoundedBf16 {
+// x[0, n) rounded to bf16 or fp16 (pw::round_operand), in a buffer of the caching allocator: these
+// copies are made at every product of every step, and a fresh heap buffer of their size would be
+// zeroed and faulted in page by page each time.
+class RoundedOperand {
  public:
-  RoundedBf16(const float* x, int64_t n)
+  RoundedOperand(const float* x, int64_t n, Precision p)
       : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(float)),
         data_(static_cast<float*>(device_alloc(Device::cpu(), bytes_))) {
     float* r = data_;
     parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) r[i] = pw::round_bf16(x[i]);
+      if (p == Precision::bf16)
+        for (int64_t i = i0; i < i1; ++i) r[i] = pw::round_bf16(x[i]);
+      else
+        for (int64_t i = i0; i < i1; ++i) r[i] = pw::round_fp16(x[i]);
     });
   }
-  ~RoundedBf16() { device_free(Device::cpu(), data_, bytes_); }
-  RoundedBf16(const RoundedBf16&) = delete;
-  RoundedBf16& operator=(const RoundedBf16&) = delete;
+  ~RoundedOperand() { device_free(Device::cpu(), data_, bytes_); }
+  RoundedOperand(const RoundedOperand&) = delete;
+  RoundedOperand& operator=(const RoundedOperand&) = delete;
   const float* data() const { return data_; }
 
  private:
@@ -147,19 +150,19 @@ template <class T>
 void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) {
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   if (P == 0 || M == 0 || N == 0) return;
-  if (g.bf16) {
-    // bf16 autocast: the same GEMM on copies of a and b rounded to bfloat16. Every product of two
-    // bf16 values (8 significant bits each) is exact in f32, so this sums the very products a
-    // tensor core would, in f32; only the order of the additions can differ from a GPU's.
+  if (g.operands != Precision::fp32) {
+    // autocast: the same GEMM on copies of a and b rounded to bf16 or fp16. Every product of two
+    // such values (8 or 11 significant bits each) is exact in f32, so this sums the very products
+    // a tensor core would, in f32; only the order of the additions can differ from a GPU's.
     if constexpr (std::is_same_v<T, float>) {
-      const RoundedBf16 ra(a, operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a));
-      const RoundedBf16 rb(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
+      const RoundedOperand ra(a, operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a), g.operands);
+      const RoundedOperand rb(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b), g.operands);
       Gemm f32 = g;
-      f32.bf16 = false;
+      f32.operands = Precision::fp32;
       matmul_forward(c, ra.data(), rb.data(), f32, bias);
       return;
     } else {
-      assert(!"matmul_forward: bf16 operands are f32 only (the op front casts nothing else)");
+      assert(!"matmul_forward: 16-bit operands are f32 only (the op front casts nothing else)");
     }
   }
   if constexpr (std::is_same_v<T, float>) sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
@@ -213,7 +216,7 @@ void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g) {
           T x = g.trans_a ? ap[k * g.lda + i] : ap[i * g.lda + k];
           T w = g.trans_b ? bp[j * g.ldb + k] : bp[k * g.ldb + j];
           if constexpr (std::is_same_v<T, float>)
-            if (g.bf16) x = pw::round_bf16(x), w = pw::round_bf16(w);
+            x = pw::round_operand(x, g.operands), w = pw::round_operand(w, g.operands);
           acc += x * w;
         }
         cp[i * g.N + j] = acc;
@@ -244,11 +247,11 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   }
   const Layout* batch_dout = g.batch_a ? &dense : nullptr;
   if (da) {
-    Gemm gd{g.M, g.K, g.N, false, !g.trans_b, g.N, g.ldb, batch_dout, g.batch_b, g.bf16};
+    Gemm gd{g.M, g.K, g.N, false, !g.trans_b, g.N, g.ldb, batch_dout, g.batch_b, g.operands};
     matmul_forward(da, dout, b, gd);
   }
   if (db) {
-    Gemm gd{g.K, g.N, g.M, !g.trans_a, false, g.lda, g.N, g.batch_a, batch_dout, g.bf16};
+    Gemm gd{g.K, g.N, g.M, !g.trans_a, false, g.lda, g.N, g.batch_a, batch_dout, g.operands};
     matmul_forward(db, a, dout, gd);
   }
 }

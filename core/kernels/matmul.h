@@ -8,6 +8,8 @@
 // contiguous: (batch, M, N).
 #include <cstdint>
 
+#include "core/precision.h"
+
 namespace ag { struct Layout; }
 
 namespace ag::cpu {
@@ -18,9 +20,9 @@ struct Gemm {
   int64_t lda = 0, ldb = 0;
   const Layout* batch_a = nullptr;  // batch dims of a; nullptr = a single matrix
   const Layout* batch_b = nullptr;  // batch dims of b, same shape as batch_a
-  // bf16 autocast (autograd/autocast.h; f32 only): both operands are read rounded to bfloat16 and
-  // the products summed in f32. The backward GEMMs inherit it (dout is rounded too).
-  bool bf16 = false;
+  // autocast (autograd/autocast.h; f32 only): bf16 or fp16 reads both operands rounded to that
+  // format and sums the products in f32. The backward GEMMs inherit it (dout is rounded too).
+  Precision operands = Precision::fp32;
 };
 
 // How many elements from operand x's first to its last one (batch included): a (M, K) operand read

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/kernels.h"
+#include "core/precision.h"
 #if !defined(__CUDACC__)
 #include "core/cpu/vecmath.h"  // fast_exp, fast_normal_cdf, fast_normal_pdf
 #endif
@@ -178,6 +179,46 @@ AG_HD inline float round_bf16(float x) {
 #endif
 }
 struct RoundBf16 { AG_HD float operator()(float x) const { return round_bf16(x); } };
+
+// x rounded to the nearest IEEE half (fp16: 5 exponent bits, 10 stored mantissa bits), returned as
+// the f32 of the same value; ties to even, as CUDA's __float2half_rn.
+//   normal halves (|x| >= 2^-14): the mantissa rounded to 10 bits, as round_bf16 does with 7: add
+//     half of the dropped 13 bits' range (plus one when the kept part is odd), clear them; a carry
+//     raises the exponent
+//   past the largest half, 65504: inf (every |x| >= 65520 rounds there)
+//   subnormal halves (|x| < 2^-14): multiples of 2^-24, so rint(x 2^24) 2^-24 (both scalings
+//     exact; rint rounds to even in the default rounding mode); below 2^-25 that is 0
+//   NaN stays NaN (quiet), inf stays inf
+AG_HD inline float round_fp16(float x) {
+  const float ax = x < 0 ? -x : x;
+  if (!(ax < 0x1p-14f)) {  // normal halves, overflow, inf and NaN
+    uint32_t u;
+#if defined(__CUDA_ARCH__)
+    u = __float_as_uint(x);
+#else
+    std::memcpy(&u, &x, sizeof u);
+#endif
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x + x;  // NaN: quiet
+    if ((u & 0x7fffffffu) == 0x7f800000u) return x;     // inf
+    u += 0xfffu + ((u >> 13) & 1u);
+    u &= 0xffffe000u;
+    if ((u & 0x7fffffffu) > 0x477fe000u) u = (u & 0x80000000u) | 0x7f800000u;  // past 65504: inf
+    float y;
+#if defined(__CUDA_ARCH__)
+    y = __uint_as_float(u);
+#else
+    std::memcpy(&y, &u, sizeof y);
+#endif
+    return y;
+  }
+  return rintf(x * 0x1p24f) * 0x1p-24f;
+}
+struct RoundFp16 { AG_HD float operator()(float x) const { return round_fp16(x); } };
+
+// An f32 operand as autocast reads it (core/precision.h): as it is, or rounded to bf16 or fp16.
+AG_HD inline float round_operand(float x, Precision p) {
+  return p == Precision::bf16 ? round_bf16(x) : p == Precision::fp16 ? round_fp16(x) : x;
+}
 
 // ---- comparisons and selection --------------------------------------------------------------
 struct Eq { template <class T> AG_HD bool operator()(T a, T b) const { return a == b; } };

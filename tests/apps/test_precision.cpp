@@ -1,15 +1,18 @@
-// --precision bf16 in the apps (autograd/autocast.h): the real binaries at the tiny size of
-// tests/apps/tiny_apps.h, run once in fp32 and once in bf16 from the same seed.
+// --precision bf16 and fp16 in the apps (autograd/autocast.h): the real binaries at the tiny size
+// of tests/apps/tiny_apps.h, run once in fp32 and once in 16-bit autocast from the same seed.
 //
 //   the loss curves agree to 2e-3 relative: bf16 operands carry a relative rounding error of at
-//   most 2^-8 per element, the sums are f32, and these 30 steps stay on the fp32 curve (measured:
-//   about 4e-5 relative for gpt); a loss that drifted further would mean the autocast reached an
-//   op it should not (a norm, the loss, the optimizer)
+//   most 2^-8 per element (fp16: 2^-11), the sums are f32, and these 30 steps stay on the fp32
+//   curve (measured: about 4e-5 relative for gpt in bf16); a loss that drifted further would mean
+//   the autocast reached an op it should not (a norm, the loss, the optimizer)
 //   the curves are NOT bit-equal: a flag that changed nothing would fail
-//   the report and its JSON name the precision, and the bf16 checkpoint is an ordinary f32 one
-//   that an fp32 --eval-only reads
+//   the report and its JSON name the precision (fp16: and the loss scale), and the checkpoint is
+//   an ordinary f32 one that an fp32 --eval-only reads
+//   fp16: --stop-at then --resume ends bit for bit where a straight run does (the loss scale and
+//   its growth count travel in the checkpoint)
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,11 +38,11 @@ std::vector<double> losses(const std::string& path) {
   return out;
 }
 
-void bf16_follows_fp32(const std::string& app) {
-  Apps apps("precision_" + app);
+void follows_fp32(const std::string& app, const std::string& precision) {
+  Apps apps("precision_" + app + "_" + precision);
   run_app(apps.command(app, "fp32", kSteps, kEvery, 1), apps.logs(), "fp32");
-  const Child bf16 = run_app(apps.command(app, "bf16", kSteps, kEvery, 1, {"--precision", "bf16"}), apps.logs(), "bf16");
-  const std::string a = apps.tmp.file("fp32") + "/metrics.jsonl", b = apps.tmp.file("bf16") + "/metrics.jsonl";
+  const Child low = run_app(apps.command(app, "low", kSteps, kEvery, 1, {"--precision", precision}), apps.logs(), "low");
+  const std::string a = apps.tmp.file("fp32") + "/metrics.jsonl", b = apps.tmp.file("low") + "/metrics.jsonl";
   REQUIRE(read_metrics(a).size() == size_t(kSteps / kEvery));
   check_close_losses(b, a, 1e-6, 2e-3);
   const std::vector<double> la = losses(a), lb = losses(b);
@@ -48,22 +51,51 @@ void bf16_follows_fp32(const std::string& app) {
   for (size_t i = 0; i < la.size(); ++i) differ += la[i] != lb[i];
   CHECK(differ > int(la.size()) / 2);  // the operands really were rounded
 
-  CHECK(bf16.output().find("bf16 autocast") != std::string::npos);  // the header and the report say so
-  std::ifstream in(apps.tmp.file("bf16") + "/report.json");
+  CHECK(low.output().find(precision + " autocast") != std::string::npos);  // the header and the report say so
+  std::ifstream in(apps.tmp.file("low") + "/report.json");
   const nlohmann::json report = nlohmann::json::parse(in);
-  CHECK(report.at("precision") == "bf16");
+  CHECK(report.at("precision") == precision);
   CHECK(report.at("device") == "cpu");
+  if (precision == "fp16") {  // 2^16, never overflowed in 30 steps of these small losses
+    CHECK(report.at("loss_scale") == 65536.0);
+    CHECK(report.at("loss_scale_skips") == 0);
+  } else {
+    CHECK_FALSE(report.contains("loss_scale"));
+  }
 
-  // the bf16 run's checkpoint holds f32 weights: an fp32 evaluation reads it
-  std::vector<std::string> eval = apps.command(app, "bf16", kSteps, kEvery, 1);
-  eval.insert(eval.end(), {"--eval-only", "--checkpoint", apps.checkpoint("bf16")});
+  // the 16-bit run's checkpoint holds f32 weights: an fp32 evaluation reads it
+  std::vector<std::string> eval = apps.command(app, "low", kSteps, kEvery, 1);
+  eval.insert(eval.end(), {"--eval-only", "--checkpoint", apps.checkpoint("low")});
   run_app(eval, apps.logs(), "eval");
 }
 
 }  // namespace
 
-TEST_CASE("precision: gpt --precision bf16 follows the fp32 loss curve, not bit for bit") { bf16_follows_fp32("gpt"); }
-TEST_CASE("precision: vit --precision bf16 follows the fp32 loss curve, not bit for bit") { bf16_follows_fp32("vit"); }
+TEST_CASE("precision: gpt --precision bf16 follows the fp32 loss curve, not bit for bit") { follows_fp32("gpt", "bf16"); }
+TEST_CASE("precision: vit --precision bf16 follows the fp32 loss curve, not bit for bit") { follows_fp32("vit", "bf16"); }
 TEST_CASE("precision: textclf --precision bf16 follows the fp32 loss curve, not bit for bit") {
-  bf16_follows_fp32("textclf");
+  follows_fp32("textclf", "bf16");
+}
+TEST_CASE("precision: gpt --precision fp16 follows the fp32 loss curve with a loss scale") { follows_fp32("gpt", "fp16"); }
+TEST_CASE("precision: vit --precision fp16 follows the fp32 loss curve with a loss scale") { follows_fp32("vit", "fp16"); }
+TEST_CASE("precision: textclf --precision fp16 follows the fp32 loss curve with a loss scale") {
+  follows_fp32("textclf", "fp16");
+}
+
+TEST_CASE("precision: gpt --precision fp16 resumes bit for bit, the loss scale included") {
+  Apps apps("precision_resume");
+  // a growth interval shorter than the run is not an option; the scale and its count of finite
+  // steps must come back all the same, or the resumed run's next growth would fall elsewhere
+  const std::vector<std::string> fp16 = {"--precision", "fp16"};
+  run_app(apps.command("gpt", "straight", 12, 4, 1, fp16), apps.logs(), "straight");
+  std::vector<std::string> first = fp16, second = fp16;
+  first.insert(first.end(), {"--stop-at", "5"});
+  second.push_back("--resume");
+  run_app(apps.command("gpt", "split", 12, 4, 1, first), apps.logs(), "first");
+  std::map<std::string, std::string> meta;
+  load_safetensors_map(apps.checkpoint("split"), &meta);
+  CHECK(meta.at("extra.run.loss_scale") == "65536");
+  CHECK(meta.at("extra.run.loss_scale_tracker") == "5");
+  run_app(apps.command("gpt", "split", 12, 4, 1, second), apps.logs(), "second");
+  check_checkpoints(apps.checkpoint("split"), apps.checkpoint("straight"));
 }

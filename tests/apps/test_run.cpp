@@ -79,17 +79,20 @@ TEST_CASE("run: --precision bf16 turns autocast on for the thread that trains, f
   CHECK(o.precision == "bf16");
   CHECK(training_precision(o) == Precision::bf16);
   CHECK(autocast_precision() == Precision::bf16);
-  CHECK(autocast_bf16(DType::f32));
+  CHECK(autocast_operands(DType::f32) == Precision::bf16);
   o = parse({});
   CHECK(training_precision(o) == Precision::fp32);
   CHECK(autocast_precision() == Precision::fp32);
   // a caller that fills RunOptions itself gets the same check as the command line
-  o.precision = "fp16";
-  AG_CHECK_ERROR(validate_run_options(o, "demo"), "--precision fp16", "fp32 or bf16");
+  o.precision = "fp8";
+  AG_CHECK_ERROR(validate_run_options(o, "demo"), "--precision fp8", "fp32, bf16 or fp16");
+  o = parse({"--precision", "fp16"});
+  CHECK(training_precision(o) == Precision::fp16);
+  CHECK(autocast_precision() == Precision::fp16);
   CLI::App cli;
   RunOptions h;
   add_run_options(cli, h);
-  CHECK(cli.help().find("bf16: autocast") != std::string::npos);
+  CHECK(cli.help().find("fp16 with dynamic loss scaling") != std::string::npos);
 }
 
 TEST_CASE("run: eval_part gives each rank a strided part, the parts cover the split once") {
@@ -142,6 +145,60 @@ TEST_CASE("run: a bad flag or value is a usage error (exit 2, one line), --help 
   CHECK(exit_code({"demo", "--steps", "many"}) == kExitUsage);
   CHECK(exit_code({"demo", "--help"}) == 0);
   CHECK(kExitUsage == 2);
+}
+
+TEST_CASE("run: --precision fp16 unscales, an overflow halves the scale without counting as a skip, the scale resumes") {
+  const AutocastGuard restore(Precision::fp32);  // parse sets the thread's precision
+  TempDir tmp("run_fp16");
+  const std::string dir = tmp.dir.string() + "/run";
+  const nlohmann::json config = {{"width", 3}};
+  const double inf = std::numeric_limits<double>::infinity();
+  auto set_grads = [](nn::Linear& lin, double v) {
+    for (Tensor p : lin.parameters()) p.set_grad(full(p.shape(), v));
+  };
+  {
+    Generator gen(1);
+    nn::Linear lin(3, 2, true, DType::f32, &gen);  // 8 parameters
+    optim::AdamW opt(lin.parameters(), {.lr = 0.05});
+    RunOptions o = parse({"--precision", "fp16", "--out", dir, "--quiet", "--max-skips", "1", "--clip", "0"});
+    Run run("demo", o, lin, opt, gen, config);
+    run.resume();
+    CHECK(run.loss_scale() == 65536);
+    // an overflowing gradient with a finite loss: skipped, the scale halved, and not one of the
+    // --max-skips (1 here: a counted skip would have raised)
+    set_grads(lin, inf);
+    CHECK_FALSE(run.optimizer_step(1, 0.5));
+    CHECK(run.loss_scale() == 32768);
+    CHECK(run.loss_scale_skips() == 1);
+    CHECK(run.skipped_steps() == 0);
+    // a finite scaled gradient: divided by the scale before the norm and the step
+    set_grads(lin, 32768 * 0.25);
+    CHECK(run.optimizer_step(2, 0.5));
+    CHECK(run.last_grad_norm() == doctest::Approx(0.25 * std::sqrt(8.0)));
+    CHECK(run.loss_scale() == 32768);
+    // a non-finite loss is a divergence all the same: counted, and with --max-skips 1 it stops
+    // (its gradients are as good as non-finite: the scale is halved too, as PyTorch's would be)
+    set_grads(lin, 1.0);
+    AG_CHECK_ERROR(run.optimizer_step(3, std::nan("")), "--max-skips 1");
+    CHECK(run.loss_scale() == 16384);
+    run.save(2);
+  }
+  Generator gen(2);
+  nn::Linear lin(3, 2, true, DType::f32, &gen);
+  optim::AdamW opt(lin.parameters(), {.lr = 0.05});
+  RunOptions o = parse({"--precision", "fp16", "--out", dir, "--quiet", "--resume"});
+  Run run("demo", o, lin, opt, gen, config);
+  REQUIRE(run.resume() == 2);
+  CHECK(run.loss_scale() == 16384);  // not the initial 65536
+  CHECK(run.loss_scale_skips() == 1);
+  // an fp32 run ignores the scale entirely
+  RunOptions o32 = parse({"--out", dir, "--quiet", "--resume"});
+  Generator gen32(2);
+  nn::Linear lin32(3, 2, true, DType::f32, &gen32);
+  optim::AdamW opt32(lin32.parameters(), {.lr = 0.05});
+  Run run32("demo", o32, lin32, opt32, gen32, config);
+  run32.resume();
+  CHECK(run32.loss_scale() == 1);
 }
 
 TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") {

@@ -248,39 +248,43 @@ TEST_CASE("cuda linear: bias epilogue, no bias, strided input") {
   }
 }
 
-// bf16 autocast (autograd/autocast.h): both devices multiply the same bf16-rounded operands (the GPU
-// on tensor cores through cublasGemmEx, the CPU in its f32 GEMM on rounded copies) and sum in f32,
-// so they agree to f32 summation-order error. The tolerance (1e-4 + 1e-3 |ref|) is far below the
-// bf16-vs-f32 gap of these sums (~1e-2): a GPU that skipped the rounding would fail.
-TEST_CASE("cuda autocast: bf16 matmul, linear and attention equal the cpu's bf16") {
+// bf16 and fp16 autocast (autograd/autocast.h): both devices multiply the same rounded operands
+// (the GPU on tensor cores through cublasGemmEx, the CPU in its f32 GEMM on rounded copies) and
+// sum in f32, so they agree to f32 summation-order error (tolerance 1e-4 + 1e-3 |ref|). For bf16
+// that is below the bf16-vs-f32 gap of these sums (~3e-2), so a GPU that skipped the rounding
+// would fail the comparison; fp16's gap is closer to the tolerance, so the last check asks
+// directly that the GPU's 16-bit product differ from its f32 one.
+TEST_CASE("cuda autocast: bf16 and fp16 matmul, linear and attention equal the cpu's") {
   if (skip_without_gpu()) return;
-  const testing::CompareOptions bf16_tol = tolerance(DType::f32, 1e-4, 1e-3);
-  auto under_bf16 = [](testing::Fn fn) {
-    return [fn](const std::vector<Tensor>& in) {
-      AutocastGuard bf16(Precision::bf16);
-      return fn(in);
+  const testing::CompareOptions tol = tolerance(DType::f32, 1e-4, 1e-3);
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    INFO("precision ", name(p));
+    auto under = [p](testing::Fn fn) {
+      return [fn, p](const std::vector<Tensor>& in) {
+        AutocastGuard autocast(p);
+        return fn(in);
+      };
     };
-  };
-  expect_same(under_bf16([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); }),
-              {leaf({37, 64}, 1), leaf({64, 29}, 2)}, bf16_tol);
-  // batched with a transposed view: strided-batched GemmEx
-  expect_same(under_bf16([](const std::vector<Tensor>& in) { return matmul(in[0], in[1].mT()); }),
-              {leaf({4, 37, 64}, 3), leaf({4, 29, 64}, 4)}, bf16_tol);
-  expect_same(under_bf16([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }),
-              {leaf({2, 19, 96}, 5), leaf({48, 96}, 6), leaf({48}, 7)}, bf16_tol);
-  SdpaOptions causal;
-  causal.causal = true;
-  expect_same(
-      under_bf16([causal](const std::vector<Tensor>& in) {
-        return scaled_dot_product_attention(in[0], in[1], in[2], causal).out;
-      }),
-      {leaf({2, 3, 41, 64}, 8), leaf({2, 3, 41, 64}, 9), leaf({2, 3, 41, 64}, 10)}, bf16_tol);
-  // and the GPU's bf16 product is not its f32 one
-  const Tensor a = leaf({37, 64}, 1).to(Device::cuda(0)), b = leaf({64, 29}, 2).to(Device::cuda(0));
-  Tensor y32 = matmul(a, b), y16;
-  {
-    AutocastGuard bf16(Precision::bf16);
-    y16 = matmul(a, b);
+    expect_same(under([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); }),
+                {leaf({37, 64}, 1), leaf({64, 29}, 2)}, tol);
+    // batched with a transposed view: strided-batched GemmEx
+    expect_same(under([](const std::vector<Tensor>& in) { return matmul(in[0], in[1].mT()); }),
+                {leaf({4, 37, 64}, 3), leaf({4, 29, 64}, 4)}, tol);
+    expect_same(under([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }),
+                {leaf({2, 19, 96}, 5), leaf({48, 96}, 6), leaf({48}, 7)}, tol);
+    SdpaOptions causal;
+    causal.causal = true;
+    expect_same(under([causal](const std::vector<Tensor>& in) {
+                  return scaled_dot_product_attention(in[0], in[1], in[2], causal).out;
+                }),
+                {leaf({2, 3, 41, 64}, 8), leaf({2, 3, 41, 64}, 9), leaf({2, 3, 41, 64}, 10)}, tol);
+    // and the GPU's 16-bit product is not its f32 one
+    const Tensor a = leaf({37, 64}, 1).to(Device::cuda(0)), b = leaf({64, 29}, 2).to(Device::cuda(0));
+    Tensor y32 = matmul(a, b), y16;
+    {
+      AutocastGuard autocast(p);
+      y16 = matmul(a, b);
+    }
+    CHECK(max(abs(sub(y16, y32))).item<double>() > 1e-4);
   }
-  CHECK(max(abs(sub(y16, y32))).item<double>() > 1e-3);
 }

@@ -69,20 +69,63 @@ TEST_CASE("round_bf16: ties to even, range, NaN and inf, straight-through gradie
   AG_CHECK_ERROR(round_bf16(ones({2}, DType::f64)), "round_bf16", "f32", "f64");
 }
 
+TEST_CASE("round_fp16: ties to even, overflow to inf, subnormals, NaN, the bits of a hardware half") {
+  const float inf = std::numeric_limits<float>::infinity();
+  // half keeps 10 mantissa bits: near 1 its spacing is 2^-10.
+  //   1 + 2^-11 (halfway, 1 is even) -> 1;  1 + 3 2^-11 (halfway, 1 + 2^-10 is odd) -> 1 + 2^-9
+  //   65504 is the largest half; 65519 rounds down to it, 65520 (halfway to 65536) up: inf
+  //   2^-14 is the smallest normal; 2^-24 the smallest subnormal; 2^-25 is halfway to 0 (even): 0;
+  //   3 2^-25 is halfway between 2^-24 (odd) and 2^-23: 2^-23;  pi -> 3.140625 (0x4248)
+  Tensor x = tensor({1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, 65504.f, 65519.f, 65520.f, -70000.f, 0x1p-14f, 0x1p-24f,
+                     0x1p-25f, 3 * 0x1p-25f, 3.14159265f, inf, -inf},
+                    {13});
+  std::vector<float> y = round_fp16(x).to_vector<float>();
+  std::vector<float> want = {1.f,       1.f + 0x1p-9f, 65504.f, 65504.f,    inf, -inf, 0x1p-14f, 0x1p-24f,
+                             0.f,       0x1p-23f,      3.140625f, inf,      -inf};
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element ", i, ": ", x.to_vector<float>()[i]);
+    CHECK(y[i] == want[i]);
+  }
+  CHECK(std::isnan(round_fp16(tensor({std::nanf("")})).item<float>()));
+#if defined(__FLT16_MAX__)
+  // against the compiler's IEEE half (_Float16: F16C or exact software conversion), over values of
+  // every magnitude from 2^-30 to 2^17 (subnormal halves, normal ones, overflow), both signs
+  std::vector<float> vals;
+  for (uint32_t i = 0; i < 200000; ++i) {
+    const uint32_t h = i * 2654435761u;
+    const uint32_t exp = 97 + (h >> 27) % 48;  // 2^-30 .. 2^17
+    vals.push_back(from_bits((h & 0x80000000u) | (exp << 23) | (h * 40503u & 0x7fffffu)));
+  }
+  const std::vector<float> got = round_fp16(from_vector<float>(vals, {int64_t(vals.size())})).to_vector<float>();
+  int64_t differ = 0;
+  for (size_t i = 0; i < vals.size(); ++i) differ += got[i] != float(static_cast<_Float16>(vals[i]));
+  CHECK(differ == 0);
+#endif
+  // |round(x) - x| <= 2^-11 |x| in half's normal range; vjp: dx = g
+  Tensor r = rnd({4096}, 5);
+  CHECK(max(div(abs(sub(round_fp16(r), r)), abs(r))).item<double>() <= 0x1p-11);
+  Tensor xl = rnd({3}, 6).set_requires_grad(true);
+  Tensor g = tensor({1.f, -2.f, 3.f});
+  sum(mul(round_fp16(xl), g)).backward();
+  check_close(xl.grad(), g, 0, 0);
+  AG_CHECK_ERROR(round_fp16(ones({2}, DType::f64)), "round_fp16", "f32", "f64");
+}
+
 TEST_CASE("autocast: the guard sets and restores the thread's precision, and f64 is never cast") {
   CHECK(autocast_precision() == Precision::fp32);
   {
     AutocastGuard bf16(Precision::bf16);
-    CHECK(autocast_bf16(DType::f32));
-    CHECK(!autocast_bf16(DType::f64));
+    CHECK(autocast_operands(DType::f32) == Precision::bf16);
+    CHECK(autocast_operands(DType::f64) == Precision::fp32);
     {
       AutocastGuard off(Precision::fp32);
-      CHECK(!autocast_bf16(DType::f32));
+      CHECK(autocast_operands(DType::f32) == Precision::fp32);
     }
     CHECK(autocast_precision() == Precision::bf16);
   }
   CHECK(autocast_precision() == Precision::fp32);
   CHECK(std::string(name(Precision::bf16)) == "bf16");
+  CHECK(std::string(name(Precision::fp16)) == "fp16");
   // f64 matmul under the guard: the same bits as without
   Tensor a = rnd({6, 9}, 1).to(DType::f64), b = rnd({9, 5}, 2).to(DType::f64);
   Tensor plain = matmul(a, b);
@@ -155,7 +198,7 @@ TEST_CASE("autocast: linear rounds x, W and the gradient, keeps the bias f32") {
 TEST_CASE("autocast: the naive matmul kernel rounds as the GEMM path does") {
   Tensor a = rnd({5, 17}, 31), b = rnd({17, 9}, 32);
   Tensor c1 = empty({5, 9}), c2 = empty({5, 9});
-  const cpu::Gemm g{5, 9, 17, false, false, 17, 9, nullptr, nullptr, true};
+  const cpu::Gemm g{5, 9, 17, false, false, 17, 9, nullptr, nullptr, Precision::bf16};
   cpu::matmul_forward(c1.data<float>(), a.data<float>(), b.data<float>(), g);
   cpu::matmul_forward_naive(c2.data<float>(), a.data<float>(), b.data<float>(), g);
   CHECK(max_diff(c1, c2) < 1e-5);
@@ -196,4 +239,51 @@ TEST_CASE("autocast: attention computes the f32 attention of bf16 q, k, v, fused
     CHECK(max_diff(k.grad(), k2.grad()) < 1e-6);
     CHECK(max_diff(v.grad(), v2.grad()) < 1e-6);
   }
+}
+
+TEST_CASE("autocast: fp16 rounds the operands of matmul, linear and attention to IEEE half") {
+  Tensor a = rnd({7, 33}, 51).set_requires_grad(true), b = rnd({33, 5}, 52).set_requires_grad(true);
+  auto half_f64 = [](const Tensor& t) { return round_fp16(t.detach()).to(DType::f64); };
+  Tensor y;
+  {
+    AutocastGuard fp16(Precision::fp16);
+    CHECK(autocast_operands(DType::f32) == Precision::fp16);
+    y = matmul(a, b);
+  }
+  CHECK(max_diff(y, matmul(half_f64(a), half_f64(b))) < 1e-5);
+  CHECK(max_diff(y, matmul(a.detach(), b.detach())) > 1e-5);              // not the f32 product
+  CHECK(max_diff(y, matmul(bf16_f64(a), bf16_f64(b))) > 1e-3);            // nor the bf16 one
+  Tensor g = rnd(y.shape(), 53);
+  sum(mul(y, g)).backward();
+  CHECK(max_diff(a.grad(), matmul(half_f64(g), half_f64(b).transpose(0, 1))) < 1e-5);
+  CHECK(max_diff(b.grad(), matmul(half_f64(a).transpose(0, 1), half_f64(g))) < 1e-5);
+  // a gradient below half's smallest subnormal (2^-24) vanishes in the backward GEMM: why fp16
+  // training scales its loss (optim::GradScaler)
+  a.set_grad(Tensor());
+  Tensor y2;
+  {
+    AutocastGuard fp16(Precision::fp16);
+    y2 = matmul(a, b.detach());
+  }
+  sum(mul(y2, full(y2.shape(), 1e-9))).backward();
+  CHECK(max(abs(a.grad())).item<double>() == 0);
+
+  Tensor x = rnd({2, 9, 24}, 54), w = rnd({8, 24}, 55);
+  Tensor yl;
+  {
+    AutocastGuard fp16(Precision::fp16);
+    yl = linear(x, w);
+  }
+  CHECK(max_diff(yl, matmul(half_f64(x), half_f64(w).transpose(0, 1))) < 1e-5);
+
+  Tensor q = rnd({1, 2, 7, 16}, 56), k = rnd({1, 2, 7, 16}, 57), v = rnd({1, 2, 7, 16}, 58);
+  SdpaOptions o;
+  o.causal = true;
+  Tensor ya;
+  {
+    AutocastGuard fp16(Precision::fp16);
+    ya = scaled_dot_product_attention(q, k, v, o).out;
+  }
+  CHECK(max_diff(ya, scaled_dot_product_attention(round_fp16(q), round_fp16(k), round_fp16(v), o).out) < 1e-6);
+  CHECK(max_diff(ya, scaled_dot_product_attention(q, k, v, o).out) > 1e-6);
 }
