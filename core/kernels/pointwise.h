@@ -153,23 +153,18 @@ struct MinimumBackwardA {
   template <class T> AG_HD T operator()(T a, T b, T g) const { return a < b ? g : (a == b ? g / T(2) : T(0)); }
 };
 
-// ---- bfloat16 rounding (autocast, autograd/autocast.h) ------------------------------------------
-// x rounded to the nearest bfloat16, returned as the f32 of the same value: bf16 is the top 16
-// bits of an f32 (sign, 8 exponent bits, 7 stored mantissa bits), so rounding adds half of the
-// dropped 16 bits' range, plus one when the kept part is odd (ties to even), and clears them.
-// A carry out of the mantissa raises the exponent, which is the right rounding too (up to inf
-// past bf16's largest finite value). NaN stays NaN (made quiet; the carry could turn a NaN with a
-// small payload into inf). The same bits as CUDA's __float2bfloat16_rn.
-AG_HD inline float round_bf16(float x) {
-  uint32_t u;
+// ---- bf16 and fp16 rounding (autocast, autograd/autocast.h) ---------------------------------
+// The bits of an f32 and back (memcpy on the host, the intrinsics in device code).
+AG_HD inline uint32_t float_bits(float x) {
 #if defined(__CUDA_ARCH__)
-  u = __float_as_uint(x);
+  return __float_as_uint(x);
 #else
+  uint32_t u;
   std::memcpy(&u, &x, sizeof u);
+  return u;
 #endif
-  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;  // NaN: quiet, payload kept
-  else u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
+}
+AG_HD inline float bits_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
@@ -177,6 +172,19 @@ AG_HD inline float round_bf16(float x) {
   std::memcpy(&y, &u, sizeof y);
   return y;
 #endif
+}
+
+// x rounded to the nearest bfloat16, returned as the f32 of the same value: bf16 is the top 16
+// bits of an f32 (sign, 8 exponent bits, 7 stored mantissa bits), so rounding adds half of the
+// dropped 16 bits' range, plus one when the kept part is odd (ties to even), and clears them.
+// A carry out of the mantissa raises the exponent, which is the right rounding too (up to inf
+// past bf16's largest finite value). NaN stays NaN (made quiet; the carry could turn a NaN with a
+// small payload into inf). The same bits as CUDA's __float2bfloat16_rn.
+AG_HD inline float round_bf16(float x) {
+  uint32_t u = float_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;  // NaN: quiet, payload kept
+  else u += 0x7fffu + ((u >> 16) & 1u);
+  return bits_float(u & 0xffff0000u);
 }
 struct RoundBf16 { AG_HD float operator()(float x) const { return round_bf16(x); } };
 
@@ -192,24 +200,13 @@ struct RoundBf16 { AG_HD float operator()(float x) const { return round_bf16(x);
 AG_HD inline float round_fp16(float x) {
   const float ax = x < 0 ? -x : x;
   if (!(ax < 0x1p-14f)) {  // normal halves, overflow, inf and NaN
-    uint32_t u;
-#if defined(__CUDA_ARCH__)
-    u = __float_as_uint(x);
-#else
-    std::memcpy(&u, &x, sizeof u);
-#endif
+    uint32_t u = float_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return x + x;  // NaN: quiet
     if ((u & 0x7fffffffu) == 0x7f800000u) return x;     // inf
     u += 0xfffu + ((u >> 13) & 1u);
     u &= 0xffffe000u;
     if ((u & 0x7fffffffu) > 0x477fe000u) u = (u & 0x80000000u) | 0x7f800000u;  // past 65504: inf
-    float y;
-#if defined(__CUDA_ARCH__)
-    y = __uint_as_float(u);
-#else
-    std::memcpy(&y, &u, sizeof y);
-#endif
-    return y;
+    return bits_float(u);
   }
   return rintf(x * 0x1p24f) * 0x1p-24f;
 }
