@@ -33,17 +33,22 @@ Adam::Options Adam::options() const {
 void Adam::step() {
   NoGradGuard no_grad;
   const Options& o = options_;
-  for (size_t i = 0; i < params().size(); ++i) {
-    const Tensor& p = params()[i];
-    Tensor g = contiguous_grad(i);
-    if (!g.defined()) continue;
-    std::vector<Tensor>& s = has_state(i) ? state(i) : init_state(i);
-    const int64_t t = next_step(i, 0);
-    visit_floating(name_, p.dtype(), [&]<class T>() {
-      KERNEL(p.device(), adam_update, p.data<T>(), s[1].data<T>(), s[2].data<T>(), g.data<T>(), p.numel(), lr(),
-             o.beta1, o.beta2, o.eps, o.weight_decay, decoupled_, t);
+  std::vector<Tensor> grads(params().size()), with_grad(params().size());
+  for (size_t i = 0; i < params().size(); ++i)
+    if ((grads[i] = contiguous_grad(i)).defined()) with_grad[i] = params()[i];
+  for (const std::vector<size_t>& group : group_by_device_and_dtype(with_grad)) {
+    const Tensor& p0 = params()[group[0]];
+    visit_floating(name_, p0.dtype(), [&]<class T>() {
+      std::vector<AdamTensor<T>> ts;
+      for (size_t i : group) {
+        const Tensor& p = params()[i];
+        std::vector<Tensor>& s = has_state(i) ? state(i) : init_state(i);
+        ts.push_back({p.data<T>(), s[1].data<T>(), s[2].data<T>(), grads[i].data<T>(), p.numel(), next_step(i, 0)});
+      }
+      KERNEL(p0.device(), adam_update, ts.data(), int64_t(ts.size()), lr(), o.beta1, o.beta2, o.eps, o.weight_decay,
+             decoupled_);
     });
-    p.impl().storage->version++;
+    for (size_t i : group) params()[i].impl().storage->version++;
   }
 }
 

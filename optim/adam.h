@@ -6,8 +6,9 @@
 //   m <- beta1 * m + (1 - beta1) * g                "exp_avg"
 //   v <- beta2 * v + (1 - beta2) * g^2              "exp_avg_sq"
 //   p <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-// The two bias corrections undo the pull of m and v towards their zero start. One fused kernel
-// per parameter: cpu::adam_update (core/cpu/optim.cpp). State: "step" (0-dim), "exp_avg",
+// The two bias corrections undo the pull of m and v towards their zero start. One fused
+// multi-tensor kernel over all the parameters of a device and dtype, each with its own t:
+// cpu::adam_update (core/cpu/optim.cpp). State: "step" (0-dim), "exp_avg",
 // "exp_avg_sq". Parameters without a gradient are skipped and keep their step count.
 // Derived step by step (the moments, the bias corrections): docs/math/adam.md
 #include <vector>

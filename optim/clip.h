@@ -1,7 +1,10 @@
 #pragma once
 // Gradient clipping, as torch.nn.utils.clip_grad_norm_ / clip_grad_value_. Parameters without a
 // gradient are skipped; gradients are changed in place (a non-contiguous one is first replaced by
-// a contiguous copy). Derived step by step: docs/math/clip.md
+// a contiguous copy). Each runs one multi-tensor kernel per device and dtype of the gradients
+// (core/kernels/optim.h): on a GPU a few launches for the whole model, and clip_grad_norm reads
+// its partial sums back once per device, never once per tensor. Derived step by step:
+// docs/math/clip.md
 #include <vector>
 
 #include "core/tensor.h"
@@ -20,5 +23,7 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
                       bool error_if_nonfinite = false);
 // g_i <- clamp(g_i, -clip_value, clip_value) for every gradient.
 void clip_grad_value(const std::vector<Tensor>& params, double clip_value);
+// g_i <- g_i * factor for every gradient (GradScaler's unscale); factor must be finite.
+void scale_grads(const std::vector<Tensor>& params, double factor);
 
 }  // namespace ag::optim

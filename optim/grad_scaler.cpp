@@ -21,12 +21,7 @@ GradScaler::GradScaler(Options options) : o_(options), scale_(options.init_scale
 
 Tensor GradScaler::scale(const Tensor& loss) const { return mul(loss, scale_); }
 
-void GradScaler::unscale(const std::vector<Tensor>& params) const {
-  NoGradGuard no_grad;
-  const double inv = 1.0 / scale_;
-  for (const Tensor& p : params)
-    if (Tensor g = p.grad(); g.defined()) g.mul_(inv);
-}
+void GradScaler::unscale(const std::vector<Tensor>& params) const { scale_grads(params, 1.0 / scale_); }
 
 void GradScaler::update(bool found_inf) {
   if (found_inf) {

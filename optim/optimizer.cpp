@@ -29,6 +29,23 @@ Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr, st
   }
 }
 
+std::vector<std::vector<size_t>> group_by_device_and_dtype(const std::vector<Tensor>& ts) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<std::pair<Device, DType>> keys;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (!ts[i].defined()) continue;
+    const std::pair<Device, DType> key{ts[i].device(), ts[i].dtype()};
+    size_t g = 0;
+    while (g < keys.size() && keys[g] != key) ++g;
+    if (g == keys.size()) {
+      keys.push_back(key);
+      groups.emplace_back();
+    }
+    groups[g].push_back(i);
+  }
+  return groups;
+}
+
 void Optimizer::zero_grad() {
   for (Tensor& p : params_) p.set_grad(Tensor());
 }

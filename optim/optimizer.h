@@ -1,7 +1,8 @@
 #pragma once
 // The base of every optimizer: the parameter list, the learning rate, zero_grad(), per-parameter
 // state and its checkpoint form. A subclass (optim/sgd.h, optim/adam.h) names its state tensors,
-// lists its hyper-parameters and writes step() as one kernel call per parameter.
+// lists its hyper-parameters and writes step() as one multi-tensor kernel call per group of
+// parameters that share a device and dtype (group_by_device_and_dtype; core/kernels/optim.h).
 //
 // Checkpoint form (state_dict / load_state_dict), PyTorch's optimizer.state_dict() flattened:
 //   "state.<i>.<field>"        per-parameter state of parameter i (in the order given to the
@@ -18,6 +19,11 @@
 namespace ag::optim {
 
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
+
+// The indices of the defined tensors of `ts`, grouped by device and dtype: one group per pair, in
+// the order of first appearance, indices increasing within a group. What a multi-tensor kernel
+// takes in one call (optimizers, clip_grad_norm, GradScaler).
+std::vector<std::vector<size_t>> group_by_device_and_dtype(const std::vector<Tensor>& ts);
 
 class Optimizer {
  public:

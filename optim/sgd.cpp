@@ -33,21 +33,27 @@ SGD::Options SGD::options() const {
 void SGD::step() {
   NoGradGuard no_grad;
   const Options& o = options_;
-  for (size_t i = 0; i < params().size(); ++i) {
-    const Tensor& p = params()[i];
-    Tensor g = contiguous_grad(i);
-    if (!g.defined()) continue;
-    bool first = false;
-    Tensor buf;
-    if (o.momentum != 0) {
-      first = !has_state(i);
-      buf = first ? init_state(i)[0] : state(i)[0];
-    }
-    visit_floating("SGD", p.dtype(), [&]<class T>() {
-      KERNEL(p.device(), sgd_update, p.data<T>(), buf.defined() ? buf.data<T>() : nullptr, g.data<T>(), p.numel(),
-             lr(), o.momentum, o.dampening, o.weight_decay, o.nesterov, first);
+  std::vector<Tensor> grads(params().size()), with_grad(params().size());
+  for (size_t i = 0; i < params().size(); ++i)
+    if ((grads[i] = contiguous_grad(i)).defined()) with_grad[i] = params()[i];
+  for (const std::vector<size_t>& group : group_by_device_and_dtype(with_grad)) {
+    const Tensor& p0 = params()[group[0]];
+    visit_floating("SGD", p0.dtype(), [&]<class T>() {
+      std::vector<SgdTensor<T>> ts;
+      for (size_t i : group) {
+        const Tensor& p = params()[i];
+        bool first = false;
+        T* buf = nullptr;
+        if (o.momentum != 0) {
+          first = !has_state(i);
+          buf = (first ? init_state(i) : state(i))[0].data<T>();
+        }
+        ts.push_back({p.data<T>(), buf, grads[i].data<T>(), p.numel(), first});
+      }
+      KERNEL(p0.device(), sgd_update, ts.data(), int64_t(ts.size()), lr(), o.momentum, o.dampening, o.weight_decay,
+             o.nesterov);
     });
-    p.impl().storage->version++;
+    for (size_t i : group) params()[i].impl().storage->version++;
   }
 }
 

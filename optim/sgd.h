@@ -4,8 +4,8 @@
 //   b <- g at the first step, then b <- mu * b + (1 - tau) * g   (momentum buffer, when mu > 0)
 //   g <- g + mu * b  with nesterov, else g <- b   (g unchanged without momentum)
 //   p <- p - lr * g
-// Nesterov needs mu > 0 and tau = 0, as in PyTorch. One fused kernel per parameter:
-// cpu::sgd_update (core/cpu/optim.cpp). State: "momentum_buffer" (PyTorch's name), only with mu > 0.
+// Nesterov needs mu > 0 and tau = 0, as in PyTorch. One fused multi-tensor kernel over all the
+// parameters of a device and dtype: cpu::sgd_update (core/cpu/optim.cpp). State: "momentum_buffer" (PyTorch's name), only with mu > 0.
 #include <vector>
 
 #include "optim/optimizer.h"

@@ -6,7 +6,7 @@
 # side-by-side comparison with PyTorch that the speed targets are measured with.
 set -euo pipefail
 build=${1:-build}
-for b in bench_matmul bench_ops bench_alloc bench_attention bench_block bench_checkpoint bench_train; do
+for b in bench_matmul bench_ops bench_alloc bench_optim bench_attention bench_block bench_checkpoint bench_train; do
   echo "== $b"
   "$build/$b"
   echo

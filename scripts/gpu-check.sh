@@ -5,6 +5,7 @@
 # writes into OUT_DIR:
 #   summary.txt, summary.json   the benchmark tables (compare_gpu) with the test counts added
 #   tests.txt                   the GPU tests' CTest output
+#   optim.txt                   AdamW multi-tensor vs per tensor (bench/bench_optim.cpp)
 #   build.log, machine.txt      configure and build output; the commit, GPU, driver and versions
 #
 #   scripts/gpu-check.sh OUT_DIR
@@ -16,8 +17,9 @@
 # `dpkg -x` into a private prefix inside the build folder: nothing is installed into the system.
 # Without .gpu-deps/ the system's own packages are used. MPI is off in this build (dist/ is tested
 # on the CPU). Budget: under 8 minutes on one H200 (16 cores), each step with its own limit:
-# configure 60 s, build 270 s, GPU tests 60 s, benchmarks what is left of 460 s (compare_gpu
-# --budget); a step that runs out is reported as such and the summary is still written.
+# configure 60 s, build 270 s, GPU tests 60 s, benchmarks what is left of 420 s (compare_gpu
+# --budget), then the optimizer benchmark 40 s; a step that runs out is reported as such and the
+# summary is still written.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
@@ -86,8 +88,15 @@ grep -E "\*\*\*Failed|\*\*\*Timeout|Exception" "$out/tests.txt" | head -40
 
 # ---- GPU benchmarks ----------------------------------------------------------------------------
 say "benchmarks beside PyTorch eager"
-python3 bench/compare_gpu --build "$build" --out "$out" --timeout 90 --budget $((460 - ($(date +%s) - t0)))
+python3 bench/compare_gpu --build "$build" --out "$out" --timeout 90 --budget $((420 - ($(date +%s) - t0)))
 bench_rc=$?
+# the optimizer step, multi-tensor vs one launch per tensor (bench/bench_optim.cpp): the app GPT and
+# the larger GPT's parameter lists
+{
+  timeout 15 "$build/bench_optim" --device cuda
+  timeout 25 "$build/bench_optim" --device cuda --d-model 768 --layers 12 --vocab 50304 --context 1024 --reps 20
+} >"$out/optim.txt" 2>&1
+tee -a "$out/summary.txt" <"$out/optim.txt"
 python3 - "$out" "$tests_line" "$skipped" "$test_rc" <<'EOF'
 import json, sys
 out, line, skipped, rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -1,10 +1,15 @@
 // Optimizer kernels (core/kernels/optim.h). Rules: optim/sgd.h, optim/adam.h, optim/clip.h.
-// param, grad, buf, exp_avg, exp_avg_sq, x: (N) contiguous, N = the parameter's numel.
+// Each kernel takes a list of tensors (param, grad, buf, exp_avg, exp_avg_sq, x: contiguous, n
+// elements each, n = the parameter's numel).
 //
 // Each update is one pass over the parameter: every element reads its p, g and state once and
 // writes them once (PyTorch 1.13's for-loop implementation makes 5-7 passes of separate ops).
 // The per-element arithmetic follows PyTorch's op order, with the scalars cast to T as PyTorch
-// casts them, so f32 results agree with torch.optim to rounding.
+// casts them, so f32 results agree with torch.optim to rounding. The list is one parallel loop
+// over the elements of all its tensors laid end to end (for_each_piece), so a model of many small
+// tensors forks the threads once per step, not once per tensor; every element's arithmetic is the
+// same wherever the cut falls, so the bits do not depend on the thread count or on the list.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -14,6 +19,24 @@
 
 namespace ag::cpu {
 
+namespace {
+// body(k, b, e) over the pieces [b, e) of tensor k that one parallel loop over the concatenated
+// elements of ts[0 .. count) hands to each thread.
+template <class Item, class F>
+void for_each_piece(const Item* ts, int64_t count, F&& body) {
+  std::vector<int64_t> start(size_t(count) + 1, 0);  // tensor k is [start[k], start[k + 1])
+  for (int64_t k = 0; k < count; ++k) start[size_t(k) + 1] = start[size_t(k)] + ts[k].n;
+  parallel_for_elements(start.back(), kGrain, [&](int64_t b, int64_t e) {
+    // the last tensor that starts at or before b (skipping empty ones)
+    int64_t k = int64_t(std::upper_bound(start.begin(), start.end(), b) - start.begin()) - 1;
+    for (; k < count && start[size_t(k)] < e; ++k) {
+      const int64_t lo = std::max(b, start[size_t(k)]), hi = std::min(e, start[size_t(k) + 1]);
+      if (lo < hi) body(k, lo - start[size_t(k)], hi - start[size_t(k)]);
+    }
+  });
+}
+}  // namespace
+
 // SGD, torch.optim.SGD (momentum mu, dampening tau, weight decay wd, learning rate lr):
 //   g <- g + wd * p
 //   b <- g                              at the first step
@@ -22,11 +45,15 @@ namespace ag::cpu {
 //   p <- p - lr * g
 // Without momentum the buffer is never read or written: p <- p - lr * (g + wd * p).
 template <class T>
-void sgd_update(T* param, T* buf, const T* grad, int64_t n, double lr, double momentum, double dampening,
-                double weight_decay, bool nesterov, bool first) {
+void sgd_update(const SgdTensor<T>* ts, int64_t count, double lr, double momentum, double dampening,
+                double weight_decay, bool nesterov) {
   const T wd = T(weight_decay), mu = T(momentum), damp = T(1 - dampening), neg_lr = T(-lr);
   const bool use_momentum = momentum != 0;
-  parallel_for_elements(n, kGrain, [&](int64_t b, int64_t e) {
+  for_each_piece(ts, count, [&](int64_t k, int64_t b, int64_t e) {
+    T* param = ts[k].param;
+    T* buf = ts[k].buf;
+    const T* grad = ts[k].grad;
+    const bool first = ts[k].first;
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       T g = grad[i] + wd * param[i];
@@ -50,15 +77,23 @@ void sgd_update(T* param, T* buf, const T* grad, int64_t n, double lr, double mo
 //   p <- p - step_size * m / denom
 // so p moves by lr * m_hat / (sqrt(v_hat) + eps), with eps added after the bias correction.
 template <class T>
-void adam_update(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n, double lr, double beta1,
-                 double beta2, double eps, double weight_decay, bool decoupled, int64_t step) {
-  // the scalars in double, as PyTorch computes them in Python, then cast once
-  const double bias_correction1 = 1 - std::pow(beta1, double(step));
-  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, double(step)));
+void adam_update(const AdamTensor<T>* ts, int64_t count, double lr, double beta1, double beta2, double eps,
+                 double weight_decay, bool decoupled) {
   const T decay = T(1 - lr * weight_decay), l2 = T(decoupled ? 0 : weight_decay);
-  const T b1 = T(beta1), one_minus_b1 = T(1 - beta1), b2 = T(beta2), one_minus_b2 = T(1 - beta2);
-  const T bc2 = T(bias_correction2_sqrt), e_ps = T(eps), neg_step_size = T(-lr / bias_correction1);
-  parallel_for_elements(n, kGrain, [&](int64_t b, int64_t e) {
+  const T b1 = T(beta1), one_minus_b1 = T(1 - beta1), b2 = T(beta2), one_minus_b2 = T(1 - beta2), e_ps = T(eps);
+  // the step's scalars of each tensor in double, as PyTorch computes them in Python, then cast once
+  std::vector<T> bc2(static_cast<size_t>(count)), neg_step_size(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    const double bias_correction1 = 1 - std::pow(beta1, double(ts[k].step));
+    bc2[size_t(k)] = T(std::sqrt(1 - std::pow(beta2, double(ts[k].step))));
+    neg_step_size[size_t(k)] = T(-lr / bias_correction1);
+  }
+  for_each_piece(ts, count, [&](int64_t k, int64_t b, int64_t e) {
+    T* param = ts[k].param;
+    T* exp_avg = ts[k].exp_avg;
+    T* exp_avg_sq = ts[k].exp_avg_sq;
+    const T* grad = ts[k].grad;
+    const T bc2_k = bc2[size_t(k)], neg_step_size_k = neg_step_size[size_t(k)];
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       T p = param[i];
@@ -66,10 +101,10 @@ void adam_update(T* param, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n, 
       const T g = grad[i] + l2 * p;
       const T m = b1 * exp_avg[i] + one_minus_b1 * g;
       const T v = b2 * exp_avg_sq[i] + one_minus_b2 * g * g;
-      const T denom = std::sqrt(v) / bc2 + e_ps;
+      const T denom = std::sqrt(v) / bc2_k + e_ps;
       exp_avg[i] = m;
       exp_avg_sq[i] = v;
-      param[i] = p + neg_step_size * m / denom;
+      param[i] = p + neg_step_size_k * m / denom;
     }
   });
 }
@@ -105,28 +140,57 @@ double abs_max(const T* x, int64_t n) {
 }
 }  // namespace
 
-// out = sum_i |x_i|^p  (the p-norm is out^(1/p), taken by the caller over all tensors), or
-// out = max_i |x_i|    when p = inf.
+// out[k] = sum_i |x_ki|^p  (the p-norm is the p-th root of the sum over all tensors, taken by the
+//          caller), or
+// out[k] = max_i |x_ki|    when p = inf.
+// Each tensor is cut into blocks of kNormBlock elements fixed by its size; all the blocks of all
+// the tensors are reduced in one parallel loop, then each tensor's partials are combined in order.
 template <class T>
-void grad_norm_partial(double* out, const T* x, int64_t n, double p) {
+void grad_norm_partial(double* out, const TensorSpan<T>* xs, int64_t count, double p) {
   const bool inf = std::isinf(p);
-  const std::vector<double> partial = parallel_blocks<double>(n, kNormBlock, [&](int64_t b, int64_t e) {
-    return inf ? abs_max(x + b, e - b) : abs_pow_sum(x + b, e - b, p);
+  struct Block {
+    int64_t k, b, e;
+  };
+  std::vector<Block> blocks;
+  for (int64_t k = 0; k < count; ++k)
+    for (int64_t b = 0; b < xs[k].n; b += kNormBlock) blocks.push_back({k, b, std::min(xs[k].n, b + kNormBlock)});
+  std::vector<double> partial(blocks.size());
+  parallel_for(int64_t(blocks.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+      const Block& bl = blocks[size_t(j)];
+      const T* x = xs[bl.k].data + bl.b;
+      partial[size_t(j)] = inf ? abs_max(x, bl.e - bl.b) : abs_pow_sum(x, bl.e - bl.b, p);
+    }
   });
-  double acc = 0;
-  bool nan = false;
-  for (double v : partial) {
-    nan |= v != v;
+  for (int64_t k = 0; k < count; ++k) out[k] = 0;
+  std::vector<bool> nan(size_t(count), false);
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    const double v = partial[j];
+    double& acc = out[blocks[j].k];
+    nan[size_t(blocks[j].k)] = nan[size_t(blocks[j].k)] || v != v;
     acc = inf ? (v > acc ? v : acc) : acc + v;
   }
-  *out = nan ? std::numeric_limits<double>::quiet_NaN() : acc;
+  for (int64_t k = 0; k < count; ++k)
+    if (nan[size_t(k)]) out[k] = std::numeric_limits<double>::quiet_NaN();
+}
+
+// x <- x * factor (the factor cast to T, as Tensor::mul_ casts a scalar)
+template <class T>
+void scale_inplace(const TensorSpan<T>* xs, int64_t count, double factor) {
+  const T f = T(factor);
+  for_each_piece(xs, count, [&](int64_t k, int64_t b, int64_t e) {
+    T* x = xs[k].data;
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) x[i] = x[i] * f;
+  });
 }
 
 // x <- clamp(x, -clip, clip), NaN kept (torch.clamp_)
 template <class T>
-void clip_value(T* x, int64_t n, double clip) {
+void clip_value(const TensorSpan<T>* xs, int64_t count, double clip) {
   const T hi = T(clip), lo = T(-clip);
-  parallel_for_elements(n, kGrain, [&](int64_t b, int64_t e) {
+  for_each_piece(xs, count, [&](int64_t k, int64_t b, int64_t e) {
+    T* x = xs[k].data;
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       const T v = x[i];
@@ -135,15 +199,14 @@ void clip_value(T* x, int64_t n, double clip) {
   });
 }
 
-template void sgd_update<float>(float*, float*, const float*, int64_t, double, double, double, double, bool, bool);
-template void adam_update<float>(float*, float*, float*, const float*, int64_t, double, double, double, double,
-                                 double, bool, int64_t);
-template void grad_norm_partial<float>(double*, const float*, int64_t, double);
-template void clip_value<float>(float*, int64_t, double);
-template void sgd_update<double>(double*, double*, const double*, int64_t, double, double, double, double, bool, bool);
-template void adam_update<double>(double*, double*, double*, const double*, int64_t, double, double, double,
-                                  double, double, bool, int64_t);
-template void grad_norm_partial<double>(double*, const double*, int64_t, double);
-template void clip_value<double>(double*, int64_t, double);
+#define AG_OPTIM_KERNELS(T)                                                                                 \
+  template void sgd_update<T>(const SgdTensor<T>*, int64_t, double, double, double, double, bool);                \
+  template void adam_update<T>(const AdamTensor<T>*, int64_t, double, double, double, double, double, bool);      \
+  template void grad_norm_partial<T>(double*, const TensorSpan<T>*, int64_t, double);                            \
+  template void scale_inplace<T>(const TensorSpan<T>*, int64_t, double);                                          \
+  template void clip_value<T>(const TensorSpan<T>*, int64_t, double);
+AG_OPTIM_KERNELS(float)
+AG_OPTIM_KERNELS(double)
+#undef AG_OPTIM_KERNELS
 
 }  // namespace ag::cpu

@@ -12,6 +12,8 @@
 #include "autograd/testing.h"
 #include "core/dispatch.h"
 #include "cuda/memory.h"
+#include "nn/norm.h"
+#include "nn/transformer.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
@@ -448,6 +450,77 @@ TEST_CASE("cuda ops: clip_grad_norm and clip_grad_value equal the cpu") {
   optim::clip_grad_value({c}, 1.0);
   optim::clip_grad_value({d}, 1.0);
   expect_bitwise(d.grad(), c.grad());
+}
+
+TEST_CASE("cuda ops: multi-tensor optimizers over many tensors equal the cpu") {
+  if (skip_without_gpu()) return;
+  // 300 tensors (several tables of a launch), one of 70000 elements (two chunks) and one of
+  // 21 million (more chunks than one launch holds), f32 and f64, some without a gradient at a step
+  std::vector<Tensor> pc;
+  for (int i = 0; i < 300; ++i) {
+    const int64_t n = i == 7 ? 70000 : i == 150 ? 21000003 : 1 + (i * 53) % 700;
+    pc.push_back(leaf({n}, 400 + uint64_t(i), i % 4 == 3 ? DType::f64 : DType::f32));
+  }
+  std::vector<Tensor> pg;
+  for (const Tensor& p : pc) pg.push_back(p.detach().to(kGpu).set_requires_grad(true));
+  optim::AdamW ac(pc, {1e-2, 0.9, 0.99, 1e-8, 0.1}), agpu(pg, {1e-2, 0.9, 0.99, 1e-8, 0.1});
+  optim::SGD sc(pc, {0.05, 0.9, 0.01, 0.0, true}), sg(pg, {0.05, 0.9, 0.01, 0.0, true});
+  for (int t = 0; t < 3; ++t) {
+    for (size_t i = 0; i < pc.size(); ++i) {
+      if ((i + size_t(t)) % 5 == 0) {
+        pc[i].set_grad(Tensor()), pg[i].set_grad(Tensor());
+        continue;
+      }
+      Generator gen(9000 + 1000 * uint64_t(t) + i);
+      const Tensor g = randn(pc[i].shape(), pc[i].dtype(), &gen);
+      pc[i].set_grad(g), pg[i].set_grad(g.to(kGpu));
+    }
+    for (double p : {2.0, std::numeric_limits<double>::infinity()}) {
+      INFO("step ", t, ", norm_type ", p);
+      const double nc = optim::clip_grad_norm(pc, 1e30, p), ng = optim::clip_grad_norm(pg, 1e30, p);
+      CHECK(ng == doctest::Approx(nc).epsilon(1e-10));
+    }
+    const double nc = optim::clip_grad_norm(pc, 50.0), ng = optim::clip_grad_norm(pg, 50.0);
+    CHECK(ng == doctest::Approx(nc).epsilon(1e-10));
+    optim::clip_grad_value(pc, 0.01), optim::clip_grad_value(pg, 0.01);
+    optim::scale_grads(pc, 3.0), optim::scale_grads(pg, 3.0);
+    optim::Optimizer& oc = t % 2 ? static_cast<optim::Optimizer&>(sc) : ac;
+    optim::Optimizer& og = t % 2 ? static_cast<optim::Optimizer&>(sg) : agpu;
+    oc.step(), og.step();
+  }
+  for (size_t i = 0; i < pc.size(); i += (i < 160 ? 1 : 7)) {
+    INFO("tensor ", i, ", numel ", pc[i].numel());
+    if (pc[i].dtype() == DType::f64)
+      check_close(pg[i].to_vector<double>(), pc[i].to_vector<double>(), 1e-12, 1e-10);
+    else
+      check_close(pg[i].to_vector<double>(), pc[i].to_vector<double>(), 1e-6, 1e-5);
+  }
+}
+
+// ---- layers the apps do not use ----------------------------------------------------------------------
+TEST_CASE("cuda layers: RMSNorm after a causal cross-attention transformer block equals the cpu") {
+  if (skip_without_gpu()) return;
+  Generator g1(3), g2(3);
+  nn::TransformerBlock bc(32, 4, 64, 0.0, true, true, DType::f32, &g1), bg(32, 4, 64, 0.0, true, true, DType::f32, &g2);
+  nn::RMSNorm rc(32), rg(32);
+  bg.to(kGpu), rg.to(kGpu);
+  const Tensor x = leaf({2, 9, 32}, 61), ctx = leaf({2, 5, 32}, 62);
+  // the output, the input's gradient and every parameter's gradient, as one list
+  auto run = [&](nn::TransformerBlock& block, nn::RMSNorm& norm, Device dev) {
+    Tensor xi = x.detach().to(dev).set_requires_grad(true);
+    const Tensor out = norm.forward(block.forward(xi, ctx.to(dev)));
+    sum(mul(out, out)).backward();
+    std::vector<double> all = out.to_vector<double>(), gx = xi.grad().to_vector<double>();
+    all.insert(all.end(), gx.begin(), gx.end());
+    for (nn::Module* m : {static_cast<nn::Module*>(&block), static_cast<nn::Module*>(&norm)})
+      for (const Tensor& p : m->parameters()) {
+        REQUIRE(p.grad().defined());
+        const std::vector<double> g = p.grad().to_vector<double>();
+        all.insert(all.end(), g.begin(), g.end());
+      }
+    return all;
+  };
+  check_close(run(bg, rg, kGpu), run(bc, rc, Device::cpu()), 1e-4, 1e-3);
 }
 
 // ---- a whole model step ----------------------------------------------------------------------------
