@@ -82,8 +82,10 @@ void init(const std::string& id, int rank, int world, int device) {
   g_device = device;
   cuda::set_device(device);
   (void)cuda::stream_of(device);  // the device's stream exists before NCCL queues work on it
-  nccl_check(ncclCommInitRank(&g_comm, world, uid, rank), "ncclCommInitRank");
-  cudaCheck(cudaEventCreateWithFlags(&g_done, cudaEventDisableTiming));
+  if (!g_done) cudaCheck(cudaEventCreateWithFlags(&g_done, cudaEventDisableTiming));
+  ncclComm_t comm = nullptr;
+  nccl_check(ncclCommInitRank(&comm, world, uid, rank), "ncclCommInitRank");
+  g_comm = comm;  // only once it is whole
   // Registered after the CUDA runtime initialised (the calls above), so it runs before the
   // runtime's own clean-up at exit, and before dist's MPI_Finalize (registered at dist::init).
   static bool registered = false;

@@ -160,11 +160,12 @@ TEST_CASE("dist apps: under mpirun --device cuda:N is refused, and --device cuda
                                         job.path("run"), "--device", device}),
                         job.dir.dir.string(), "device_" + device, job.env);
     const int rc = wait_exit(c, 120);
-    INFO("--device " << device << ", output:\n" << c.output());
+    const std::string output = c.output();
+    INFO("--device " << device << ", output:\n" << output);
     CHECK(rc != -1);
     CHECK(rc != 0);
-    CHECK(c.output().find(expected) != std::string::npos);
-    CHECK(c.output().find("gpt --help lists every option") != std::string::npos);
+    CHECK(output.find(expected) != std::string::npos);
+    CHECK(output.find("gpt --help lists every option") != std::string::npos);
   };
   refused("cuda:1",
           "--device cuda:1: under mpirun (2 ranks) use --device cuda, each rank takes the GPU of its local rank");
