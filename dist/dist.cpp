@@ -1,6 +1,6 @@
 // ag::dist on MPI: process group, collectives with deadlines, and the bucketed gradient reducer.
 // See dist.h for the design. Everything MPI is under ATTOGRAD_WITH_MPI; without it the same
-// functions run a job of one process.
+// functions run a job of one process. CUDA tensors go to dist/nccl.cpp (ATTOGRAD_WITH_NCCL).
 #include "dist/dist.h"
 
 #include <algorithm>
@@ -13,16 +13,20 @@
 #include "autograd/ops.h"
 #include "autograd/tape.h"
 #include "core/error.h"
+#include "cuda/memory.h"
 
 #if ATTOGRAD_WITH_MPI
 #include <mpi.h>
+#endif
+#if ATTOGRAD_WITH_NCCL
+#include "dist/nccl.h"
 #endif
 
 namespace ag::dist {
 
 namespace {
 bool g_initialized = false;
-int g_rank = 0, g_world = 1;
+int g_rank = 0, g_world = 1, g_local_rank = 0;
 
 // The world size mpirun (or another PMI launcher) announced in the environment, 0 when none did.
 int launcher_world_size() {
@@ -74,14 +78,40 @@ MPI_Datatype mpi_type(DType t) {
 }
 
 void finalize_at_exit() {
+#if ATTOGRAD_WITH_NCCL
+  nccl::finalize();  // NCCL's communicator before MPI's (normally gone already: see nccl::init)
+#endif
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
 }
 #endif
+
+#if ATTOGRAD_WITH_NCCL
+// The NCCL communicator of this rank's GPU, set up at the first collective that needs it (every
+// rank gets there at the same point of the program): rank 0 makes the id, MPI carries it.
+void nccl_ready() {
+  if (nccl::initialized()) return;
+  const Device gpu = rank_gpu();
+  std::string id = g_rank == 0 ? nccl::unique_id() : std::string(nccl::kIdBytes, '\0');
+  std::vector<MPI_Request> req(1);
+  mpi_check(MPI_Ibcast(id.data(), int(id.size()), MPI_BYTE, 0, g_comm, &req[0]), "MPI_Ibcast");
+  wait_all(req, "the NCCL id from rank 0");
+  nccl::init(id, g_rank, g_world, gpu.index);
+}
+#endif
+
+// CUDA tensors in a collective of more than one rank need NCCL: the error of a build without it.
+[[maybe_unused]] void require_nccl(const char* who, const std::string& what) {
+  check(ATTOGRAD_WITH_NCCL,
+        "{}: {} on the GPU in a job of {} ranks, but this build has no NCCL (configure with -DATTOGRAD_NCCL=ON, with "
+        "the CUDA backend and MPI; NCCL comes with the CUDA toolkit or libnccl-dev), or keep the model on the CPU",
+        who, what, g_world);
+}
 }  // namespace
 
 bool mpi_available() { return ATTOGRAD_WITH_MPI; }
+bool nccl_available() { return ATTOGRAD_WITH_NCCL; }
 
 void init() {
   if (g_initialized) return;
@@ -96,6 +126,17 @@ void init() {
     mpi_check(MPI_Comm_rank(g_comm, &g_rank), "MPI_Comm_rank");
     mpi_check(MPI_Comm_size(g_comm, &g_world), "MPI_Comm_size");
     std::atexit(finalize_at_exit);
+    // The rank among this host's ranks (which GPU it takes): Open MPI says it; else the ranks that
+    // share memory with this one form a communicator (a collective: every rank is in init here).
+    if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
+      g_local_rank = std::max(0, std::atoi(v));
+    } else if (g_world > 1) {
+      MPI_Comm host = MPI_COMM_NULL;
+      mpi_check(MPI_Comm_split_type(g_comm, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &host),
+                "MPI_Comm_split_type");
+      mpi_check(MPI_Comm_rank(host, &g_local_rank), "MPI_Comm_rank");
+      mpi_check(MPI_Comm_free(&host), "MPI_Comm_free");
+    }
   }
 #else
   check(announced <= 1,
@@ -109,6 +150,14 @@ void init() {
 bool initialized() { return g_initialized; }
 int rank() { return g_rank; }
 int world_size() { return g_world; }
+int local_rank() { return g_local_rank; }
+
+Device rank_gpu() {
+  const int gpus = cuda::device_count();
+  check(gpus > 0, "dist::rank_gpu: rank {} of {} sees no CUDA GPU{}", g_rank, g_world,
+        ATTOGRAD_WITH_CUDA ? "" : " (this build has no CUDA backend)");
+  return Device::cuda(g_local_rank % gpus);
+}
 
 double timeout_seconds() {
   if (const char* v = std::getenv("ATTOGRAD_DIST_TIMEOUT")) {
@@ -174,39 +223,63 @@ void broadcast(const std::vector<Tensor>& tensors, int root) {
   if (g_world == 1) return;
 #if ATTOGRAD_WITH_MPI
   check(root >= 0 && root < g_world, "dist::broadcast: root {} of a world of {}", root, g_world);
-  // The ranks must agree on what is sent: count, shapes and dtypes (a hash compared across ranks),
-  // else the byte counts differ and MPI would fail obscurely or truncate.
+  // The ranks must agree on what is sent: count, shapes, dtypes and device types (a hash compared
+  // across ranks), else the byte counts or the transports differ and MPI or NCCL would fail
+  // obscurely, truncate or wait forever.
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
   mix(tensors.size());
+  bool any_cuda = false;
   for (const Tensor& t : tensors) {
     mix(uint64_t(t.dtype()));
+    mix(uint64_t(t.device().type));
     for (int d = 0; d < t.ndim(); ++d) mix(uint64_t(t.size(d)));
+    any_cuda = any_cuda || t.device().is_cuda();
   }
   std::vector<int64_t> hashes = all_gather(int64_t(h));
   for (int r = 0; r < g_world; ++r)
     if (hashes[r] != hashes[root])
-      abort(fmt::format("dist::broadcast: rank {} holds {} tensors whose shapes or dtypes differ from rank {}'s "
-                        "(the ranks built different models: same options on every rank?)",
+      abort(fmt::format("dist::broadcast: rank {} holds {} tensors whose shapes, dtypes or devices differ from "
+                        "rank {}'s (the ranks built different models: same options on every rank?)",
                         r, tensors.size(), root));
-  std::vector<MPI_Request> reqs(tensors.size());
+  if (any_cuda) require_nccl("dist::broadcast", "tensors");
+#if ATTOGRAD_WITH_NCCL
+  if (any_cuda) nccl_ready();
+#endif
+  // CPU tensors over MPI, CUDA tensors over NCCL (queued on the GPU's stream, in the same order on
+  // every rank), then both waited for.
+  std::vector<MPI_Request> reqs;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    check(t.device().is_cpu() && t.is_contiguous(),
-          "dist::broadcast: tensor {} (shape {}) must be a contiguous CPU tensor", i, t.shape());
-    mpi_check(MPI_Ibcast(t.raw_data(), int(t.nbytes()), MPI_BYTE, root, g_comm, &reqs[i]), "MPI_Ibcast");
+    check(t.is_contiguous(), "dist::broadcast: tensor {} (shape {}) must be contiguous", i, t.shape());
+    if (t.device().is_cuda()) {
+#if ATTOGRAD_WITH_NCCL
+      check(t.device().index == nccl::device(),
+            "dist::broadcast: tensor {} (shape {}) is on {}, but this rank's GPU is cuda:{} (dist::rank_gpu())", i,
+            t.shape(), t.device().str(), nccl::device());
+      nccl::broadcast(t.raw_data(), t.nbytes(), root);
+#endif
+      continue;
+    }
+    reqs.emplace_back();
+    mpi_check(MPI_Ibcast(t.raw_data(), int(t.nbytes()), MPI_BYTE, root, g_comm, &reqs.back()), "MPI_Ibcast");
   }
-  wait_all(reqs, fmt::format("a broadcast of {} tensors from rank {}", tensors.size(), root));
+  const std::string what = fmt::format("a broadcast of {} tensors from rank {}", tensors.size(), root);
+  wait_all(reqs, what);
+#if ATTOGRAD_WITH_NCCL
+  if (any_cuda) nccl::wait(what);
+#endif
 #endif
 }
 
 // ---- GradReducer ----------------------------------------------------------------------------
 struct GradReducer::State {
   std::vector<Tensor> params;
+  Device device = Device::cpu();  // of every parameter, and of the flat buffers
   struct Bucket {
     std::vector<size_t> members;   // indices into params, in the order backward finishes them
     std::vector<int64_t> offsets;  // each member's place in the flat buffer (elements)
-    Tensor flat;                   // the gradients, contiguous: what is all-reduced
+    Tensor flat;                   // the gradients, contiguous on `device`: what is all-reduced
     int pending = 0;               // members whose gradient is not final yet in this step
     bool started = false;
 #if ATTOGRAD_WITH_MPI
@@ -230,6 +303,7 @@ struct GradReducer::State {
   // Copies the bucket's gradients (zeros for a parameter without one) into its flat buffer and
   // starts the all-reduce (sum; finish() divides by the world size).
   void start(Bucket& b) {
+    if (device.is_cuda()) return start_on_gpu(b);
     const size_t item = itemsize(b.flat.dtype());
     char* flat = static_cast<char*>(b.flat.raw_data());
     for (size_t j = 0; j < b.members.size(); ++j) {
@@ -248,6 +322,24 @@ struct GradReducer::State {
     mpi_check(MPI_Iallreduce(MPI_IN_PLACE, b.flat.raw_data(), int(b.flat.numel()), mpi_type(b.flat.dtype()),
                              MPI_SUM, g_comm, &b.request),
               "MPI_Iallreduce");
+#endif
+  }
+
+  // The same on the GPU: the copies are kernels on the device's stream (after the kernels that
+  // wrote the gradients), and the ncclAllReduce is queued behind them on that stream. Nothing
+  // waits here: backward goes on queuing its kernels.
+  void start_on_gpu(Bucket& b) {
+    NoGradGuard no_grad;
+    for (size_t j = 0; j < b.members.size(); ++j) {
+      const Tensor& p = params[b.members[j]];
+      Tensor dst = b.flat.narrow(0, b.offsets[j], p.numel());
+      Tensor g = p.grad();
+      if (!g.defined()) dst.zero_();
+      else dst.copy_(g.reshape({p.numel()}));
+    }
+    b.started = true;
+#if ATTOGRAD_WITH_NCCL
+    nccl::all_reduce_sum(b.flat.raw_data(), b.flat.numel(), b.flat.dtype());
 #endif
   }
 
@@ -289,24 +381,39 @@ GradReducer::GradReducer(std::vector<Tensor> params, size_t bucket_bytes) : s_(s
   s.params = std::move(params);
   s.ready.assign(s.params.size(), 0);
   s.bucket_of.assign(s.params.size(), 0);
+  if (!s.params.empty() && s.params[0].defined()) s.device = s.params[0].device();
   for (size_t i = 0; i < s.params.size(); ++i) {
     const Tensor& p = s.params[i];
     check(p.defined() && p.requires_grad(), "dist::GradReducer: parameter {} does not require grad", i);
-    check(p.device().is_cpu(), "dist::GradReducer: parameter {} is on {}; the MPI backend reduces CPU tensors", i,
-          p.device().str());
+    check(p.device() == s.device,
+          "dist::GradReducer: parameter {} is on {} but parameter 0 on {}; the parameters must all be on the CPU or "
+          "all on this rank's GPU",
+          i, p.device().str(), s.device.str());
     check(p.dtype() == DType::f32 || p.dtype() == DType::f64,
           "dist::GradReducer: parameter {} has dtype {} (f32 or f64)", i, p.dtype());
     check(s.param_index.emplace(&p.impl(), i).second, "dist::GradReducer: parameter {} is listed twice", i);
   }
+  // On the GPU, with other ranks: NCCL, on the GPU its communicator was made for.
+  if (s.device.is_cuda() && g_world > 1) {
+    require_nccl("dist::GradReducer", "parameters");
+#if ATTOGRAD_WITH_NCCL
+    const Device gpu = rank_gpu();
+    check(s.device == gpu,
+          "dist::GradReducer: the parameters are on {}, but this rank's GPU is {} (dist::rank_gpu(): local rank {} "
+          "modulo {} visible GPUs); move the model there",
+          s.device.str(), gpu.str(), g_local_rank, cuda::device_count());
+    nccl_ready();
+#endif
+  }
   // Buckets in reverse registration order, each at most bucket_bytes (a larger parameter gets a
-  // bucket of its own) and of one dtype.
+  // bucket of its own) and of one dtype. With one rank nothing is reduced: no flat buffers.
   State::Bucket cur;
   size_t cur_bytes = 0;
   auto close = [&] {
     if (cur.members.empty()) return;
     int64_t n = 0;
     for (size_t j : cur.members) cur.offsets.push_back(n), n += s.params[j].numel();
-    cur.flat = zeros({n}, s.params[cur.members[0]].dtype());
+    if (g_world > 1) cur.flat = zeros({n}, s.params[cur.members[0]].dtype(), s.device);
     for (size_t j : cur.members) s.bucket_of[j] = s.buckets.size();
     s.buckets.push_back(std::move(cur));
     cur = State::Bucket();
@@ -339,13 +446,17 @@ void GradReducer::finish() {
   s.last_started_early = s.started_early;
   for (State::Bucket& b : s.buckets)
     if (!b.started) s.start(b);
+  const std::string what = fmt::format("the gradient all-reduce ({} buckets)", s.buckets.size());
 #if ATTOGRAD_WITH_MPI
-  std::vector<MPI_Request> reqs;
-  for (State::Bucket& b : s.buckets) reqs.push_back(b.request);
-  wait_all(reqs, fmt::format("the gradient all-reduce ({} buckets)", s.buckets.size()));
-  for (State::Bucket& b : s.buckets) b.request = MPI_REQUEST_NULL;
+  if (s.device.is_cpu()) {
+    std::vector<MPI_Request> reqs;
+    for (State::Bucket& b : s.buckets) reqs.push_back(b.request);
+    wait_all(reqs, what);
+    for (State::Bucket& b : s.buckets) b.request = MPI_REQUEST_NULL;
+  }
 #endif
-  // Average and write back: grad = flat[offset : offset + numel] / N, in the parameter's shape.
+  // Average and write back: grad = flat[offset : offset + numel] / N, in the parameter's shape. On
+  // the GPU these are kernels queued behind the all-reduces on the same stream.
   NoGradGuard no_grad;
   const double inv = 1.0 / g_world;
   for (State::Bucket& b : s.buckets) {
@@ -358,6 +469,10 @@ void GradReducer::finish() {
       else Tensor(p).set_grad(avg.clone());  // a handle to the same parameter
     }
   }
+#if ATTOGRAD_WITH_NCCL
+  // the all-reduces and the write-back done, within the deadline (or the job is stopped)
+  if (s.device.is_cuda()) nccl::wait(what);
+#endif
   s.reset_step();
 }
 

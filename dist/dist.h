@@ -36,6 +36,15 @@
 //
 // Without MPI (ATTOGRAD_MPI=OFF or not found) the same API runs a single process: rank 0 of 1, every
 // collective a no-op. Started by mpirun with more than one rank, such a build refuses to run.
+//
+// On GPUs (NCCL). With the model on the GPU (one GPU per rank: dist::rank_gpu()), broadcast and
+// GradReducer do the same on device memory with NCCL (dist/nccl.h): the buckets are flat CUDA
+// tensors, filled on the GPU's stream, and each one's ncclAllReduce is queued on that stream as soon
+// as the bucket is complete; finish() queues the division by N and the copies back into each .grad,
+// then waits with the same deadline (polling the stream and NCCL's asynchronous error; on a failure
+// ncclCommAbort, then abort()). MPI still starts the job, carries NCCL's id from rank 0 and the
+// small collectives (metrics, barrier). A build without NCCL (ATTOGRAD_NCCL) refuses CUDA
+// parameters in a job of more than one rank; a job of one takes them and does nothing.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -46,8 +55,9 @@
 
 namespace ag::dist {
 
-// Whether this build has the MPI backend.
+// Whether this build has the MPI backend, and NCCL (data parallelism on GPUs) on top of it.
 bool mpi_available();
+bool nccl_available();
 
 // Joins the job mpirun started (MPI_Init_thread, funneled) when the environment says this process
 // is a rank of one (Open MPI's OMPI_COMM_WORLD_SIZE, or PMI_SIZE / PMIX_RANK); otherwise a job of one.
@@ -57,11 +67,18 @@ bool initialized();
 int rank();        // 0 .. world_size() - 1
 int world_size();  // 1 when not under mpirun
 inline bool is_main() { return rank() == 0; }
+// This rank's place among the ranks on its host (after init): Open MPI's OMPI_COMM_WORLD_LOCAL_RANK,
+// else the rank within MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); 0 in a job of one.
+int local_rank();
+// This rank's GPU: cuda:(local_rank() mod the visible GPUs), so that the ranks of a host take one GPU
+// each when there are as many GPUs as ranks. An ag::Error when no GPU is visible.
+Device rank_gpu();
 
 // Blocks until every rank arrives (bounded by the timeout).
 void barrier();
-// Overwrites each tensor on every rank with rank `root`'s values (in place; shapes and dtypes must
-// agree across ranks: a mismatch is an ag::Error on the rank that finds it, then an abort).
+// Overwrites each tensor on every rank with rank `root`'s values (in place; shapes, dtypes and
+// devices must agree across ranks: a mismatch ends the job with a message naming the rank). CPU
+// tensors go over MPI, CUDA tensors (on rank_gpu()) over NCCL.
 void broadcast(const std::vector<Tensor>& tensors, int root = 0);
 // values[i] = sum over ranks of values[i], on every rank.
 void all_reduce_sum(std::vector<double>& values);
@@ -84,7 +101,8 @@ Range shard(int64_t n, int r = rank(), int world = world_size());
 
 // Averages gradients across ranks, overlapped with backward (see the top of this file). Construct it
 // once after the model; it installs the tape's gradient-ready hook on this thread for its lifetime
-// (with one rank it installs nothing and finish() returns at once).
+// (with one rank it installs nothing, allocates no buffers, and finish() returns at once). The
+// parameters are all on the CPU or all on this rank's GPU (see "On GPUs" above).
 class GradReducer {
  public:
   static constexpr size_t kDefaultBucketBytes = 25u << 20;

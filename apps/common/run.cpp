@@ -116,7 +116,8 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
                "stop at the first op whose output, or the first backward node whose gradient, holds a NaN or an "
                "Inf, naming the op, its shapes and the source line that called it (ag::detect_anomaly; slower: "
                "every value is checked)");
-  cli.add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
+  cli.add_option("--device", o.device, "cpu or cuda[:N] (under mpirun: cuda, each rank on the GPU of its local rank)")
+      ->capture_default_str();
   cli.add_option("--precision", o.precision,
                  "fp32, bf16 or fp16: autocast (ag::AutocastGuard) of matmul, linear and attention to 16-bit "
                  "operands summed in f32, weights, gradients and optimizer in f32; fp16 with dynamic loss "
@@ -180,14 +181,31 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
   }
   if (device.is_cuda()) {
 #if ATTOGRAD_WITH_CUDA
-    usage_check(cuda::device_count() > device.index,
-                "{}: --device {}: {} (nvidia-smi lists the GPUs); use --device cpu", app, o.device,
-                cuda::device_count() == 0 ? std::string("no CUDA GPU is visible")
-                                          : fmt::format("only {} CUDA GPU(s) are visible", cuda::device_count()));
-    // MPI all-reduces host memory here; the GPU's collectives (NCCL) are not part of this build
-    usage_check(dist::world_size() == 1,
-                "{}: --device {}: data-parallel training (mpirun) runs on the CPU; start one process per GPU run",
-                app, o.device);
+    const int world = dist::world_size(), gpus = cuda::device_count();
+    if (world > 1) {
+      // data parallel on GPUs: one GPU per rank, the one of its local rank (dist::rank_gpu), and
+      // the gradients all-reduced in device memory by NCCL
+      usage_check(o.device == "cuda",
+                  "{}: --device {}: under mpirun ({} ranks) use --device cuda, each rank takes the GPU of its local "
+                  "rank",
+                  app, o.device, world);
+      usage_check(dist::nccl_available(),
+                  "{}: --device cuda under mpirun ({} ranks): this build has no NCCL, which data-parallel training "
+                  "on GPUs needs (configure with -DATTOGRAD_NCCL=ON; NCCL comes with the CUDA toolkit or "
+                  "libnccl-dev); use --device cpu, or one process",
+                  app, world);
+      usage_check(gpus >= ranks_on_this_host(),
+                  "{}: --device cuda: {} ranks on this host, but {} (nvidia-smi lists the GPUs); each rank needs a "
+                  "GPU of its own: start at most as many ranks per host as there are GPUs, or use --device cpu",
+                  app, ranks_on_this_host(),
+                  gpus == 0 ? std::string("no CUDA GPU is visible")
+                            : fmt::format("only {} CUDA GPU(s) are visible", gpus));
+    } else {
+      usage_check(gpus > device.index, "{}: --device {}: {} (nvidia-smi lists the GPUs); use --device cpu", app,
+                  o.device,
+                  gpus == 0 ? std::string("no CUDA GPU is visible")
+                            : fmt::format("only {} CUDA GPU(s) are visible", gpus));
+    }
 #else
     throw UsageError(fmt::format("{}: --device {}: this build has no CUDA backend (configure with "
                                  "-DATTOGRAD_CUDA=ON on a machine with nvcc); use --device cpu",
@@ -220,7 +238,11 @@ void apply_run_options(RunOptions& o, const std::string& app) {
   if (o.checkpoint.empty()) o.checkpoint = o.out_dir + "/checkpoint.safetensors";
 }
 
-Device training_device(const RunOptions& o) { return Device::parse(o.device); }
+Device training_device(const RunOptions& o) {
+  // under mpirun, --device cuda is each rank's own GPU (validate_run_options refuses cuda:N there)
+  if (o.device == "cuda" && dist::world_size() > 1) return dist::rank_gpu();
+  return Device::parse(o.device);
+}
 
 Precision training_precision(const RunOptions& o) {
   return o.precision == "bf16" ? Precision::bf16 : o.precision == "fp16" ? Precision::fp16 : Precision::fp32;

@@ -157,12 +157,15 @@ int64_t global_batch(const RunOptions& o);
 // The checks alone, before anything is set up: a UsageError naming the option and its value for
 // steps, batch, lr < 1; min-lr outside [0, lr]; warmup outside [0, 1]; weight decay, clip,
 // threads, eval/checkpoint cadence or max-skips < 0; dropout outside [0, 1); stop-at outside
-// [0, steps]; a --device that does not parse, a cuda one in a build without CUDA, on a machine
-// without that GPU, or under mpirun (the GPU trains one process); a precision other than fp32 or bf16.
+// [0, steps]; a --device that does not parse, a cuda one in a build without CUDA or on a machine
+// without that GPU; under mpirun with more than one rank, --device cuda:N (each rank takes the GPU
+// of its local rank: --device cuda), --device cuda in a build without NCCL (ATTOGRAD_NCCL), or more
+// ranks on this host than GPUs; a precision other than fp32, bf16 or fp16.
 void validate_run_options(const RunOptions& o, const std::string& app);
 
 // The device --device names (after validate_run_options): the app moves its model there with
 // model.to() before building the optimizer; the models copy each host batch there in forward.
+// Under mpirun, --device cuda is this rank's GPU (dist::rank_gpu(): its local rank's).
 Device training_device(const RunOptions& o);
 // The autocast precision --precision names; apply_run_options sets it on the calling thread
 // (ag::set_autocast_precision) for the whole run.

@@ -2,6 +2,7 @@
 // parallelism end to end. Not part of the doctest binary: each rank is its own process.
 //
 //   dist_check train OUT [--steps K] [--batch B] [--bucket-bytes N] [--load FILE] [--save FILE]
+//                        [--device cpu|cuda]
 //       Trains a small MLP classifier on a fixed synthetic data set with AdamW for K steps. Each
 //       step the global batch (world x B samples, drawn the same way on every rank) is split into
 //       the ranks' slices. Every rank starts from weights seeded by its rank, so the broadcast from
@@ -9,6 +10,7 @@
 //       parameter value, one number a line, in full precision. Exits 3 when the ranks' parameters
 //       differ after training, 4 when no bucket started its all-reduce during backward (no overlap).
 //       --save/--load: a checkpoint (model + optimizer) written by rank 0 / read by every rank.
+//       --device cuda: the model on this rank's GPU (dist::rank_gpu()): broadcast and all-reduce by NCCL.
 //   dist_check die      rank 1 exits abruptly (exit code 7) in the middle of training
 //   dist_check hang     rank 1 stops answering (sleeps) in the middle of training
 #include <chrono>
@@ -44,14 +46,14 @@ struct Model : nn::Module {
 
 int usage() {
   std::fprintf(stderr, "usage: dist_check train OUT [--steps K] [--batch B] [--bucket-bytes N] "
-                       "[--load FILE] [--save FILE] | die | hang\n");
+                       "[--load FILE] [--save FILE] [--device cpu|cuda] | die | hang\n");
   return 2;
 }
 
 int run(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string mode = argv[1];
-  std::string out, load, save;
+  std::string out, load, save, device = "cpu";
   int64_t steps = 6, batch = 16;
   size_t bucket_bytes = 4096;  // small: several buckets for this model
   int arg = 2;
@@ -69,6 +71,7 @@ int run(int argc, char** argv) {
     else if (k == "--bucket-bytes") bucket_bytes = std::stoull(v);
     else if (k == "--load") load = v;
     else if (k == "--save") save = v;
+    else if (k == "--device" && (v == "cpu" || v == "cuda")) device = v;
     else return usage();
   }
   if (arg != argc) return usage();
@@ -79,6 +82,8 @@ int run(int argc, char** argv) {
 
   Generator init_gen(100 + rank);  // different weights on each rank until the broadcast
   Model model(&init_gen);
+  const Device dev = device == "cuda" ? dist::rank_gpu() : Device::cpu();
+  model.to(dev);
   dist::broadcast(model.parameters());
   optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.01});
   int64_t start = 0;
@@ -103,7 +108,8 @@ int run(int argc, char** argv) {
     Tensor idx = randint(0, n_data, {batch * world}, &batch_gen);
     dist::Range mine = dist::shard(batch * world);
     Tensor my_idx = idx.narrow(0, mine.begin, mine.size());
-    Tensor loss = cross_entropy(model.forward(index_select(X, 0, my_idx)), index_select(Y, 0, my_idx));
+    Tensor loss =
+        cross_entropy(model.forward(index_select(X, 0, my_idx).to(dev)), index_select(Y, 0, my_idx).to(dev));
     opt.zero_grad();
     loss.backward();
     reducer.finish();
@@ -119,8 +125,10 @@ int run(int argc, char** argv) {
   }
 
   // Every rank must hold the same parameters: compare a hash of their bytes.
+  std::vector<Tensor> params;  // on the host
+  for (const Tensor& p : model.parameters()) params.push_back(p.detach().to(Device::cpu()));
   uint64_t h = 1469598103934665603ull;
-  for (const Tensor& p : model.parameters()) {
+  for (const Tensor& p : params) {
     const auto* b = static_cast<const unsigned char*>(p.raw_data());
     for (size_t i = 0; i < p.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
   }
@@ -135,7 +143,7 @@ int run(int argc, char** argv) {
     if (!f) return 1;
     std::fprintf(f, "world %d buckets %lld\n", world, (long long)reducer.num_buckets());
     for (double l : losses) std::fprintf(f, "loss %.9g\n", l);
-    for (const Tensor& p : model.parameters())
+    for (const Tensor& p : params)
       for (float v : p.to_vector<float>()) std::fprintf(f, "%.9g\n", v);
     std::fclose(f);
   }

@@ -1,12 +1,14 @@
 #pragma once
 // What the tests that start programs under mpirun share (tests/dist/test_dist.cpp with dist_check,
-// tests/dist/test_dist_apps.cpp with the apps): the skip in a build without MPI, the environment
+// tests/dist/test_dist_apps.cpp with the apps): the skips in a build without MPI (or NCCL and its
+// GPUs), the environment
 // Open MPI needs here, and a Job: one temporary folder whose commands run with that environment.
 #include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "cuda/memory.h"
 #include "dist/dist.h"
 #include "tests/helpers.h"
 #include "tests/spawn.h"
@@ -18,6 +20,22 @@ inline bool skip_without_mpi() {
   if (dist::mpi_available()) return false;
   MESSAGE("[skipped: no MPI in this build (libopenmpi-dev)]");
   return true;
+}
+
+// Reports the case as skipped in a build without MPI or NCCL, or on a machine with fewer than
+// `gpus` GPUs (NCCL: one GPU per rank).
+inline bool skip_without_nccl_gpus(int gpus) {
+  if (skip_without_mpi()) return true;
+  if (!dist::nccl_available()) {
+    MESSAGE("[skipped: no NCCL in this build (ATTOGRAD_NCCL)]");
+    return true;
+  }
+  if (cuda::device_count() < gpus) {
+    MESSAGE("[skipped: no " << gpus << " CUDA devices (NCCL needs one GPU per rank; " << cuda::device_count()
+                            << " visible)]");
+    return true;
+  }
+  return false;
 }
 
 // Open MPI refuses to run as root (as CI does) unless told twice that it is meant. Each job keeps

@@ -10,6 +10,9 @@
 //                 trained on as many samples as the one process (each rank on its half)
 //   one stop      SIGTERM to rank 1 alone: both ranks stop after the same step, rank 0 saves,
 //                 reports the stop and how to resume, and the job exits 0
+//   GPU options   --device cuda:N under mpirun is refused (each rank takes its local rank's GPU),
+//                 --device cuda without NCCL names ATTOGRAD_NCCL, and with fewer GPUs than ranks
+//                 says each rank needs one (usage errors, before any data is read)
 //
 // Dropout is 0: each rank draws its dropout masks from the same stream, so with dropout the two
 // runs differ (docs/distributed.md). vit's crop and flip augmentation stays on: its draws follow the
@@ -142,4 +145,34 @@ TEST_CASE("dist apps: SIGTERM to one rank stops both after the same step, rank 0
   // rank 0 did not see the signal itself: the stop, and its cause, came through reduce_step
   CHECK(c.output().find(fmt::format("stopped after step {} of {} (SIGTERM)", step, steps)) != std::string::npos);
   CHECK(c.output().find("mpirun -np 2 " + std::string(ATTOGRAD_APP_DIR) + "/gpt") != std::string::npos);
+}
+
+TEST_CASE("dist apps: under mpirun --device cuda:N is refused, and --device cuda needs NCCL and a GPU per rank") {
+  if (skip_without_mpi()) return;
+  if (!ATTOGRAD_WITH_CUDA) {
+    MESSAGE("[skipped: no CUDA backend in this build (--device cuda is refused before mpirun matters)]");
+    return;
+  }
+  Job job("gpu_options");
+  // a usage error on both ranks (exit 2), printed by rank 0, before any data is read
+  auto refused = [&](const std::string& device, const std::string& expected) {
+    Child c = spawn_app(Job::mpirun(2, {std::string(ATTOGRAD_APP_DIR) + "/gpt", "--steps", "1", "--quiet", "--out",
+                                        job.path("run"), "--device", device}),
+                        job.dir.dir.string(), "device_" + device, job.env);
+    const int rc = wait_exit(c, 120);
+    const std::string output = c.output();
+    INFO("--device " << device << ", output:\n" << output);
+    CHECK(rc != -1);
+    CHECK(rc != 0);
+    CHECK(output.find(expected) != std::string::npos);
+    CHECK(output.find("gpt --help lists every option") != std::string::npos);
+  };
+  refused("cuda:1",
+          "--device cuda:1: under mpirun (2 ranks) use --device cuda, each rank takes the GPU of its local rank");
+  if (!dist::nccl_available())
+    refused("cuda", "this build has no NCCL, which data-parallel training on GPUs needs (configure with "
+                    "-DATTOGRAD_NCCL=ON");
+  else if (cuda::device_count() < 2)
+    refused("cuda", "--device cuda: 2 ranks on this host, but ");
+  // (with NCCL and 2 GPUs --device cuda trains: tests/dist/test_dist.cpp's GPU equivalence)
 }
