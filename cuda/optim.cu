@@ -78,20 +78,11 @@ __device__ inline void block_range(const Table<Item>& t, const Item*& item, int6
   e = min(item->n, b + kChunk);
 }
 
-// ---- SGD ----
+// ---- SGD: the list items as they come (core/kernels/optim.h) ----
 template <class T>
-struct SgdItem {
-  T* param;
-  T* buf;
-  const T* grad;
-  int64_t n;
-  bool first;
-};
-
-template <class T>
-__global__ void sgd_kernel(const __grid_constant__ Table<SgdItem<T>> t, T neg_lr, T mu, T damp, T wd,
+__global__ void sgd_kernel(const __grid_constant__ Table<SgdTensor<T>> t, T neg_lr, T mu, T damp, T wd,
                            bool use_momentum, bool nesterov) {
-  const SgdItem<T>* it;
+  const SgdTensor<T>* it;
   int64_t b, e;
   block_range(t, it, b, e);
   T* param = it->param;
@@ -251,9 +242,7 @@ __global__ void clip_kernel(const __grid_constant__ Table<TensorSpan<T>> t, T lo
 template <class T>
 void sgd_update(const SgdTensor<T>* ts, int64_t count, double lr, double momentum, double dampening,
                 double weight_decay, bool nesterov) {
-  std::vector<SgdItem<T>> items(static_cast<size_t>(count));
-  for (int64_t k = 0; k < count; ++k) items[size_t(k)] = {ts[k].param, ts[k].buf, ts[k].grad, ts[k].n, ts[k].first};
-  for_each_table(items.data(), count, [&](const Table<SgdItem<T>>& t, int nb) {
+  for_each_table(ts, count, [&](const Table<SgdTensor<T>>& t, int nb) {
     sgd_kernel<T><<<unsigned(nb), kThreads, 0, stream()>>>(t, T(-lr), T(momentum), T(1 - dampening),
                                                           T(weight_decay), momentum != 0, nesterov);
     kernelCheck();
@@ -306,14 +295,7 @@ void clip_value(const TensorSpan<T>* xs, int64_t count, double clip) {
   });
 }
 
-#define AG_OPTIM_KERNELS(T)                                                                                 \
-  template void sgd_update<T>(const SgdTensor<T>*, int64_t, double, double, double, double, bool);                \
-  template void adam_update<T>(const AdamTensor<T>*, int64_t, double, double, double, double, double, bool);      \
-  template void grad_norm_partial<T>(double*, const TensorSpan<T>*, int64_t, double);                            \
-  template void scale_inplace<T>(const TensorSpan<T>*, int64_t, double);                                          \
-  template void clip_value<T>(const TensorSpan<T>*, int64_t, double);
 AG_OPTIM_KERNELS(float)
 AG_OPTIM_KERNELS(double)
-#undef AG_OPTIM_KERNELS
 
 }  // namespace ag::cuda

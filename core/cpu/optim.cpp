@@ -199,14 +199,7 @@ void clip_value(const TensorSpan<T>* xs, int64_t count, double clip) {
   });
 }
 
-#define AG_OPTIM_KERNELS(T)                                                                                 \
-  template void sgd_update<T>(const SgdTensor<T>*, int64_t, double, double, double, double, bool);                \
-  template void adam_update<T>(const AdamTensor<T>*, int64_t, double, double, double, double, double, bool);      \
-  template void grad_norm_partial<T>(double*, const TensorSpan<T>*, int64_t, double);                            \
-  template void scale_inplace<T>(const TensorSpan<T>*, int64_t, double);                                          \
-  template void clip_value<T>(const TensorSpan<T>*, int64_t, double);
 AG_OPTIM_KERNELS(float)
 AG_OPTIM_KERNELS(double)
-#undef AG_OPTIM_KERNELS
 
 }  // namespace ag::cpu

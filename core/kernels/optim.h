@@ -84,3 +84,12 @@ template <class T>
 void clip_value(const TensorSpan<T>* xs, int64_t count, double clip);
 
 }  // namespace ag::cuda
+
+// The explicit instantiations of the kernels above for one T, in the namespace of the file that
+// defines them (core/cpu/optim.cpp, cuda/optim.cu).
+#define AG_OPTIM_KERNELS(T)                                                                            \
+  template void sgd_update<T>(const SgdTensor<T>*, int64_t, double, double, double, double, bool);           \
+  template void adam_update<T>(const AdamTensor<T>*, int64_t, double, double, double, double, double, bool); \
+  template void grad_norm_partial<T>(double*, const TensorSpan<T>*, int64_t, double);                       \
+  template void scale_inplace<T>(const TensorSpan<T>*, int64_t, double);                                     \
+  template void clip_value<T>(const TensorSpan<T>*, int64_t, double);
