@@ -126,37 +126,39 @@ TEST_CASE("dist: GradReducer refuses parameters it cannot reduce") {
   CHECK_THROWS_WITH_AS(dist::GradReducer({w}, 0), doctest::Contains("bucket size must be > 0"), Error);
 }
 
-TEST_CASE("dist: 2 ranks with batch B each train as 1 rank with batch 2B") {
-  if (skip_without_mpi()) return;
-  Job job("eq");
-  job.run(dist_check({"train", job.path("one.txt"), "--steps", "6", "--batch", "16"}), "one");
-  job.run(job.mpirun(2, dist_check({"train", job.path("two.txt"), "--steps", "6", "--batch", "8"})), "two");
+namespace {
+// 6 steps of dist_check on 1 rank with batch 16 and on 2 ranks with batch 8 each (`extra`: options
+// of both runs). The same global batches; only the order of float additions differs (two half-batch
+// means averaged vs one mean; on GPUs cuBLAS may also tile the half batch differently), so float
+// tolerance, not bits. dist_check itself exits 3 when the ranks' parameters differ in a bit, and 4
+// when no bucket started its all-reduce during backward.
+void check_two_ranks_train_as_one(const std::string& name, const std::vector<std::string>& extra) {
+  Job job(name);
+  auto args = [&](const std::string& out, const std::string& batch) {
+    std::vector<std::string> a{"train", job.path(out), "--steps", "6", "--batch", batch};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return dist_check(a);
+  };
+  job.run(args("one.txt", "16"), "one");
+  job.run(job.mpirun(2, args("two.txt", "8")), "two");
   Result one = read_result(job.path("one.txt")), two = read_result(job.path("two.txt"));
   CHECK(one.world == 1);
   CHECK(two.world == 2);
-  // The same global batches; only the order of float additions differs (two half-batch means
-  // averaged vs one mean), so float tolerance, not bits.
   check_close(two.losses, one.losses, 1e-6, 1e-5, "losses");
   check_close(two.params, one.params, 1e-6, 1e-4, "parameters");
   // and the training did something: the loss went down over the 6 steps
   CHECK(one.losses.back() < one.losses.front());
 }
+}  // namespace
+
+TEST_CASE("dist: 2 ranks with batch B each train as 1 rank with batch 2B") {
+  if (skip_without_mpi()) return;
+  check_two_ranks_train_as_one("eq", {});
+}
 
 TEST_CASE("dist: 2 ranks on 2 GPUs (NCCL) with batch B each train as 1 GPU with batch 2B") {
   if (skip_without_nccl_gpus(2)) return;
-  Job job("gpu_eq");
-  job.run(dist_check({"train", job.path("one.txt"), "--steps", "6", "--batch", "16", "--device", "cuda"}), "one");
-  job.run(job.mpirun(2, dist_check({"train", job.path("two.txt"), "--steps", "6", "--batch", "8", "--device", "cuda"})),
-          "two");
-  Result one = read_result(job.path("one.txt")), two = read_result(job.path("two.txt"));
-  CHECK(one.world == 1);
-  CHECK(two.world == 2);
-  // as on the CPU: the same global batches, the float additions in another order (and cuBLAS may
-  // tile the half batch differently), so float tolerance; dist_check itself exits 3 when the ranks'
-  // parameters differ in a bit, and 4 when no bucket started its ncclAllReduce during backward
-  check_close(two.losses, one.losses, 1e-6, 1e-5, "losses");
-  check_close(two.params, one.params, 1e-6, 1e-4, "parameters");
-  CHECK(one.losses.back() < one.losses.front());
+  check_two_ranks_train_as_one("gpu_eq", {"--device", "cuda"});
 }
 
 TEST_CASE("dist: a 2-rank checkpoint resumes in 1 rank and a 1-rank checkpoint in 2 ranks") {
