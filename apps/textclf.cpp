@@ -21,7 +21,8 @@
 //
 // Writes to the run directory (default runs/textclf): checkpoint (with config and tokenizer),
 // tokenizer.json (the same vocabulary beside it), metrics.jsonl, TensorBoard events, curves.svg, attention.svg (every head's weights on one test
-// text, tokens on both axes), report.json (with forward FLOPs and MFU), and with
+// text, tokens on both axes), test_errors.tsv (the test texts the model or the baseline got
+// wrong, with both predictions), report.json (with forward FLOPs and MFU), and with
 // --diagnose-attention attention_diagnostics.json (per block and head on one test batch: entropy,
 // diagonal mass, head similarity, warnings; apps/common/diagnose.h).
 //
@@ -56,15 +57,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The baseline, fitted on train and measured on valid and test: returns the test accuracy.
-std::pair<double, double> naive_bayes_baseline(const data::TextSplit& split, double alpha) {
+// The baseline, fitted on train and measured on valid and test.
+std::pair<EvalResult, EvalResult> naive_bayes_baseline(const data::TextSplit& split, double alpha) {
   auto t0 = std::chrono::steady_clock::now();
   CharNgramNB nb({.min_n = 1, .max_n = 5, .alpha = alpha});
   nb.fit(split.train);
   EvalResult val = nb.evaluate(split.valid), test = nb.evaluate(split.test);
   fmt::print(stderr, "baseline: character 1-5-gram naive Bayes (alpha {}, {} n-grams): val {:.2f}%, test {:.2f}% ({:.1f} s)\n",
              alpha, nb.vocabulary(), 100 * val.accuracy, 100 * test.accuracy, seconds_since(t0));
-  return {val.accuracy, test.accuracy};
+  return {std::move(val), std::move(test)};
 }
 
 // attention.svg: every head of every layer on one test text, tokens on both axes.
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
   cli.add_option("--eval-batch-tokens", settings.eval_batch_tokens, "padded tokens per evaluation batch")
       ->capture_default_str()
       ->check(positive());
-  cli.add_option("--baseline", baseline, "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes)")
+  cli.add_option("--baseline", baseline, "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes when training; --eval-only: on only)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cli.add_option("--ngram-buckets", settings.ngram_buckets,
@@ -183,6 +184,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 26));
   cli.add_option("--ngrams", settings.ngram_range, "n-gram lengths MIN-MAX in codepoints, of \"<\" + word + \">\"")
       ->capture_default_str();
+  cli.add_option("--ngram-case", settings.ngram_case,
+                 "lower: the n-grams of the lower-cased words (as the vocabulary has them); cased: of the words "
+                 "as the text writes them")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lower", "cased"}));
   cli.add_option("--ngrams-per-token", mc.ngrams_per_token, "at most this many n-grams per word (the shorter kept)")
       ->capture_default_str()
       ->check(positive());
@@ -239,15 +245,17 @@ int main(int argc, char** argv) {
     if (!o.eval_only) {
       mc.ngram_buckets = settings.ngram_buckets >= 0 ? settings.ngram_buckets : tok_kind == "word" ? 65536 : 0;
       std::tie(mc.ngram_min, mc.ngram_max) = parse_ngram_range(settings.ngram_range);  // checked above
+      mc.ngram_cased = settings.ngram_case == "cased";
     }
     const data::NgramSpec ngrams = ngram_spec(mc);
-    EncodedSet train = encode_dataset(split.train, tok, d.max_len, ngrams),
-               valid = encode_dataset(split.valid, tok, d.max_len, ngrams),
-               test = encode_dataset(split.test, tok, d.max_len, ngrams);
+    EncodedSet train = encode_dataset(split.train, tok, d.max_len, ngrams, mc.ngram_cased),
+               valid = encode_dataset(split.valid, tok, d.max_len, ngrams, mc.ngram_cased),
+               test = encode_dataset(split.test, tok, d.max_len, ngrams, mc.ngram_cased);
     std::string subwords;
     if (ngrams.buckets > 0)
-      subwords = fmt::format("; {}..{}-grams of {} distinct words hashed into {} buckets, at most {} per word",
-                             ngrams.min_n, ngrams.max_n, train.form_ngrams.size() - 1, ngrams.buckets,
+      subwords = fmt::format("; {}..{}-grams of {} distinct {} words hashed into {} buckets, at most {} per word",
+                             ngrams.min_n, ngrams.max_n, train.form_ngrams.size() - 1,
+                             mc.ngram_cased ? "cased" : "lower-cased", ngrams.buckets,
                              ngrams.max_per_token);
     fmt::print(stderr, "tokens: {} tokenizer, vocabulary {}, max length {}: {:.1f} tokens per training text{} ({:.1f} s)\n",
                tok.kind_name(), tok.vocab_size(), d.max_len, double(train.tokens()) / double(train.size()), subwords,
@@ -275,7 +283,14 @@ int main(int argc, char** argv) {
       EvalResult r = evaluate(model, test, classes, settings.eval_batch_tokens);
       fmt::print("{}: test accuracy {:.2f}%, loss {:.4f} on {} texts ({:.1f} s)\n{}", o.checkpoint, 100 * r.accuracy,
                  r.loss, test.size(), seconds_since(t0), r.confusion.to_text());
+      std::optional<EvalResult> nb_test;  // with --baseline on only: fitting it takes seconds
+      if (baseline == "on") nb_test = naive_bayes_baseline(split, settings.nb_alpha).second;
       std::filesystem::create_directories(o.out_dir);
+      std::array<int64_t, 3> wrong{};
+      write_file_atomic(o.out_dir + "/test_errors.tsv",
+                        errors_tsv(split.test, r.predicted, nb_test ? &nb_test->predicted : nullptr, &wrong));
+      fmt::print("misclassified test texts: {}/test_errors.tsv ({} errors{})\n", o.out_dir, wrong[0],
+                 nb_test ? fmt::format("; the baseline's {}, {} of them made by both", wrong[1], wrong[2]) : "");
       write_attention_svg(model, tok, test, split.test, o.out_dir + "/attention.svg");
       fmt::print("attention heatmap: {}/attention.svg\n", o.out_dir);
       if (test.size() > 0 && dg.attention) diagnose(model, test, o.batch, d.max_len, o.out_dir);
@@ -283,7 +298,7 @@ int main(int argc, char** argv) {
     }
 
     const bool want_baseline = baseline == "on" || (baseline == "auto" && d.dataset == "fortunes");
-    std::optional<std::pair<double, double>> nb;
+    std::optional<std::pair<EvalResult, EvalResult>> nb;  // validation, test
     if (want_baseline && dist::is_main()) nb = naive_bayes_baseline(split, settings.nb_alpha);  // rank 0 reports it
 
     Run run("textclf", o, model, opt, gen, config, {{"tokenizer", tok.to_json()}});
@@ -332,22 +347,30 @@ int main(int argc, char** argv) {
     run.print(fmt::format("final: validation accuracy {:.2f}% (loss {:.4f}), test accuracy {:.2f}% (loss {:.4f}) ({:.1f} s)",
                           100 * v.accuracy, v.loss, 100 * t.accuracy, t.loss, seconds_since(t0)));
     if (dist::is_main()) write_attention_svg(model, tok, test, split.test, run.path("attention.svg"));
+    std::array<int64_t, 3> wrong{};  // model, baseline, both
+    if (dist::is_main())
+      write_file_atomic(run.path("test_errors.tsv"),
+                        errors_tsv(split.test, t.predicted, nb ? &nb->second.predicted : nullptr, &wrong));
 
     RunReport report;
     report.accuracy = t.accuracy;
     report.confusion = t.confusion;
     report.extra = {{"test_loss", t.loss}, {"val_accuracy", v.accuracy}, {"val_loss", v.loss}};
     if (nb) {
-      report.extra.emplace_back("baseline_nb_val_accuracy", nb->first);
-      report.extra.emplace_back("baseline_nb_test_accuracy", nb->second);
+      report.extra.emplace_back("baseline_nb_val_accuracy", nb->first.accuracy);
+      report.extra.emplace_back("baseline_nb_test_accuracy", nb->second.accuracy);
     }
     compute.fill(report);
     run.finish(report);
     if (!dist::is_main()) return 0;  // the plots and the summary are rank 0's
     if (dg.attention && test.size() > 0) diagnose(model, test, o.batch, d.max_len, run.dir());
     if (nb)
-      fmt::print("test accuracy {:.2f}% vs the naive Bayes baseline's {:.2f}%: {}\n", 100 * t.accuracy, 100 * nb->second,
-                 t.accuracy > nb->second ? "the transformer wins" : "the baseline wins");
+      fmt::print("test accuracy {:.2f}% vs the naive Bayes baseline's {:.2f}%: {} ({} errors against {}, {} of them "
+                 "made by both)\n",
+                 100 * t.accuracy, 100 * nb->second.accuracy,
+                 t.accuracy > nb->second.accuracy ? "the transformer wins" : "the baseline wins", wrong[0], wrong[1],
+                 wrong[2]);
+    fmt::print("misclassified test texts: {}\n", run.path("test_errors.tsv"));
     fmt::print("attention heatmap: {}\n", run.path("attention.svg"));
   } catch (const Error& e) {
     apps::print_error("textclf", e.what());

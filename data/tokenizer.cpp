@@ -182,7 +182,7 @@ bool word_is_punct(uint32_t cp) {
   return (cp >= 0xA1 && cp <= 0xBF) || cp == 0xD7 || cp == 0xF7 || (cp >= 0x2000 && cp <= 0x206F);
 }
 
-std::vector<std::string> word_split(std::string_view text) {
+std::vector<std::string> word_split(std::string_view text, bool lower) {
   std::vector<uint32_t> cps = utf8_decode(text, "word_split");
   std::vector<std::string> tokens;
   std::string word;
@@ -199,7 +199,7 @@ std::vector<std::string> word_split(std::string_view text) {
       utf8_append(p, cp);
       tokens.push_back(std::move(p));
     } else {
-      utf8_append(word, word_lower(cp));
+      utf8_append(word, lower ? word_lower(cp) : cp);
     }
   }
   flush();

@@ -63,8 +63,9 @@ uint32_t word_lower(uint32_t cp);
 // Whether a codepoint is punctuation (a token of its own): ASCII punctuation and symbols,
 // U+00A1..U+00BF, U+00D7, U+00F7, General Punctuation U+2000..U+206F (dashes, quotes, ellipsis).
 bool word_is_punct(uint32_t cp);
-// The tokens of `text` (UTF-8, checked): lower-cased words and single punctuation codepoints.
-std::vector<std::string> word_split(std::string_view text);
+// The tokens of `text` (UTF-8, checked): words and single punctuation codepoints, the words
+// lower-cased unless `lower` is false (the same split either way: case never moves a boundary).
+std::vector<std::string> word_split(std::string_view text, bool lower = true);
 
 // Subword features of one token, as fastText (Bojanowski et al. 2017, "Enriching Word Vectors with
 // Subword Information"): the n-grams of w = "<" + token + ">" for n = min_n..max_n, counted in

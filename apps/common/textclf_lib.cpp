@@ -56,11 +56,11 @@ std::vector<int64_t> TextTokenizer::encode(std::string_view text, int64_t max_le
   return ids;
 }
 
-std::vector<std::string> TextTokenizer::pieces(std::string_view text, int64_t max_len) const {
+std::vector<std::string> TextTokenizer::pieces(std::string_view text, int64_t max_len, bool cased) const {
   check(kind_ == Kind::word_level, "TextTokenizer::pieces: subword n-grams need the word tokenizer, this one is {}",
         kind_name());
   check(max_len > 0, "TextTokenizer::pieces: max_len must be > 0, got {}", max_len);
-  std::vector<std::string> words = data::word_split(text);
+  std::vector<std::string> words = data::word_split(text, /*lower=*/!cased);
   if (int64_t(words.size()) > max_len) words.resize(size_t(max_len));
   return words;
 }
@@ -142,6 +142,11 @@ TextClassifierConfig config_from_json(const nlohmann::json& j) {
   c.ngram_max = get_optional("ngram_max", c.ngram_max, 1);
   c.ngrams_per_token = get_optional("ngrams_per_token", c.ngrams_per_token, 1);
   check(c.ngram_max >= c.ngram_min, "textclf config: 'ngram_max' {} is below 'ngram_min' {}", c.ngram_max, c.ngram_min);
+  if (j.contains("ngram_cased")) {
+    check(j["ngram_cased"].is_boolean(), "textclf config: 'ngram_cased' must be true or false, got {}",
+          j["ngram_cased"].dump());
+    c.ngram_cased = j["ngram_cased"].get<bool>();
+  }
   return c;
 }
 
@@ -158,7 +163,7 @@ int64_t EncodedSet::tokens() const {
 }
 
 EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,
-                          const data::NgramSpec& ngrams) {
+                          const data::NgramSpec& ngrams, bool ngrams_cased) {
   const bool with_ngrams = ngrams.buckets > 0;
   check(!with_ngrams || tok.kind() == TextTokenizer::Kind::word_level,
         "textclf encode_dataset: subword n-grams ({} buckets) need the word tokenizer, not the {} one", ngrams.buckets,
@@ -172,7 +177,7 @@ EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok,
     std::vector<int64_t> ids = tok.encode(ex.text, max_len);
     if (with_ngrams) {
       std::vector<int32_t> forms;
-      for (std::string& w : tok.pieces(ex.text, max_len)) {
+      for (std::string& w : tok.pieces(ex.text, max_len, ngrams_cased)) {
         auto [it, fresh] = form_row.try_emplace(std::move(w), int32_t(set.form_ngrams.size()));
         if (fresh) set.form_ngrams.push_back(data::hashed_ngrams(it->first, ngrams));
         forms.push_back(it->second);
@@ -459,6 +464,7 @@ EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vec
   for (int64_t i : sharded ? eval_part(n, dist::rank(), dist::world_size()) : eval_part(n, 0, 1))
     order.push_back(sorted[size_t(i)]);
   const int64_t m = int64_t(order.size());
+  r.predicted.assign(size_t(n), -1);
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
@@ -473,13 +479,53 @@ EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vec
     std::vector<int64_t> pred = argmax(logits, 1).to_vector<int64_t>();
     std::vector<int64_t> truth = b.labels.to_vector<int64_t>();
     r.confusion.add(truth, pred);
+    for (size_t j = 0; j < idx.size(); ++j) r.predicted[size_t(idx[j])] = pred[j];
     begin += count;
   }
-  if (sharded) sum_over_ranks(loss_sum, &r.confusion);
+  if (sharded && dist::world_size() > 1) {
+    // each text was evaluated by one rank: the others hold -1, so the sum of (class + 1) over
+    // the ranks is the class + 1
+    for (int64_t p : r.predicted) loss_sum.push_back(double(p + 1));
+    sum_over_ranks(loss_sum, &r.confusion);
+    for (size_t i = 0; i < r.predicted.size(); ++i) r.predicted[i] = int64_t(loss_sum[1 + i]) - 1;
+  }
   model.train(was_training);
   r.loss = loss_sum[0] / double(n);
   r.accuracy = r.confusion.accuracy();
   return r;
+}
+
+std::string errors_tsv(const data::TextDataset& ds, const std::vector<int64_t>& model,
+                       const std::vector<int64_t>* baseline, std::array<int64_t, 3>* counts) {
+  const size_t n = ds.examples.size();
+  check(model.size() == n, "errors_tsv: {} model predictions for {} texts", model.size(), n);
+  check(!baseline || baseline->size() == n, "errors_tsv: {} baseline predictions for {} texts",
+        baseline ? baseline->size() : 0, n);
+  auto name = [&](int64_t c) {
+    check(c >= 0 && c < int64_t(ds.classes.size()), "errors_tsv: class {} outside [0, {})", c, ds.classes.size());
+    return ds.classes[size_t(c)];
+  };
+  std::array<int64_t, 3> k{0, 0, 0};
+  std::string out = "index\ttrue\tmodel\tbaseline\ttext\n";
+  for (size_t i = 0; i < n; ++i) {
+    const data::TextExample& ex = ds.examples[i];
+    const bool model_wrong = model[i] != ex.label, baseline_wrong = baseline && (*baseline)[i] != ex.label;
+    if (!model_wrong && !baseline_wrong) continue;
+    k[0] += model_wrong, k[1] += baseline_wrong, k[2] += model_wrong && baseline_wrong;
+    out += fmt::format("{}\t{}\t{}\t{}\t", i, name(ex.label), name(model[i]), baseline ? name((*baseline)[i]) : "-");
+    for (char c : ex.text) {
+      switch (c) {
+        case '\t': out += "\\t"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\\': out += "\\\\"; break;
+        default: out += c;
+      }
+    }
+    out += '\n';
+  }
+  if (counts) *counts = k;
+  return out;
 }
 
 std::vector<Heatmap> attention_heatmaps(TextClassifier& model, const TextTokenizer& tok, const EncodedSet& set,
@@ -618,7 +664,8 @@ EvalResult CharNgramNB::evaluate(const data::TextDataset& ds) const {
   for (const auto& ex : ds.examples) {
     std::vector<double> lp = log_posterior(ex.text);
     nll -= lp[size_t(ex.label)];
-    r.confusion.add(ex.label, int64_t(std::max_element(lp.begin(), lp.end()) - lp.begin()));
+    r.predicted.push_back(int64_t(std::max_element(lp.begin(), lp.end()) - lp.begin()));
+    r.confusion.add(ex.label, r.predicted.back());
   }
   r.accuracy = r.confusion.accuracy();
   r.loss = ds.size() ? nll / double(ds.size()) : std::numeric_limits<double>::quiet_NaN();

@@ -16,6 +16,7 @@
 // Shapes, with B the batch, T the longest text in it (<= max_len), K the classes:
 //   tokens i64 (B, T) padded with 0, lengths i64 (B), labels i64 (B), logits f32 (B, K),
 //   ngrams i64 (B, T, G) padded with 0 (G: the most n-grams of a token in the batch).
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -62,9 +63,10 @@ class TextTokenizer {
 
   // The model ids of `text`, at most max_len of them (max_len > 0).
   std::vector<int64_t> encode(std::string_view text, int64_t max_len) const;
-  // Word kind only: the token strings behind encode(text, max_len)'s ids (data::word_split, so
-  // lower-cased), one per id; what the subword n-grams are taken from. ag::Error for the char kind.
-  std::vector<std::string> pieces(std::string_view text, int64_t max_len) const;
+  // Word kind only: the token strings behind encode(text, max_len)'s ids (data::word_split:
+  // lower-cased, as the vocabulary is, or with `cased` as the text has them), one per id; what the
+  // subword n-grams are taken from. ag::Error for the char kind.
+  std::vector<std::string> pieces(std::string_view text, int64_t max_len, bool cased = false) const;
   // What a model id stands for, for plot labels: the character (a space shown as "␣", a newline
   // as "↵", a tab as "→") or the word; "<pad>", "<unk>".
   std::string label(int64_t id) const;
@@ -100,9 +102,10 @@ struct EncodedSet {
   int64_t tokens() const;                 // sum of the lengths
   bool has_ngrams() const { return !forms.empty(); }
 };
-// `ngrams.buckets` > 0 (word tokenizer only; ag::Error for the char one) fills forms and form_ngrams.
+// `ngrams.buckets` > 0 (word tokenizer only; ag::Error for the char one) fills forms and form_ngrams,
+// the n-grams of the lower-cased words, or with `ngrams_cased` of the words as the text has them.
 EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,
-                          const data::NgramSpec& ngrams = {});
+                          const data::NgramSpec& ngrams = {}, bool ngrams_cased = false);
 
 // Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that
 // --eval-only rebuilds the same split.
@@ -132,6 +135,7 @@ struct TrainSettings {
   int64_t eval_batch_tokens = 16384; // padded tokens per evaluation batch
   int64_t ngram_buckets = -1;        // -1: auto (65536 with the word tokenizer, 0 with the char one)
   std::string ngram_range = "2-5";   // --ngrams MIN-MAX
+  std::string ngram_case = "lower";  // --ngram-case lower | cased
   double nb_alpha = 0.1;             // the baseline's add-alpha smoothing
 };
 // --ngrams "MIN-MAX": two integers around one dash, nothing else, 1 <= MIN <= MAX <= 64; a
@@ -214,15 +218,25 @@ struct EvalResult {
   double loss = 0;      // mean cross-entropy (no smoothing)
   double accuracy = 0;  // in [0, 1]
   ConfusionMatrix confusion;
+  std::vector<int64_t> predicted;  // per text evaluated (the set's first `limit`, or all): the class
   explicit EvalResult(std::vector<std::string> classes) : confusion(std::move(classes)) {}
 };
 // In eval mode under NoGradGuard (the model's train/eval state is restored afterwards); batches
 // of texts of similar length (sorted, longest first), at most `batch_tokens` padded tokens each.
 // `limit` > 0 evaluates only the first `limit` texts. `sharded`: in a data-parallel job each rank
-// evaluates its eval_part of the length-sorted texts and every rank returns the whole result
-// (every rank must call it; apps/common/run.h).
+// evaluates its eval_part of the length-sorted texts and every rank returns the whole result,
+// predictions included (every rank must call it; apps/common/run.h).
 EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vector<std::string>& classes,
                     int64_t batch_tokens = 16384, int64_t limit = 0, bool sharded = false);
+
+// The texts of `ds` that the model or the baseline got wrong, as TSV (test_errors.tsv):
+//   index  true  model  baseline  text
+// one row per such text in the set's order, classes by name, the baseline column "-" when
+// `baseline` is null; tab, newline, carriage return and backslash in the text written as \t \n
+// \r \\. `counts` (if given) gets {model errors, baseline errors, errors of both}. ag::Error when
+// a prediction list's length differs from the set's.
+std::string errors_tsv(const data::TextDataset& ds, const std::vector<int64_t>& model,
+                       const std::vector<int64_t>* baseline = nullptr, std::array<int64_t, 3>* counts = nullptr);
 
 // Per-head attention weights of text i of `set`: one panel per (layer, head) titled "layer l,
 // head h", rows = queries, columns = keys, both labelled by the tokens. `predicted` gets the

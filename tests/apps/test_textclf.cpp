@@ -4,6 +4,7 @@
 // loader's resume, evaluation, heatmaps, and tiny training runs on a synthetic TSV whose accuracy
 // rises (one where only the n-grams can tell the classes apart).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -92,6 +93,7 @@ TEST_CASE("textclf: naive Bayes n-grams are codepoints and the classifier separa
   EvalResult r = nb.evaluate(ds);
   CHECK(r.accuracy == 1.0);
   CHECK(r.confusion.at(1, 1) == 2);
+  CHECK(r.predicted == std::vector<int64_t>{0, 0, 1, 1});
   double sum = 0;
   for (double lp : nb.log_posterior("world")) sum += std::exp(lp);
   CHECK(sum == doctest::Approx(1.0).epsilon(1e-12));
@@ -130,6 +132,7 @@ TEST_CASE("textclf: n-gram ids of the encoded set and the batch") {
   ds.examples = {{"Der Hund, der Hund!", 0}, {"x", 1}, {"", 0}};
   TextTokenizer tok = TextTokenizer::build_word({"der hund der"}, 1, 10);  // <pad> <unk> der hund
   CHECK(tok.pieces("Der Hund, der", 3) == std::vector<std::string>{"der", "hund", ","});
+  CHECK(tok.pieces("Der \xC3\x84pfel, der", 3, /*cased=*/true) == std::vector<std::string>{"Der", "\xC3\x84pfel", ","});
   const data::NgramSpec spec{.buckets = 100, .min_n = 2, .max_n = 3, .max_per_token = 6};
   EncodedSet set = encode_dataset(ds, tok, 5, spec);
   REQUIRE(set.has_ngrams());
@@ -154,6 +157,13 @@ TEST_CASE("textclf: n-gram ids of the encoded set and the batch") {
   CHECK(row(0, 1) == std::vector<int64_t>(6, 0));  // a padded token
   CHECK(row(1, 3) == data::hashed_ngrams("der", spec));
   CHECK(make_batch(set, std::vector<int64_t>{2}, 5).ngrams.shape() == Shape{1, 1, 1});  // the empty text
+  // cased: "Der" and "der" are two forms with their own n-grams, the word ids stay the same
+  EncodedSet cased = encode_dataset(ds, tok, 5, spec, /*ngrams_cased=*/true);
+  CHECK(cased.ids == set.ids);
+  CHECK(cased.forms[0] == std::vector<int32_t>{1, 2, 3, 4, 2});
+  CHECK(cased.form_ngrams[1] == data::hashed_ngrams("Der", spec));
+  CHECK(cased.form_ngrams[4] == data::hashed_ngrams("der", spec));
+  CHECK(cased.form_ngrams[1] != cased.form_ngrams[4]);
   // off: no n-grams anywhere; the char tokenizer cannot have them
   CHECK_FALSE(encode_dataset(ds, tok, 5).has_ngrams());
   CHECK_FALSE(make_batch(encode_dataset(ds, tok, 5), std::vector<int64_t>{0}, 5).ngrams.defined());
@@ -170,7 +180,7 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     TextTokenizer tok = word ? TextTokenizer::build_word(texts, 1, 50) : TextTokenizer::build_char(texts);
     Generator gen(3);
     TextClassifierConfig cfg = tiny_config(tok.vocab_size(), 3);
-    if (kind == 2) cfg.ngram_buckets = 64, cfg.ngram_min = 1, cfg.ngram_max = 4, cfg.ngrams_per_token = 9;
+    if (kind == 2) cfg.ngram_buckets = 64, cfg.ngram_min = 1, cfg.ngram_max = 4, cfg.ngrams_per_token = 9, cfg.ngram_cased = true;
     TextClassifier model(cfg, &gen);
     optim::AdamW opt(model.parameters(), {});
     const std::string path = tmp.file(fmt::format("kind{}.safetensors", kind));
@@ -187,6 +197,7 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     CHECK(config_to_json(cfg2) == config_to_json(cfg));
     CHECK(cfg2.ngram_buckets == cfg.ngram_buckets);
     CHECK(cfg2.ngrams_per_token == cfg.ngrams_per_token);
+    CHECK(cfg2.ngram_cased == (kind == 2));
     CHECK(tok2.kind() == tok.kind());
     CHECK(tok2.vocab_size() == tok.vocab_size());
     for (const auto& t : texts) CHECK(tok2.encode(t, 24) == tok.encode(t, 24));
@@ -196,7 +207,7 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     data::TextDataset one;
     one.classes = {"a", "b", "c"};
     one.examples = {{texts[1], 0}};
-    EncodedSet set = encode_dataset(one, tok2, 24, ngram_spec(cfg2));
+    EncodedSet set = encode_dataset(one, tok2, 24, ngram_spec(cfg2), cfg2.ngram_cased);
     CHECK(set.has_ngrams() == (kind == 2));
     Batch b = make_batch(set, std::vector<int64_t>{0}, 24);
     NoGradGuard no_grad;
@@ -206,8 +217,11 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
   AG_CHECK_ERROR(config_from_json(nlohmann::json{{"vocab", 10}}), "textclf config", "max_len");
   // a config from before the n-grams loads with them off
   nlohmann::json old = config_to_json(tiny_config(10, 2));
-  for (const char* key : {"ngram_buckets", "ngram_min", "ngram_max", "ngrams_per_token"}) old.erase(key);
+  for (const char* key : {"ngram_buckets", "ngram_min", "ngram_max", "ngrams_per_token", "ngram_cased"}) old.erase(key);
   CHECK(config_from_json(old).ngram_buckets == 0);
+  CHECK_FALSE(config_from_json(old).ngram_cased);
+  old["ngram_cased"] = 1;
+  AG_CHECK_ERROR(config_from_json(old), "textclf config", "ngram_cased", "true or false", "1");
   nlohmann::json bad_ngrams = config_to_json(tiny_config(10, 2));
   bad_ngrams["ngram_max"] = 1;
   bad_ngrams["ngram_min"] = 3;
@@ -279,6 +293,26 @@ TEST_CASE("textclf: the training loader resumes at any step with the same batche
   CHECK(b.lengths.to_vector<int64_t>() == std::vector<int64_t>{1, 8});
   CHECK(b.labels.to_vector<int64_t>() == std::vector<int64_t>{0, 0});
   AG_CHECK_ERROR(make_batch(set, std::vector<int64_t>{20}, 8), "make_batch", "index 20", "[0, 20)");
+}
+
+TEST_CASE("textclf: test_errors.tsv lists what the model or the baseline got wrong") {
+  data::TextDataset ds;
+  ds.classes = {"en", "de"};
+  ds.examples = {{"fine", 0}, {"a\tb\nc\\d\r", 1}, {"both wrong", 0}, {"baseline wrong", 1}};
+  const std::vector<int64_t> model = {0, 0, 1, 1}, baseline = {0, 1, 1, 0};
+  std::array<int64_t, 3> counts{};
+  CHECK(errors_tsv(ds, model, &baseline, &counts) ==
+        "index\ttrue\tmodel\tbaseline\ttext\n"
+        "1\tde\ten\tde\ta\\tb\\nc\\\\d\\r\n"
+        "2\ten\tde\tde\tboth wrong\n"
+        "3\tde\tde\ten\tbaseline wrong\n");
+  CHECK(counts == std::array<int64_t, 3>{2, 2, 1});
+  CHECK(errors_tsv(ds, model) ==
+        "index\ttrue\tmodel\tbaseline\ttext\n1\tde\ten\t-\ta\\tb\\nc\\\\d\\r\n2\ten\tde\t-\tboth wrong\n");
+  AG_CHECK_ERROR(errors_tsv(ds, {0, 1}), "errors_tsv", "2 model predictions", "4 texts");
+  const std::vector<int64_t> short_baseline = {0};
+  AG_CHECK_ERROR(errors_tsv(ds, model, &short_baseline), "errors_tsv", "1 baseline predictions", "4 texts");
+  AG_CHECK_ERROR(errors_tsv(ds, {0, 5, 0, 1}), "errors_tsv", "class 5", "[0, 2)");
 }
 
 TEST_CASE("textclf: missing fortune packages are named") {
@@ -377,6 +411,21 @@ TEST_CASE("textclf: a 30-step run on a synthetic TSV learns, and the heatmap has
   EvalResult small = evaluate(model, test, all.classes, 20);
   CHECK(small.loss == doctest::Approx(after.loss).epsilon(1e-5));
   CHECK(small.accuracy == after.accuracy);
+  // the per-text predictions, in the set's order, agree with the confusion matrix and the batching
+  REQUIRE(after.predicted.size() == size_t(test.size()));
+  CHECK(small.predicted == after.predicted);
+  ConfusionMatrix again(all.classes);
+  for (size_t k = 0; k < after.predicted.size(); ++k) again.add(test.labels[k], after.predicted[k]);
+  CHECK(again.counts == after.confusion.counts);
+  {  // the model alone on one text gives the class recorded for it
+    const int64_t k = test.size() - 1;
+    Batch one = make_batch(test, std::vector<int64_t>{k}, cfg.max_len);
+    model.eval();
+    NoGradGuard no_grad;
+    CHECK(argmax(model.forward(one.tokens, one.lengths), 1).item<int64_t>() == after.predicted[size_t(k)]);
+    model.train();
+  }
+  CHECK(evaluate(model, test, all.classes, 64, 7).predicted.size() == 7);  // --eval-samples: the first 7
 
   int64_t i = pick_heatmap_sample(test, 10, 12);
   REQUIRE(i >= 0);

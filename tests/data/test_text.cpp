@@ -392,6 +392,8 @@ TEST_CASE("word_split: lower-cases and splits punctuation") {
   CHECK(word_lower(0x17E) == 0x17E);
   CHECK(word_lower(0x0391) == 0x0391);  // Greek: unchanged (not in the table)
   CHECK(word_split(" \t\n").empty());
+  // lower = false: the same split, the case kept
+  CHECK(word_split("Don't \xC3\x84pfel!", /*lower=*/false) == std::vector<std::string>{"Don", "'", "t", "\xC3\x84pfel", "!"});
   AG_CHECK_ERROR(word_split("ok \xE0\x80"), "word_split", "offset 3");
 }
 
