@@ -158,6 +158,9 @@ int main(int argc, char** argv) {
   cli.add_option("--max-words", d.max_words, "word tokenizer: vocabulary size with <pad> and <unk>")
       ->capture_default_str()
       ->check(CLI::Range(3, 1 << 30));
+  cli.add_flag("--layout-tokens", d.layout,
+               "word tokenizer: every newline and tab is a token too (the shape of a text: line breaks, indented "
+               "attributions)");
   cli.add_option("--d-model", mc.d_model, "model width (attention dim)")->capture_default_str()->check(positive());
   cli.add_option("--heads", mc.n_heads, "attention heads")->capture_default_str()->check(positive());
   cli.add_option("--layers", mc.n_layers, "transformer blocks")->capture_default_str()->check(positive());
@@ -184,11 +187,6 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 26));
   cli.add_option("--ngrams", settings.ngram_range, "n-gram lengths MIN-MAX in codepoints, of \"<\" + word + \">\"")
       ->capture_default_str();
-  cli.add_option("--ngram-case", settings.ngram_case,
-                 "lower: the n-grams of the lower-cased words (as the vocabulary has them); cased: of the words "
-                 "as the text writes them")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"lower", "cased"}));
   cli.add_option("--ngrams-per-token", mc.ngrams_per_token, "at most this many n-grams per word (the shorter kept)")
       ->capture_default_str()
       ->check(positive());
@@ -241,21 +239,19 @@ int main(int argc, char** argv) {
     const std::string tok_kind = resolve_tokenizer(d);
     TextTokenizer tok = saved_tok ? *saved_tok
                         : tok_kind == "char" ? TextTokenizer::build_char(train_texts)
-                                             : TextTokenizer::build_word(train_texts, d.min_freq, d.max_words);
+                                             : TextTokenizer::build_word(train_texts, d.min_freq, d.max_words, d.layout);
     if (!o.eval_only) {
       mc.ngram_buckets = settings.ngram_buckets >= 0 ? settings.ngram_buckets : tok_kind == "word" ? 65536 : 0;
       std::tie(mc.ngram_min, mc.ngram_max) = parse_ngram_range(settings.ngram_range);  // checked above
-      mc.ngram_cased = settings.ngram_case == "cased";
     }
     const data::NgramSpec ngrams = ngram_spec(mc);
-    EncodedSet train = encode_dataset(split.train, tok, d.max_len, ngrams, mc.ngram_cased),
-               valid = encode_dataset(split.valid, tok, d.max_len, ngrams, mc.ngram_cased),
-               test = encode_dataset(split.test, tok, d.max_len, ngrams, mc.ngram_cased);
+    EncodedSet train = encode_dataset(split.train, tok, d.max_len, ngrams),
+               valid = encode_dataset(split.valid, tok, d.max_len, ngrams),
+               test = encode_dataset(split.test, tok, d.max_len, ngrams);
     std::string subwords;
     if (ngrams.buckets > 0)
-      subwords = fmt::format("; {}..{}-grams of {} distinct {} words hashed into {} buckets, at most {} per word",
-                             ngrams.min_n, ngrams.max_n, train.form_ngrams.size() - 1,
-                             mc.ngram_cased ? "cased" : "lower-cased", ngrams.buckets,
+      subwords = fmt::format("; {}..{}-grams of {} distinct words hashed into {} buckets, at most {} per word",
+                             ngrams.min_n, ngrams.max_n, train.form_ngrams.size() - 1, ngrams.buckets,
                              ngrams.max_per_token);
     fmt::print(stderr, "tokens: {} tokenizer, vocabulary {}, max length {}: {:.1f} tokens per training text{} ({:.1f} s)\n",
                tok.kind_name(), tok.vocab_size(), d.max_len, double(train.tokens()) / double(train.size()), subwords,

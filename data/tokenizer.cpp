@@ -182,7 +182,7 @@ bool word_is_punct(uint32_t cp) {
   return (cp >= 0xA1 && cp <= 0xBF) || cp == 0xD7 || cp == 0xF7 || (cp >= 0x2000 && cp <= 0x206F);
 }
 
-std::vector<std::string> word_split(std::string_view text, bool lower) {
+std::vector<std::string> word_split(std::string_view text, bool layout) {
   std::vector<uint32_t> cps = utf8_decode(text, "word_split");
   std::vector<std::string> tokens;
   std::string word;
@@ -193,13 +193,14 @@ std::vector<std::string> word_split(std::string_view text, bool lower) {
   for (uint32_t cp : cps) {
     if (word_is_space(cp)) {
       flush();
+      if (layout && (cp == '\n' || cp == '\t')) tokens.emplace_back(1, char(cp));
     } else if (word_is_punct(cp)) {
       flush();
       std::string p;
       utf8_append(p, cp);
       tokens.push_back(std::move(p));
     } else {
-      utf8_append(word, lower ? word_lower(cp) : cp);
+      utf8_append(word, word_lower(cp));
     }
   }
   flush();
@@ -253,12 +254,12 @@ void WordTokenizer::index(const std::string& what) {
   }
 }
 
-WordTokenizer WordTokenizer::build(const std::vector<std::string>& texts, int min_freq, int max_size) {
+WordTokenizer WordTokenizer::build(const std::vector<std::string>& texts, int min_freq, int max_size, bool layout) {
   check(min_freq >= 1, "WordTokenizer::build: min_freq must be >= 1, got {}", min_freq);
   check(max_size >= 2, "WordTokenizer::build: max_size must be >= 2 (<pad> and <unk>), got {}", max_size);
   std::unordered_map<std::string, int64_t> counts;
   for (const std::string& t : texts)
-    for (std::string& w : word_split(t)) counts[std::move(w)] += 1;
+    for (std::string& w : word_split(t, layout)) counts[std::move(w)] += 1;
   std::vector<std::pair<std::string, int64_t>> kept;
   for (auto& [w, c] : counts)
     if (c >= min_freq) kept.emplace_back(w, c);  // no token can be "<pad>": "<" and ">" split off
@@ -266,6 +267,7 @@ WordTokenizer WordTokenizer::build(const std::vector<std::string>& texts, int mi
     return a.second != b.second ? a.second > b.second : a.first < b.first;  // frequent first, then bytes
   });
   WordTokenizer t;
+  t.layout_ = layout;
   t.tokens_ = {"<pad>", "<unk>"};
   for (size_t k = 0; k < kept.size() && t.tokens_.size() < size_t(max_size); ++k) t.tokens_.push_back(kept[k].first);
   t.index("WordTokenizer::build");
@@ -286,7 +288,7 @@ int64_t WordTokenizer::id(const std::string& token) const {
 std::vector<int64_t> WordTokenizer::encode(std::string_view text, int max_len) const {
   check(max_len >= 0, "WordTokenizer::encode: max_len must be >= 0 (0: no limit), got {}", max_len);
   std::vector<int64_t> ids;
-  for (const std::string& w : word_split(text)) {
+  for (const std::string& w : word_split(text, layout_)) {
     if (max_len > 0 && ids.size() == size_t(max_len)) break;
     ids.push_back(id(w));
   }
@@ -317,6 +319,7 @@ std::string WordTokenizer::to_json() const {
   j["format"] = kFormat;
   j["version"] = kVersion;
   j["kind"] = "word";
+  j["layout"] = layout_;
   j["vocab"] = tokens_;
   return j.dump(1) + "\n";
 }
@@ -324,6 +327,10 @@ std::string WordTokenizer::to_json() const {
 WordTokenizer WordTokenizer::from_json(const std::string& text, const std::string& what) {
   json j = parse_header(text, what, "word");
   WordTokenizer t;
+  if (j.contains("layout")) {  // absent in files made before it: off
+    check(j["layout"].is_boolean(), "{}: \"layout\" must be true or false, got {}", what, j["layout"].dump());
+    t.layout_ = j["layout"].get<bool>();
+  }
   t.tokens_ = vocab_strings(j, what);
   check(t.tokens_.size() >= 2 && t.tokens_[0] == "<pad>" && t.tokens_[1] == "<unk>",
         "{}: the vocab must start with \"<pad>\", \"<unk>\" (ids 0 and 1)", what);

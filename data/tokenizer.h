@@ -17,8 +17,9 @@
 //   {"format": "attograd-tokenizer", "version": 1, "kind": "char", "mode": "byte"}
 //   {"format": "attograd-tokenizer", "version": 1, "kind": "char", "mode": "codepoint",
 //    "vocab": ["\n", " ", "!", ...]}                      (ids 1..n: one codepoint each, ascending)
-//   {"format": "attograd-tokenizer", "version": 1, "kind": "word",
-//    "vocab": ["<pad>", "<unk>", "the", ...]}             (ids 0..n-1, unique non-empty tokens)
+//   {"format": "attograd-tokenizer", "version": 1, "kind": "word", "layout": false,
+//    "vocab": ["<pad>", "<unk>", "the", ...]}             (ids 0..n-1, unique non-empty tokens;
+//                                                         "layout" optional, false when absent)
 // Loading validates all of it (malformed JSON, another format or kind, an unknown version,
 // duplicate or unsorted tokens) and raises ag::Error naming the file. to_json()/from_json() give
 // the same object as a string, for storing inside a checkpoint's metadata.
@@ -63,9 +64,10 @@ uint32_t word_lower(uint32_t cp);
 // Whether a codepoint is punctuation (a token of its own): ASCII punctuation and symbols,
 // U+00A1..U+00BF, U+00D7, U+00F7, General Punctuation U+2000..U+206F (dashes, quotes, ellipsis).
 bool word_is_punct(uint32_t cp);
-// The tokens of `text` (UTF-8, checked): words and single punctuation codepoints, the words
-// lower-cased unless `lower` is false (the same split either way: case never moves a boundary).
-std::vector<std::string> word_split(std::string_view text, bool lower = true);
+// The tokens of `text` (UTF-8, checked): lower-cased words and single punctuation codepoints.
+// Whitespace separates them; with `layout` each newline and each tab is also a token of its own
+// ("\n", "\t"), so that the shape of a text (line breaks, indented attributions) is seen.
+std::vector<std::string> word_split(std::string_view text, bool layout = false);
 
 // Subword features of one token, as fastText (Bojanowski et al. 2017, "Enriching Word Vectors with
 // Subword Information"): the n-grams of w = "<" + token + ">" for n = min_n..max_n, counted in
@@ -91,8 +93,11 @@ class WordTokenizer {
   static constexpr int64_t kPad = 0, kUnk = 1;
 
   // Vocabulary from `texts`: tokens seen at least `min_freq` times, most frequent first, at most
-  // `max_size` ids counting <pad> and <unk> (max_size >= 2, min_freq >= 1).
-  static WordTokenizer build(const std::vector<std::string>& texts, int min_freq = 1, int max_size = 1 << 30);
+  // `max_size` ids counting <pad> and <unk> (max_size >= 2, min_freq >= 1); `layout`: word_split's
+  // newline and tab tokens (kept in the JSON form, so a loaded tokenizer splits the same way).
+  static WordTokenizer build(const std::vector<std::string>& texts, int min_freq = 1, int max_size = 1 << 30,
+                             bool layout = false);
+  bool layout() const { return layout_; }
 
   int vocab_size() const { return int(tokens_.size()); }
   const std::vector<std::string>& tokens() const { return tokens_; }
@@ -114,6 +119,7 @@ class WordTokenizer {
  private:
   std::vector<std::string> tokens_;                  // id -> token
   std::unordered_map<std::string, int64_t> id_;      // token -> id
+  bool layout_ = false;                              // word_split(text, layout_)
   void index(const std::string& what);               // fills id_, rejecting duplicates
 };
 

@@ -88,14 +88,11 @@ struct TextClassifierConfig {
   double dropout = 0.1;
   // Subword n-grams of each token (data::NgramSpec): ngram_buckets hashed ids 1..buckets, n from
   // ngram_min to ngram_max codepoints, at most ngrams_per_token per token. 0 buckets: off.
-  // ngram_cased: the n-grams of each word as the text writes it ("Hund"), not lower-cased as the
-  // word's own id is ("hund"); the data's business, kept here so that a checkpoint rebuilds it.
   int64_t ngram_buckets = 0, ngram_min = 2, ngram_max = 5, ngrams_per_token = 32;
-  bool ngram_cased = false;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TextClassifierConfig, vocab, max_len, classes, d_model, n_heads,
                                                 n_layers, mlp_hidden, dropout, ngram_buckets, ngram_min, ngram_max,
-                                                ngrams_per_token, ngram_cased)
+                                                ngrams_per_token)
 
 struct TextClassifier : nn::Module {
   TextClassifierConfig cfg;

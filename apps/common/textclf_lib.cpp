@@ -32,10 +32,11 @@ TextTokenizer TextTokenizer::build_char(const std::vector<std::string>& train_te
   return tok;
 }
 
-TextTokenizer TextTokenizer::build_word(const std::vector<std::string>& train_texts, int min_freq, int max_words) {
+TextTokenizer TextTokenizer::build_word(const std::vector<std::string>& train_texts, int min_freq, int max_words,
+                                        bool layout) {
   TextTokenizer tok;
   tok.kind_ = Kind::word_level;
-  tok.words_ = data::WordTokenizer::build(train_texts, min_freq, max_words);
+  tok.words_ = data::WordTokenizer::build(train_texts, min_freq, max_words, layout);
   return tok;
 }
 
@@ -56,11 +57,11 @@ std::vector<int64_t> TextTokenizer::encode(std::string_view text, int64_t max_le
   return ids;
 }
 
-std::vector<std::string> TextTokenizer::pieces(std::string_view text, int64_t max_len, bool cased) const {
+std::vector<std::string> TextTokenizer::pieces(std::string_view text, int64_t max_len) const {
   check(kind_ == Kind::word_level, "TextTokenizer::pieces: subword n-grams need the word tokenizer, this one is {}",
         kind_name());
   check(max_len > 0, "TextTokenizer::pieces: max_len must be > 0, got {}", max_len);
-  std::vector<std::string> words = data::word_split(text, /*lower=*/!cased);
+  std::vector<std::string> words = data::word_split(text, words_.layout());
   if (int64_t(words.size()) > max_len) words.resize(size_t(max_len));
   return words;
 }
@@ -68,9 +69,8 @@ std::vector<std::string> TextTokenizer::pieces(std::string_view text, int64_t ma
 std::string TextTokenizer::label(int64_t id) const {
   check(id >= 0 && id < vocab_size(), "TextTokenizer::label: id {} outside [0, {})", id, vocab_size());
   if (id == 0) return "<pad>";
-  if (kind_ == Kind::word_level) return words_.token(id);
-  if (chars_.mode() == data::CharTokenizer::Mode::codepoint && id == 1) return "<unk>";
-  std::string s = chars_.decode({id - 1});
+  if (chars_.mode() == data::CharTokenizer::Mode::codepoint && id == 1 && kind_ == Kind::char_level) return "<unk>";
+  std::string s = kind_ == Kind::word_level ? words_.token(id) : chars_.decode({id - 1});
   if (s == " ") return "\u2423";   // ␣
   if (s == "\n") return "\u21b5";  // ↵
   if (s == "\t") return "\u2192";  // →
@@ -142,11 +142,6 @@ TextClassifierConfig config_from_json(const nlohmann::json& j) {
   c.ngram_max = get_optional("ngram_max", c.ngram_max, 1);
   c.ngrams_per_token = get_optional("ngrams_per_token", c.ngrams_per_token, 1);
   check(c.ngram_max >= c.ngram_min, "textclf config: 'ngram_max' {} is below 'ngram_min' {}", c.ngram_max, c.ngram_min);
-  if (j.contains("ngram_cased")) {
-    check(j["ngram_cased"].is_boolean(), "textclf config: 'ngram_cased' must be true or false, got {}",
-          j["ngram_cased"].dump());
-    c.ngram_cased = j["ngram_cased"].get<bool>();
-  }
   return c;
 }
 
@@ -163,7 +158,7 @@ int64_t EncodedSet::tokens() const {
 }
 
 EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,
-                          const data::NgramSpec& ngrams, bool ngrams_cased) {
+                          const data::NgramSpec& ngrams) {
   const bool with_ngrams = ngrams.buckets > 0;
   check(!with_ngrams || tok.kind() == TextTokenizer::Kind::word_level,
         "textclf encode_dataset: subword n-grams ({} buckets) need the word tokenizer, not the {} one", ngrams.buckets,
@@ -177,7 +172,7 @@ EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok,
     std::vector<int64_t> ids = tok.encode(ex.text, max_len);
     if (with_ngrams) {
       std::vector<int32_t> forms;
-      for (std::string& w : tok.pieces(ex.text, max_len, ngrams_cased)) {
+      for (std::string& w : tok.pieces(ex.text, max_len)) {
         auto [it, fresh] = form_row.try_emplace(std::move(w), int32_t(set.form_ngrams.size()));
         if (fresh) set.form_ngrams.push_back(data::hashed_ngrams(it->first, ngrams));
         forms.push_back(it->second);
@@ -195,7 +190,8 @@ EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok,
 nlohmann::json data_to_json(const DataOptions& d) {
   return {{"dataset", d.dataset},     {"root", d.root},           {"tsv_file", d.tsv_file},
           {"tsv_test", d.tsv_test},   {"split_seed", d.split_seed}, {"tokenizer", d.tokenizer},
-          {"max_len", d.max_len},     {"min_freq", d.min_freq},   {"max_words", d.max_words}};
+          {"max_len", d.max_len},     {"min_freq", d.min_freq},   {"max_words", d.max_words},
+          {"layout", d.layout}};
 }
 
 DataOptions data_from_json(const nlohmann::json& j) {
@@ -210,6 +206,7 @@ DataOptions data_from_json(const nlohmann::json& j) {
     d.max_len = j.at("max_len").get<int64_t>();
     d.min_freq = j.at("min_freq").get<int>();
     d.max_words = j.at("max_words").get<int>();
+    d.layout = j.value("layout", false);  // absent in checkpoints made before it
   } catch (const std::exception& e) {
     throw Error(fmt::format("textclf config: malformed data entry {}: {}", j.dump(), e.what()));
   }
@@ -261,6 +258,8 @@ void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const
               "textclf: --ngram-buckets {}: subword n-grams need the word tokenizer (this run uses {}); pass "
               "--ngram-buckets 0 or leave it out",
               t.ngram_buckets, tok);
+  usage_check(!d.layout || tok == "word",
+              "textclf: --layout-tokens: newline and tab tokens need the word tokenizer (this run uses {})", tok);
   parse_ngram_range(t.ngram_range);
   usage_check(mc.ngrams_per_token >= 1, "textclf: --ngrams-per-token {}: expected at least 1", mc.ngrams_per_token);
   usage_check(t.nb_alpha > 0 && std::isfinite(t.nb_alpha), "textclf: --nb-alpha {}: expected a finite value > 0",

@@ -53,9 +53,10 @@ class TextTokenizer {
   enum class Kind { char_level, word_level };
 
   // Char: the codepoints of `train_texts`. Word: the words seen at least min_freq times, at most
-  // max_words ids in all.
+  // max_words ids in all; `layout`: newlines and tabs are tokens too (data::word_split).
   static TextTokenizer build_char(const std::vector<std::string>& train_texts);
-  static TextTokenizer build_word(const std::vector<std::string>& train_texts, int min_freq, int max_words);
+  static TextTokenizer build_word(const std::vector<std::string>& train_texts, int min_freq, int max_words,
+                                  bool layout = false);
 
   Kind kind() const { return kind_; }
   std::string kind_name() const { return kind_ == Kind::char_level ? "char" : "word"; }
@@ -63,12 +64,11 @@ class TextTokenizer {
 
   // The model ids of `text`, at most max_len of them (max_len > 0).
   std::vector<int64_t> encode(std::string_view text, int64_t max_len) const;
-  // Word kind only: the token strings behind encode(text, max_len)'s ids (data::word_split:
-  // lower-cased, as the vocabulary is, or with `cased` as the text has them), one per id; what the
-  // subword n-grams are taken from. ag::Error for the char kind.
-  std::vector<std::string> pieces(std::string_view text, int64_t max_len, bool cased = false) const;
-  // What a model id stands for, for plot labels: the character (a space shown as "␣", a newline
-  // as "↵", a tab as "→") or the word; "<pad>", "<unk>".
+  // Word kind only: the token strings behind encode(text, max_len)'s ids (data::word_split with
+  // the tokenizer's layout setting, so lower-cased), one per id; what the subword n-grams are taken from. ag::Error for the char kind.
+  std::vector<std::string> pieces(std::string_view text, int64_t max_len) const;
+  // What a model id stands for, for plot labels: the character or the word (a space shown as "␣",
+  // a newline as "↵", a tab as "→"); "<pad>", "<unk>".
   std::string label(int64_t id) const;
 
   std::string to_json() const;
@@ -102,10 +102,9 @@ struct EncodedSet {
   int64_t tokens() const;                 // sum of the lengths
   bool has_ngrams() const { return !forms.empty(); }
 };
-// `ngrams.buckets` > 0 (word tokenizer only; ag::Error for the char one) fills forms and form_ngrams,
-// the n-grams of the lower-cased words, or with `ngrams_cased` of the words as the text has them.
+// `ngrams.buckets` > 0 (word tokenizer only; ag::Error for the char one) fills forms and form_ngrams.
 EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,
-                          const data::NgramSpec& ngrams = {}, bool ngrams_cased = false);
+                          const data::NgramSpec& ngrams = {});
 
 // Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that
 // --eval-only rebuilds the same split.
@@ -120,6 +119,7 @@ struct DataOptions {
   std::string tokenizer = "auto";    // char | word | auto (word for fortunes and imdb, char for tsv)
   int64_t max_len = 128;             // tokens per text; longer texts keep their beginning
   int min_freq = 2, max_words = 30000;  // word tokenizer
+  bool layout = false;                  // word tokenizer: newline and tab tokens (data::word_split)
 };
 nlohmann::json data_to_json(const DataOptions& d);
 DataOptions data_from_json(const nlohmann::json& j);  // ag::Error "textclf config: ..." when malformed
@@ -135,7 +135,6 @@ struct TrainSettings {
   int64_t eval_batch_tokens = 16384; // padded tokens per evaluation batch
   int64_t ngram_buckets = -1;        // -1: auto (65536 with the word tokenizer, 0 with the char one)
   std::string ngram_range = "2-5";   // --ngrams MIN-MAX
-  std::string ngram_case = "lower";  // --ngram-case lower | cased
   double nb_alpha = 0.1;             // the baseline's add-alpha smoothing
 };
 // --ngrams "MIN-MAX": two integers around one dash, nothing else, 1 <= MIN <= MAX <= 64; a
@@ -146,7 +145,8 @@ std::pair<int64_t, int64_t> parse_ngram_range(const std::string& text);
 // word), --tsv-file/--tsv-test without --dataset tsv, a model size < 1, --heads not dividing
 // --d-model, --label-smoothing outside [0, 1), --bucket-window or --eval-batch-tokens < 1,
 // --eval-samples < 0, --ngram-buckets outside [0, 2^26] (or > 0 with the char tokenizer),
-// --ngrams malformed, --ngrams-per-token < 1, --nb-alpha <= 0.
+// --ngrams malformed, --ngrams-per-token < 1, --nb-alpha <= 0, --layout-tokens with the char
+// tokenizer.
 void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const TrainSettings& t);
 
 // The train / valid / test split the options describe (ag::Error on malformed data).

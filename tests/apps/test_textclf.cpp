@@ -132,7 +132,13 @@ TEST_CASE("textclf: n-gram ids of the encoded set and the batch") {
   ds.examples = {{"Der Hund, der Hund!", 0}, {"x", 1}, {"", 0}};
   TextTokenizer tok = TextTokenizer::build_word({"der hund der"}, 1, 10);  // <pad> <unk> der hund
   CHECK(tok.pieces("Der Hund, der", 3) == std::vector<std::string>{"der", "hund", ","});
-  CHECK(tok.pieces("Der \xC3\x84pfel, der", 3, /*cased=*/true) == std::vector<std::string>{"Der", "\xC3\x84pfel", ","});
+  {  // layout tokens: ids and pieces stay one to one, and the plot label shows the newline
+    TextTokenizer lt = TextTokenizer::build_word({"der\nhund\tder"}, 1, 10, /*layout=*/true);
+    CHECK(lt.pieces("Der\n\tHund", 9) == std::vector<std::string>{"der", "\n", "\t", "hund"});
+    CHECK(lt.encode("Der\n\tHund", 9).size() == 4);
+    CHECK(lt.label(lt.encode("\n", 1)[0]) == "\u21b5");
+    CHECK(TextTokenizer::from_json(lt.to_json()).encode("a\tb", 9) == lt.encode("a\tb", 9));
+  }
   const data::NgramSpec spec{.buckets = 100, .min_n = 2, .max_n = 3, .max_per_token = 6};
   EncodedSet set = encode_dataset(ds, tok, 5, spec);
   REQUIRE(set.has_ngrams());
@@ -157,13 +163,6 @@ TEST_CASE("textclf: n-gram ids of the encoded set and the batch") {
   CHECK(row(0, 1) == std::vector<int64_t>(6, 0));  // a padded token
   CHECK(row(1, 3) == data::hashed_ngrams("der", spec));
   CHECK(make_batch(set, std::vector<int64_t>{2}, 5).ngrams.shape() == Shape{1, 1, 1});  // the empty text
-  // cased: "Der" and "der" are two forms with their own n-grams, the word ids stay the same
-  EncodedSet cased = encode_dataset(ds, tok, 5, spec, /*ngrams_cased=*/true);
-  CHECK(cased.ids == set.ids);
-  CHECK(cased.forms[0] == std::vector<int32_t>{1, 2, 3, 4, 2});
-  CHECK(cased.form_ngrams[1] == data::hashed_ngrams("Der", spec));
-  CHECK(cased.form_ngrams[4] == data::hashed_ngrams("der", spec));
-  CHECK(cased.form_ngrams[1] != cased.form_ngrams[4]);
   // off: no n-grams anywhere; the char tokenizer cannot have them
   CHECK_FALSE(encode_dataset(ds, tok, 5).has_ngrams());
   CHECK_FALSE(make_batch(encode_dataset(ds, tok, 5), std::vector<int64_t>{0}, 5).ngrams.defined());
@@ -180,7 +179,7 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     TextTokenizer tok = word ? TextTokenizer::build_word(texts, 1, 50) : TextTokenizer::build_char(texts);
     Generator gen(3);
     TextClassifierConfig cfg = tiny_config(tok.vocab_size(), 3);
-    if (kind == 2) cfg.ngram_buckets = 64, cfg.ngram_min = 1, cfg.ngram_max = 4, cfg.ngrams_per_token = 9, cfg.ngram_cased = true;
+    if (kind == 2) cfg.ngram_buckets = 64, cfg.ngram_min = 1, cfg.ngram_max = 4, cfg.ngrams_per_token = 9;
     TextClassifier model(cfg, &gen);
     optim::AdamW opt(model.parameters(), {});
     const std::string path = tmp.file(fmt::format("kind{}.safetensors", kind));
@@ -197,7 +196,6 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     CHECK(config_to_json(cfg2) == config_to_json(cfg));
     CHECK(cfg2.ngram_buckets == cfg.ngram_buckets);
     CHECK(cfg2.ngrams_per_token == cfg.ngrams_per_token);
-    CHECK(cfg2.ngram_cased == (kind == 2));
     CHECK(tok2.kind() == tok.kind());
     CHECK(tok2.vocab_size() == tok.vocab_size());
     for (const auto& t : texts) CHECK(tok2.encode(t, 24) == tok.encode(t, 24));
@@ -207,7 +205,7 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     data::TextDataset one;
     one.classes = {"a", "b", "c"};
     one.examples = {{texts[1], 0}};
-    EncodedSet set = encode_dataset(one, tok2, 24, ngram_spec(cfg2), cfg2.ngram_cased);
+    EncodedSet set = encode_dataset(one, tok2, 24, ngram_spec(cfg2));
     CHECK(set.has_ngrams() == (kind == 2));
     Batch b = make_batch(set, std::vector<int64_t>{0}, 24);
     NoGradGuard no_grad;
@@ -217,11 +215,8 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
   AG_CHECK_ERROR(config_from_json(nlohmann::json{{"vocab", 10}}), "textclf config", "max_len");
   // a config from before the n-grams loads with them off
   nlohmann::json old = config_to_json(tiny_config(10, 2));
-  for (const char* key : {"ngram_buckets", "ngram_min", "ngram_max", "ngrams_per_token", "ngram_cased"}) old.erase(key);
+  for (const char* key : {"ngram_buckets", "ngram_min", "ngram_max", "ngrams_per_token"}) old.erase(key);
   CHECK(config_from_json(old).ngram_buckets == 0);
-  CHECK_FALSE(config_from_json(old).ngram_cased);
-  old["ngram_cased"] = 1;
-  AG_CHECK_ERROR(config_from_json(old), "textclf config", "ngram_cased", "true or false", "1");
   nlohmann::json bad_ngrams = config_to_json(tiny_config(10, 2));
   bad_ngrams["ngram_max"] = 1;
   bad_ngrams["ngram_min"] = 3;
@@ -370,6 +365,11 @@ TEST_CASE("textclf: data options pick the tokenizer, name missing data and split
 
   DataOptions back = data_from_json(data_to_json(d));
   CHECK(data_to_json(back) == data_to_json(d));
+  d.layout = true;
+  CHECK(data_from_json(data_to_json(d)).layout);
+  nlohmann::json before_layout = data_to_json(d);
+  before_layout.erase("layout");  // a checkpoint made before the option
+  CHECK_FALSE(data_from_json(before_layout).layout);
   nlohmann::json bad = data_to_json(d);
   bad.erase("max_len");
   AG_CHECK_ERROR(data_from_json(bad), "textclf config", "malformed data entry");
@@ -514,6 +514,8 @@ TEST_CASE("textclf: the command line is checked before any data is read") {
   check_usage_error(with_data([](auto& d) { d.max_len = 5000; }), {"--max-len 5000", "4096"});
   check_usage_error(with_data([](auto& d) { d.min_freq = 0; }), {"--min-freq 0"});
   check_usage_error(with_data([](auto& d) { d.max_words = 2; }), {"--max-words 2", "<unk>"});
+  check_usage_error(with_data([](auto& d) { d.layout = true, d.tokenizer = "char"; }), {"--layout-tokens", "char"});
+  CHECK_NOTHROW(with_data([](auto& d) { d.layout = true; })());
   check_usage_error(with_data([](auto& d) { d.tsv_file = "x.tsv"; }), {"--tsv-file", "x.tsv", "--dataset tsv", "fortunes"});
   check_usage_error(with_settings([](auto& t) { t.label_smoothing = 1.0; }), {"--label-smoothing 1"});
   check_usage_error(with_settings([](auto& t) { t.bucket_window = 0; }), {"--bucket-window 0"});

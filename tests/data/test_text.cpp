@@ -392,8 +392,10 @@ TEST_CASE("word_split: lower-cases and splits punctuation") {
   CHECK(word_lower(0x17E) == 0x17E);
   CHECK(word_lower(0x0391) == 0x0391);  // Greek: unchanged (not in the table)
   CHECK(word_split(" \t\n").empty());
-  // lower = false: the same split, the case kept
-  CHECK(word_split("Don't \xC3\x84pfel!", /*lower=*/false) == std::vector<std::string>{"Don", "'", "t", "\xC3\x84pfel", "!"});
+  // layout: each newline and tab is a token, other whitespace still only separates
+  CHECK(word_split("Hi,\n\n\t\t-- Me  now\r\n", /*layout=*/true) ==
+        std::vector<std::string>{"hi", ",", "\n", "\n", "\t", "\t", "-", "-", "me", "now", "\n"});
+  CHECK(word_split(" \t\n", true) == std::vector<std::string>{"\t", "\n"});
   AG_CHECK_ERROR(word_split("ok \xE0\x80"), "word_split", "offset 3");
 }
 
@@ -445,6 +447,13 @@ TEST_CASE("WordTokenizer: vocabulary by frequency, min_freq and max_size") {
   CHECK(s.vocab_size() == 4);
   AG_CHECK_ERROR(WordTokenizer::build(texts, 0), "WordTokenizer::build", "min_freq", "0");
   AG_CHECK_ERROR(WordTokenizer::build(texts, 1, 1), "WordTokenizer::build", "max_size", "1");
+  // layout: newlines and tabs are counted and encoded like words
+  WordTokenizer l = WordTokenizer::build({"a\nb\n", "\ta"}, 1, 100, /*layout=*/true);
+  CHECK(l.layout());
+  CHECK_FALSE(t.layout());
+  CHECK(l.tokens() == std::vector<std::string>{"<pad>", "<unk>", "\n", "a", "\t", "b"});
+  CHECK(l.encode("A\tb\n\nc") == std::vector<int64_t>{3, 4, 5, 2, 2, 1});
+  CHECK(t.encode("A\tcat\n") == std::vector<int64_t>{5, 4});
 }
 
 TEST_CASE("WordTokenizer: encode, unknowns, truncation, padding, decode") {
@@ -473,6 +482,13 @@ TEST_CASE("WordTokenizer: save, load and corrupt vocabulary files") {
   CHECK(u.tokens() == t.tokens());
   CHECK(u.encode("привет \"x\"") == t.encode("привет \"x\""));
   CHECK(WordTokenizer::from_json(t.to_json()).tokens() == t.tokens());
+  CHECK_FALSE(WordTokenizer::from_json(t.to_json()).layout());
+  WordTokenizer l = WordTokenizer::build({"a\nb"}, 1, 100, /*layout=*/true);
+  l.save(tmp.file("l.json"));
+  WordTokenizer l2 = WordTokenizer::load(tmp.file("l.json"));
+  CHECK(l2.layout());
+  CHECK(l2.tokens() == l.tokens());
+  CHECK(l2.encode("b\na") == l.encode("b\na"));
 
   auto load_text = [&](const std::string& name, const std::string& text) {
     write_bytes(tmp.file(name), text);
@@ -488,6 +504,10 @@ TEST_CASE("WordTokenizer: save, load and corrupt vocabulary files") {
                  "w5.json", "kind is \"char\", expected \"word\"");
   AG_CHECK_ERROR(load_text("w6.json", "not json"), "w6.json", "malformed JSON");
   AG_CHECK_ERROR(load_text("w7.json", head + "[\"<pad>\", \"<unk>\", \"b\xFF\"]}"), "w7.json", "malformed JSON");
+  // "layout" may be absent (files made before it: off) but must be a boolean when present
+  CHECK_FALSE(load_text("w8.json", head + R"(["<pad>", "<unk>", "a"]})").layout());
+  AG_CHECK_ERROR(load_text("w9.json", R"({"format": "attograd-tokenizer", "version": 1, "kind": "word", "layout": "yes", "vocab": ["<pad>", "<unk>"]})"),
+                 "w9.json", "\"layout\" must be true or false", "\"yes\"");
 }
 
 // ---- real data (skipped visibly when the Debian packages are absent) ---------------------------
