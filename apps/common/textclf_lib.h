@@ -127,14 +127,16 @@ DataOptions data_from_json(const nlohmann::json& j);  // ag::Error "textclf conf
 std::string resolve_tokenizer(const DataOptions& d);
 // Empty when the data is there; otherwise what to install or where to put it (the app exits 2).
 std::string missing_data(const DataOptions& d);
+// The subword n-gram buckets of a word model unless --ngram-buckets says otherwise.
+inline constexpr int64_t kWordNgramBuckets = 262144;
 // The command line's settings that the model and data config do not hold (apps/textclf.cpp).
 struct TrainSettings {
   double label_smoothing = 0.0;
   int64_t bucket_window = 16;        // batches sorted by length together
   int64_t eval_samples = 2000;       // validation texts per evaluation during training (0: all)
   int64_t eval_batch_tokens = 16384; // padded tokens per evaluation batch
-  int64_t ngram_buckets = -1;        // -1: auto (65536 with the word tokenizer, 0 with the char one)
-  std::string ngram_range = "2-5";   // --ngrams MIN-MAX
+  int64_t ngram_buckets = -1;        // -1: auto (kWordNgramBuckets with the word tokenizer, 0 with the char one)
+  std::string ngram_range = "2-6";   // --ngrams MIN-MAX
   double nb_alpha = 0.1;             // the baseline's add-alpha smoothing
 };
 // --ngrams "MIN-MAX": two integers around one dash, nothing else, 1 <= MIN <= MAX <= 64; a
