@@ -68,6 +68,18 @@ void trains_as_one_process(const std::string& app, int64_t B) {
   auto report = [&](const std::string& out) { return nlohmann::json::parse(read_bytes(apps.tmp.file(out) + "/report.json")); };
   CHECK(report("two").at("samples") == report("one").at("samples"));
   CHECK(report("two").at("samples").get<double>() == double(N * 2 * B));
+  if (app == "textclf") {
+    // the per-text predictions come back from both ranks' halves of the test set: test_errors.tsv
+    // lists exactly the errors of the confusion matrix (a text no rank evaluated would be refused)
+    const nlohmann::json cm = report("two").at("confusion").at("counts");
+    int64_t wrong = 0;
+    for (size_t r = 0; r < cm.size(); ++r)
+      for (size_t c = 0; c < cm[r].size(); ++c) wrong += r == c ? 0 : cm[r][c].get<int64_t>();
+    std::istringstream tsv(read_bytes(apps.tmp.file("two") + "/test_errors.tsv"));
+    int64_t rows = 0;
+    for (std::string line; std::getline(tsv, line);) rows += 1;
+    CHECK(rows == 1 + wrong);  // the header, then one row per error (the baseline is off)
+  }
   // and the training did something (or the comparison would be empty of meaning)
   const std::vector<nlohmann::json> m = read_metrics(apps.tmp.file("one") + "/metrics.jsonl");
   CHECK(m.back().at("train_loss").get<double>() < m.front().at("train_loss").get<double>());
