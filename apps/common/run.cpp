@@ -422,7 +422,10 @@ int64_t Run::resume() {
     if (dist::is_main()) in.open(path("metrics.jsonl"));  // the curves are rank 0's to draw
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() > first_step_) continue;
+      // a line this run did not write whole (or not at all) is skipped, never converted blindly
+      if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
+          j["step"].get<int64_t>() > first_step_)
+        continue;
       for (const auto& [name, value] : j.items())
         if (name != "step" && name != "time" && value.is_number()) {
           auto [chart, series] = chart_and_series(name);

@@ -195,20 +195,43 @@ nlohmann::json data_to_json(const DataOptions& d) {
 }
 
 DataOptions data_from_json(const nlohmann::json& j) {
+  auto bad = [&](const std::string& why) {
+    return Error(fmt::format("textclf config: malformed data entry {}: {}", j.dump(), why));
+  };
+  if (!j.is_object()) throw bad("expected a JSON object");
+  auto entry = [&](const char* key) -> const nlohmann::json& {
+    if (!j.contains(key)) throw bad(fmt::format("'{}' is missing", key));
+    return j[key];
+  };
+  auto text = [&](const char* key) {
+    const nlohmann::json& v = entry(key);
+    if (!v.is_string()) throw bad(fmt::format("'{}' must be a string, got {}", key, v.dump()));
+    return v.get<std::string>();
+  };
+  // an integer in [lo, hi]: checked before converting (a float such as 1e22 has no integer value)
+  auto integer = [&](const char* key, int64_t lo, int64_t hi) {
+    const nlohmann::json& v = entry(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
+        v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+      throw bad(fmt::format("'{}' must be an integer in [{}, {}], got {}", key, lo, hi, v.dump()));
+    return v.get<int64_t>();
+  };
   DataOptions d;
-  try {
-    d.dataset = j.at("dataset").get<std::string>();
-    d.root = j.at("root").get<std::string>();
-    d.tsv_file = j.at("tsv_file").get<std::string>();
-    d.tsv_test = j.at("tsv_test").get<std::string>();
-    d.split_seed = j.at("split_seed").get<uint64_t>();
-    d.tokenizer = j.at("tokenizer").get<std::string>();
-    d.max_len = j.at("max_len").get<int64_t>();
-    d.min_freq = j.at("min_freq").get<int>();
-    d.max_words = j.at("max_words").get<int>();
-    d.layout = j.value("layout", false);  // absent in checkpoints made before it
-  } catch (const std::exception& e) {
-    throw Error(fmt::format("textclf config: malformed data entry {}: {}", j.dump(), e.what()));
+  d.dataset = text("dataset");
+  d.root = text("root");
+  d.tsv_file = text("tsv_file");
+  d.tsv_test = text("tsv_test");
+  const nlohmann::json& seed = entry("split_seed");
+  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<int64_t>() >= 0))
+    throw bad(fmt::format("'split_seed' must be an integer >= 0, got {}", seed.dump()));
+  d.split_seed = seed.get<uint64_t>();
+  d.tokenizer = text("tokenizer");
+  d.max_len = integer("max_len", 1, 4096);
+  d.min_freq = int(integer("min_freq", 1, std::numeric_limits<int>::max()));
+  d.max_words = int(integer("max_words", 3, std::numeric_limits<int>::max()));
+  if (j.contains("layout")) {  // absent in checkpoints made before it: off
+    if (!j["layout"].is_boolean()) throw bad(fmt::format("'layout' must be true or false, got {}", j["layout"].dump()));
+    d.layout = j["layout"].get<bool>();
   }
   return d;
 }

@@ -372,7 +372,24 @@ TEST_CASE("textclf: data options pick the tokenizer, name missing data and split
   CHECK_FALSE(data_from_json(before_layout).layout);
   nlohmann::json bad = data_to_json(d);
   bad.erase("max_len");
-  AG_CHECK_ERROR(data_from_json(bad), "textclf config", "malformed data entry");
+  AG_CHECK_ERROR(data_from_json(bad), "textclf config", "malformed data entry", "'max_len' is missing");
+  // wrong types and out-of-range numbers are refused before any conversion (a float such as 1e22
+  // has no integer value: converting it would be undefined behaviour)
+  auto refused = [&](const char* key, nlohmann::json value, const char* why) {
+    nlohmann::json j = data_to_json(d);
+    j[key] = std::move(value);
+    AG_CHECK_ERROR(data_from_json(j), "textclf config", "malformed data entry", why);
+  };
+  refused("max_len", 1.2892e22, "'max_len' must be an integer in [1, 4096]");
+  refused("max_len", 0, "'max_len' must be an integer");
+  refused("max_len", uint64_t(1) << 63, "'max_len' must be an integer");
+  refused("min_freq", int64_t(1) << 40, "'min_freq' must be an integer");
+  refused("max_words", 2, "'max_words' must be an integer in [3,");
+  refused("split_seed", -1, "'split_seed' must be an integer >= 0");
+  refused("split_seed", 0.5, "'split_seed'");
+  refused("dataset", 7, "'dataset' must be a string");
+  refused("layout", "yes", "'layout' must be true or false");
+  AG_CHECK_ERROR(data_from_json(nlohmann::json::array()), "textclf config", "a JSON object");
 }
 
 TEST_CASE("textclf: a 30-step run on a synthetic TSV learns, and the heatmap has one panel per head") {
