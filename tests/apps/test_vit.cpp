@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -129,6 +130,16 @@ TEST_CASE("vit: config round trip through a checkpoint's metadata") {
   nlohmann::json mistyped = j;
   mistyped["n_heads"] = "four";
   AG_CHECK_ERROR(vit_config_from_json(mistyped), "vit", "'n_heads'", "\"four\"");
+  // numbers that are not integers of the field's type are refused before any conversion
+  mistyped = j;
+  mistyped["patch"] = 1.2892e22;
+  AG_CHECK_ERROR(vit_config_from_json(mistyped), "vit", "'patch'", "integer");
+  mistyped = j;
+  mistyped["crop_pad"] = int64_t(1) << 40;
+  AG_CHECK_ERROR(vit_config_from_json(mistyped), "vit", "'crop_pad'", "1099511627776");
+  mistyped = j;
+  mistyped["d_model"] = std::numeric_limits<uint64_t>::max();
+  AG_CHECK_ERROR(vit_config_from_json(mistyped), "vit", "'d_model'", "18446744073709551615");
 }
 
 TEST_CASE("vit: class token attention averages the heads over the patch grid") {
