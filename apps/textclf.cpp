@@ -181,7 +181,9 @@ int main(int argc, char** argv) {
   cli.add_option("--eval-batch-tokens", settings.eval_batch_tokens, "padded tokens per evaluation batch")
       ->capture_default_str()
       ->check(positive());
-  cli.add_option("--baseline", baseline, "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes when training; --eval-only: on only)")
+  cli.add_option("--baseline", baseline,
+                 "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes when "
+                 "training; --eval-only: on only)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cli.add_option("--ngram-buckets", settings.ngram_buckets,
@@ -243,9 +245,11 @@ int main(int argc, char** argv) {
     const std::string tok_kind = resolve_tokenizer(d);
     TextTokenizer tok = saved_tok ? *saved_tok
                         : tok_kind == "char" ? TextTokenizer::build_char(train_texts)
-                                             : TextTokenizer::build_word(train_texts, d.min_freq, d.max_words, d.layout);
+                        : TextTokenizer::build_word(train_texts, d.min_freq, d.max_words, d.layout);
     if (!o.eval_only) {
-      mc.ngram_buckets = settings.ngram_buckets >= 0 ? settings.ngram_buckets : tok_kind == "word" ? kWordNgramBuckets : 0;
+      mc.ngram_buckets = settings.ngram_buckets >= 0 ? settings.ngram_buckets
+                         : tok_kind == "word"        ? kWordNgramBuckets
+                                                     : 0;
       std::tie(mc.ngram_min, mc.ngram_max) = parse_ngram_range(settings.ngram_range);  // checked above
     }
     const data::NgramSpec ngrams = ngram_spec(mc);
@@ -257,9 +261,10 @@ int main(int argc, char** argv) {
       subwords = fmt::format("; {}..{}-grams of {} distinct words hashed into {} buckets, at most {} per word",
                              ngrams.min_n, ngrams.max_n, train.form_ngrams.size() - 1, ngrams.buckets,
                              ngrams.max_per_token);
-    fmt::print(stderr, "tokens: {} tokenizer{}, vocabulary {}, max length {}: {:.1f} tokens per training text{} ({:.1f} s)\n",
-               tok.kind_name(), d.layout ? " with newline and tab tokens" : "", tok.vocab_size(), d.max_len, double(train.tokens()) / double(train.size()), subwords,
-               seconds_since(t0));
+    fmt::print(stderr,
+               "tokens: {} tokenizer{}, vocabulary {}, max length {}: {:.1f} tokens per training text{} ({:.1f} s)\n",
+               tok.kind_name(), d.layout ? " with newline and tab tokens" : "", tok.vocab_size(), d.max_len,
+               double(train.tokens()) / double(train.size()), subwords, seconds_since(t0));
 
     if (!o.eval_only) {
       mc.vocab = tok.vocab_size();

@@ -329,6 +329,12 @@ std::unique_ptr<optim::Schedule> make_schedule(const RunOptions& o) {
   return std::make_unique<optim::WarmupCosineLR>(o.lr, o.min_lr, warmup, o.steps);
 }
 
+bool json_integer_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) return hi >= 0 && v.get<uint64_t>() >= uint64_t(std::max<int64_t>(lo, 0)) &&
+                                     v.get<uint64_t>() <= uint64_t(hi);
+  return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+}
+
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   check(fs::exists(path), "checkpoint '{}' does not exist", path);
   std::map<std::string, std::string> meta;

@@ -204,6 +204,9 @@ struct CheckpointInfo {
 };
 // Reads only the metadata of a checkpoint (to build the model before loading its weights).
 CheckpointInfo read_checkpoint_info(const std::string& path);
+// Whether a config value read back from a checkpoint is an integer in [lo, hi]: what must hold
+// before it is converted (a float such as 1e22 has no integer value: converting it is undefined).
+bool json_integer_in(const nlohmann::json& v, int64_t lo, int64_t hi);
 
 class Run {
  public:

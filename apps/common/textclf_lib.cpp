@@ -69,7 +69,7 @@ std::vector<std::string> TextTokenizer::pieces(std::string_view text, int64_t ma
 std::string TextTokenizer::label(int64_t id) const {
   check(id >= 0 && id < vocab_size(), "TextTokenizer::label: id {} outside [0, {})", id, vocab_size());
   if (id == 0) return "<pad>";
-  if (chars_.mode() == data::CharTokenizer::Mode::codepoint && id == 1 && kind_ == Kind::char_level) return "<unk>";
+  if (kind_ == Kind::char_level && chars_.mode() == data::CharTokenizer::Mode::codepoint && id == 1) return "<unk>";
   std::string s = kind_ == Kind::word_level ? words_.token(id) : chars_.decode({id - 1});
   if (s == " ") return "\u2423";   // ␣
   if (s == "\n") return "\u21b5";  // ↵
@@ -208,11 +208,9 @@ DataOptions data_from_json(const nlohmann::json& j) {
     if (!v.is_string()) throw bad(fmt::format("'{}' must be a string, got {}", key, v.dump()));
     return v.get<std::string>();
   };
-  // an integer in [lo, hi]: checked before converting (a float such as 1e22 has no integer value)
   auto integer = [&](const char* key, int64_t lo, int64_t hi) {
     const nlohmann::json& v = entry(key);
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
-        v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    if (!json_integer_in(v, lo, hi))
       throw bad(fmt::format("'{}' must be an integer in [{}, {}], got {}", key, lo, hi, v.dump()));
     return v.get<int64_t>();
   };
@@ -221,8 +219,8 @@ DataOptions data_from_json(const nlohmann::json& j) {
   d.root = text("root");
   d.tsv_file = text("tsv_file");
   d.tsv_test = text("tsv_test");
-  const nlohmann::json& seed = entry("split_seed");
-  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<int64_t>() >= 0))
+  const nlohmann::json& seed = entry("split_seed");  // any uint64_t
+  if (!seed.is_number_unsigned() && !json_integer_in(seed, 0, std::numeric_limits<int64_t>::max()))
     throw bad(fmt::format("'split_seed' must be an integer >= 0, got {}", seed.dump()));
   d.split_seed = seed.get<uint64_t>();
   d.tokenizer = text("tokenizer");

@@ -65,7 +65,8 @@ class TextTokenizer {
   // The model ids of `text`, at most max_len of them (max_len > 0).
   std::vector<int64_t> encode(std::string_view text, int64_t max_len) const;
   // Word kind only: the token strings behind encode(text, max_len)'s ids (data::word_split with
-  // the tokenizer's layout setting, so lower-cased), one per id; what the subword n-grams are taken from. ag::Error for the char kind.
+  // the tokenizer's layout setting, so lower-cased), one per id; what the subword n-grams are
+  // taken from. ag::Error for the char kind.
   std::vector<std::string> pieces(std::string_view text, int64_t max_len) const;
   // What a model id stands for, for plot labels: the character or the word (a space shown as "␣",
   // a newline as "↵", a tab as "→"); "<pad>", "<unk>".

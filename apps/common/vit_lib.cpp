@@ -34,15 +34,9 @@ namespace {
 template <class T>
 T config_value(const nlohmann::json& j, const char* key) {
   if (!j.is_object() || !j.contains(key)) fail("vit: the config has no '{}' entry: {}", key, j.dump());
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    // checked before converting: a float such as 1e22 has no integer value (undefined behaviour)
-    const nlohmann::json& v = j.at(key);
-    const bool fits = v.is_number_unsigned()   ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
-                      : v.is_number_integer() ? v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
-                                                    v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max())
-                                              : false;
-    if (!fits) fail("vit: the config's '{}' entry must be an integer that fits, got {}", key, v.dump());
-  }
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)  // T: int or int64_t
+    if (!json_integer_in(j.at(key), std::numeric_limits<T>::min(), std::numeric_limits<T>::max()))
+      fail("vit: the config's '{}' entry must be an integer that fits, got {}", key, j.at(key).dump());
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception&) {

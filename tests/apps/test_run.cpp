@@ -95,6 +95,21 @@ TEST_CASE("run: --precision bf16 turns autocast on for the thread that trains, f
   CHECK(cli.help().find("fp16 with dynamic loss scaling") != std::string::npos);
 }
 
+TEST_CASE("run: json_integer_in accepts integers in range and nothing else") {
+  CHECK(json_integer_in(nlohmann::json(5), 1, 5));
+  CHECK(json_integer_in(nlohmann::json(-3), -3, 0));
+  CHECK(json_integer_in(nlohmann::json(uint64_t(7)), -1, 7));
+  CHECK_FALSE(json_integer_in(nlohmann::json(6), 1, 5));
+  CHECK_FALSE(json_integer_in(nlohmann::json(0), 1, 5));
+  CHECK_FALSE(json_integer_in(nlohmann::json(2.0), 1, 5));  // a float, even a whole one
+  CHECK_FALSE(json_integer_in(nlohmann::json(1.2892e22), 1, std::numeric_limits<int64_t>::max()));
+  CHECK_FALSE(json_integer_in(nlohmann::json(std::numeric_limits<uint64_t>::max()), 0,
+                              std::numeric_limits<int64_t>::max()));
+  CHECK_FALSE(json_integer_in(nlohmann::json(uint64_t(1)), -5, -1));
+  CHECK_FALSE(json_integer_in(nlohmann::json("3"), 1, 5));
+  CHECK_FALSE(json_integer_in(nlohmann::json(true), 0, 1));
+}
+
 TEST_CASE("run: eval_part gives each rank a strided part, the parts cover the split once") {
   CHECK(eval_part(7, 0, 1) == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6});
   CHECK(eval_part(7, 0, 3) == std::vector<int64_t>{0, 3, 6});
