@@ -2,9 +2,9 @@
 // One include for users: tensors, ops, the tape, random numbers, gradcheck, threads and the
 // determinism switch (core/parallel.h: set_num_threads, set_deterministic).
 #include "autograd/autocast.h"
-#include "autograd/checkpoint.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
+#include "autograd/recompute.h"
 #include "autograd/tape.h"
 #include "core/allocator.h"
 #include "core/format.h"

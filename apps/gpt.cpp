@@ -39,7 +39,7 @@
 #include "attograd.h"
 #include "data/loader.h"
 #include "data/text.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "optim/adam.h"
 
 using namespace ag;
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
             "the text's vocabulary differs from the checkpoint's: the data changed since training");
       GPT model(gpt_config_from_json(info.config.at("model")));
       model.to(training_device(o));  // --device: the checkpoint's tensors are copied there
-      nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
+      training::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
       const int64_t T = model.cfg.context;
       const auto t0 = std::chrono::steady_clock::now();
       const double val = lm_loss(model, d.valid, eval_starts(int64_t(d.valid.size()), T, eval_windows), T, o.batch);
@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
 
     // ---- training ----
     int64_t step = run.resume();
-    const dist::Range mine = dist::shard(global_batch(o));  // this rank's windows of the global batch
+    const data::Range mine = data::shard(global_batch(o), dist::rank(), dist::world_size());  // this rank's windows of the global batch
     for (; step < o.steps && !run.stop_requested(); ++step) {
       sched->set_lr(opt, step);
       data::Windows w = data::random_windows(d.train, global_batch(o), T, o.seed, uint64_t(step));

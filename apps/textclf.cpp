@@ -44,7 +44,7 @@
 #include "apps/common/run.h"
 #include "apps/common/textclf_lib.h"
 #include "attograd.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "optim/adam.h"
 
 using namespace ag;
@@ -283,7 +283,7 @@ int main(int argc, char** argv) {
       if (!dist::is_main()) return 0;  // under mpirun rank 0 evaluates alone
       check(mc.vocab == tok.vocab_size(), "textclf: '{}': the model's vocabulary {} differs from its tokenizer's {}",
             o.checkpoint, mc.vocab, tok.vocab_size());
-      nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
+      training::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
       t0 = std::chrono::steady_clock::now();
       EvalResult r = evaluate(model, test, classes, settings.eval_batch_tokens);
       fmt::print("{}: test accuracy {:.2f}%, loss {:.4f} on {} texts ({:.1f} s)\n{}", o.checkpoint, 100 * r.accuracy,

@@ -44,7 +44,7 @@
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "apps/common/vit_lib.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "optim/adam.h"
 
 using namespace ag;
@@ -84,7 +84,7 @@ int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const Diagnose
   const VitData data = load_vit_data(cfg.dataset, o.data_dir);
   ViT model(cfg.model);
   model.to(training_device(o));  // --device: the checkpoint's tensors are copied there
-  nn::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
+  training::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
   fmt::print("vit: {} trained {} steps on {}: evaluating on its {} test images\n", o.checkpoint, info.step,
              cfg.dataset, data.splits.test.size());
   const EvalResult r = evaluate(model, data.splits.test, data.norm, a.eval_batch);

@@ -7,9 +7,16 @@
 #include <string>
 
 #include "core/kernels.h"
-#include "dist/dist.h"
 
 namespace ag::data {
+
+Range shard(int64_t n, int part, int parts) {
+  check(parts >= 1 && part >= 0 && part < parts, "shard: part {} of {}", part, parts);
+  check(n >= 0, "shard: {} items", n);
+  const int64_t base = n / parts, extra = n % parts;
+  const int64_t begin = part * base + std::min<int64_t>(part, extra);
+  return {begin, begin + base + (part < extra ? 1 : 0)};
+}
 
 namespace {
 
@@ -70,7 +77,7 @@ std::pair<int64_t, int64_t> BatchPlan::batch_range(int64_t b) const {
 
 std::pair<int64_t, int64_t> BatchPlan::shard_range(int64_t b) const {
   auto [begin, end] = batch_range(b);
-  const dist::Range mine = dist::shard(end - begin, opt_.shard_rank, opt_.shard_count);
+  const Range mine = shard(end - begin, opt_.shard_rank, opt_.shard_count);
   return {begin + mine.begin, begin + mine.end};
 }
 

@@ -63,6 +63,15 @@
 
 namespace ag::data {
 
+// Part `part` of `parts` of n items, [begin, end): contiguous, sizes differ by at most one (the
+// first n % parts parts take one item more). Data parallelism gives rank r of a world of w the
+// slice shard(n, r, w) of a global batch (dist/dist.h has the rank and the world size).
+struct Range {
+  int64_t begin, end;
+  int64_t size() const { return end - begin; }
+};
+Range shard(int64_t n, int part, int parts);
+
 // The order of epoch `epoch` over a dataset of n items (see the header comment).
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, uint64_t epoch);
 
@@ -73,7 +82,7 @@ struct LoaderOptions {
   bool drop_last = false;  // drop the last batch when it is shorter than batch_size
   int prefetch = 2;        // batches prepared ahead on a background thread; 0: no thread
   // Data parallelism (dist/dist.h): batch_size is then the GLOBAL batch, planned the same way on
-  // every rank, and make_batch receives only rank shard_rank's slice of it (dist::shard: contiguous,
+  // every rank, and make_batch receives only rank shard_rank's slice of it (shard() above: contiguous,
   // sizes differ by at most one), so the ranks together see exactly what one process would with
   // that batch size. A short last batch with fewer items than ranks is dropped.
   int shard_rank = 0, shard_count = 1;

@@ -178,15 +178,6 @@ void abort(const std::string& why, int code) {
   std::_Exit(code);
 }
 
-Range shard(int64_t n, int r, int world) {
-  check(world >= 1 && r >= 0 && r < world, "dist::shard: rank {} of a world of {}", r, world);
-  check(n >= 0, "dist::shard: {} samples", n);
-  // The first n % world ranks take one sample more.
-  const int64_t base = n / world, extra = n % world;
-  const int64_t begin = r * base + std::min<int64_t>(r, extra);
-  return {begin, begin + base + (r < extra ? 1 : 0)};
-}
-
 void barrier() {
 #if ATTOGRAD_WITH_MPI
   if (g_world == 1) return;

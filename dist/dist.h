@@ -92,13 +92,6 @@ std::vector<int64_t> all_gather(int64_t x);
 // The seconds a collective may wait before the job is aborted (ATTOGRAD_DIST_TIMEOUT, default 300).
 double timeout_seconds();
 
-// This rank's slice [begin, end) of a global batch of n samples: contiguous, sizes differ by at most 1.
-struct Range {
-  int64_t begin, end;
-  int64_t size() const { return end - begin; }
-};
-Range shard(int64_t n, int r = rank(), int world = world_size());
-
 // Averages gradients across ranks, overlapped with backward (see the top of this file). Construct it
 // once after the model; it installs the tape's gradient-ready hook on this thread for its lifetime
 // (with one rank it installs nothing, allocates no buffers, and finish() returns at once). The

@@ -2,7 +2,7 @@
 //
 //   opsdoc [--root DIR] [--check]
 //
-// Reads the spec blocks of autograd/ops.h and autograd/checkpoint.h (the format is written down at
+// Reads the spec blocks of autograd/ops.h and autograd/recompute.h (the format is written down at
 // the top of autograd/ops.h), finds the Tensor methods they name in core/tensor.h, and writes
 // docs/ops.md: a table of contents of every op by family, then each op's declarations, its spec
 // and links to its declaration lines and to the file of its backward.
@@ -33,7 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // The headers whose spec blocks make the table, in this order, and where Tensor's methods are.
-const std::vector<std::string> kHeaders = {"autograd/ops.h", "autograd/checkpoint.h"};
+const std::vector<std::string> kHeaders = {"autograd/ops.h", "autograd/recompute.h"};
 const std::string kTensorHeader = "core/tensor.h";
 const std::string kOutput = "docs/ops.md";
 // The fields of a block, in their order; the last two are optional.

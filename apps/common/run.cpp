@@ -21,7 +21,7 @@
 #include "core/parallel.h"
 #include "core/serialize.h"
 #include "cuda/memory.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "optim/clip.h"
 
 namespace ag::apps {
@@ -401,7 +401,7 @@ int64_t Run::resume() {
     check(!info.extra.count("steps") || info.extra.at("steps") == std::to_string(o_.steps),
           "{}: --resume: {} belongs to a run of {} steps (its lr schedule), this run asks for --steps {}", app_,
           ckpt, info.extra.count("steps") ? info.extra.at("steps") : "", o_.steps);
-    const nn::Checkpoint c = nn::load_checkpoint(ckpt, model_, &opt_, &gen_);  // on every rank
+    const training::Checkpoint c = training::load_checkpoint(ckpt, model_, &opt_, &gen_);  // on every rank
     dist::broadcast(model_.parameters());  // the ranks start from rank 0's weights, bit for bit
     first_step_ = c.step;
     // the partial training-loss average of the next log line and the skip counts, as they were
@@ -580,7 +580,7 @@ bool Run::save(int64_t step) {
     meta["run.loss_scale_tracker"] = std::to_string(scaler_->growth_tracker());
     meta["run.loss_scale_skips"] = std::to_string(scale_skips_);
   }
-  nn::save_checkpoint(path("checkpoint.safetensors"), model_, opt_, step, gen_, meta);
+  training::save_checkpoint(path("checkpoint.safetensors"), model_, opt_, step, gen_, meta);
   last_saved_step_ = step;
   last_step_time_ = now_seconds();
   return true;

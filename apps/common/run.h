@@ -33,7 +33,7 @@
 //   apply_run_options   joins the job (dist::init); ranks other than 0 print nothing but their errors
 //   --batch B           the PER-RANK batch: the global batch is N x B. Every rank plans the global
 //                       batch exactly as one process with --batch N*B would (same seed, same order)
-//                       and takes its slice dist::shard(N*B): rank r gets samples [r B, (r+1) B)
+//                       and takes its slice data::shard(N*B, rank, N): rank r gets samples [r B, (r+1) B)
 //   Run (constructor)   broadcasts rank 0's initial parameters; a dist::GradReducer hooks backward
 //   resume()            every rank loads the checkpoint, then rank 0's parameters are broadcast again
 //   reduce_step         after backward: waits for the gradient all-reduce that ran during backward, so

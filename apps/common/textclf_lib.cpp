@@ -437,7 +437,7 @@ std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set
   return std::make_unique<data::DataLoader<Batch>>(
       steps, o, [&set, &sampler, max_len, shard_rank, shard_count](std::span<const int64_t> s) {
         const std::vector<int64_t> idx = sampler.batch(s[0]);  // the global batch of step s[0]
-        const dist::Range mine = dist::shard(int64_t(idx.size()), shard_rank, shard_count);
+        const data::Range mine = data::shard(int64_t(idx.size()), shard_rank, shard_count);
         return make_batch(set, std::span<const int64_t>(idx).subspan(size_t(mine.begin), size_t(mine.size())),
                           max_len);
       });

@@ -136,7 +136,7 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
   lo.prefetch = prefetch;
   lo.shard_rank = shard_rank, lo.shard_count = shard_count;
   // this rank's images are [first, ...) of each global batch: their augmentation draws follow
-  const int64_t first = dist::shard(batch, shard_rank, shard_count).begin;
+  const int64_t first = data::shard(batch, shard_rank, shard_count).begin;
   // The loader calls make_batch for its batches strictly in order (on its worker thread, one at a
   // time), starting with the step it is seeked to, so `step` counts the batch being made.
   auto make = [&train, norm, augment, batch, first, step = start_step, aug_seed = seed + 1](

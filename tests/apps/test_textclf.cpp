@@ -12,7 +12,7 @@
 #include "apps/common/run.h"
 #include "tests/apps/usage_error.h"
 #include "apps/common/textclf_lib.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"
 
@@ -183,13 +183,13 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     TextClassifier model(cfg, &gen);
     optim::AdamW opt(model.parameters(), {});
     const std::string path = tmp.file(fmt::format("kind{}.safetensors", kind));
-    nn::save_checkpoint(path, model, opt, 7, gen,
+    training::save_checkpoint(path, model, opt, 7, gen,
                         {{"tokenizer", tok.to_json()}, {"config", config_to_json(cfg).dump()}});
 
     // what --eval-only does: config and tokenizer from the metadata, then the weights
     Generator gen2(99);
     TextClassifier probe(cfg, &gen2);
-    nn::Checkpoint c = nn::load_checkpoint(path, probe, nullptr, nullptr);
+    training::Checkpoint c = training::load_checkpoint(path, probe, nullptr, nullptr);
     CHECK(c.step == 7);
     TextTokenizer tok2 = TextTokenizer::from_json(c.extra.at("tokenizer"));
     TextClassifierConfig cfg2 = config_from_json(nlohmann::json::parse(c.extra.at("config")));
@@ -200,7 +200,7 @@ TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
     CHECK(tok2.vocab_size() == tok.vocab_size());
     for (const auto& t : texts) CHECK(tok2.encode(t, 24) == tok.encode(t, 24));
     TextClassifier restored(cfg2, &gen2);
-    nn::load_checkpoint(path, restored, nullptr, nullptr);
+    training::load_checkpoint(path, restored, nullptr, nullptr);
     model.eval(), restored.eval();
     data::TextDataset one;
     one.classes = {"a", "b", "c"};

@@ -14,7 +14,7 @@
 #include "apps/common/run.h"
 #include "tests/apps/usage_error.h"
 #include "apps/common/vit_lib.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"
 
@@ -107,7 +107,7 @@ TEST_CASE("vit: config round trip through a checkpoint's metadata") {
   ViT model(c.model);
   optim::AdamW opt(model.parameters(), {});
   Generator gen(3);
-  nn::save_checkpoint(dir.file("c.safetensors"), model, opt, 7, gen, {{"config", j.dump()}});
+  training::save_checkpoint(dir.file("c.safetensors"), model, opt, 7, gen, {{"config", j.dump()}});
   const CheckpointInfo info = read_checkpoint_info(dir.file("c.safetensors"));
   CHECK(info.step == 7);
   CHECK(info.config == j);
@@ -121,7 +121,7 @@ TEST_CASE("vit: config round trip through a checkpoint's metadata") {
   CHECK(back.augment.flip);
   // the model it describes takes the checkpoint's weights
   ViT again(back.model);
-  nn::load_checkpoint(dir.file("c.safetensors"), again, nullptr, nullptr);
+  training::load_checkpoint(dir.file("c.safetensors"), again, nullptr, nullptr);
   CHECK(max(abs(again.head->weight - model.head->weight)).item<float>() == 0.0f);
 
   nlohmann::json missing = j;
@@ -269,7 +269,7 @@ TEST_CASE("vit: a tiny run on synthetic IDX files learns") {
   CHECK(info.step == 60);
   const VitRunConfig cfg = vit_config_from_json(info.config);
   ViT model(cfg.model);
-  nn::load_checkpoint(dir.file("run/checkpoint.safetensors"), model, nullptr, nullptr);
+  training::load_checkpoint(dir.file("run/checkpoint.safetensors"), model, nullptr, nullptr);
   const VitData data = load_vit_data(cfg.dataset, dir.dir.string());
   CHECK(evaluate(model, data.splits.test, data.norm, 32).accuracy > 0.6);
 }

@@ -24,11 +24,12 @@
 #include <fmt/core.h>
 
 #include "attograd.h"
-#include "dist/dist.h"
 #include "core/parallel.h"
-#include "nn/checkpoint.h"
+#include "data/loader.h"
+#include "dist/dist.h"
 #include "nn/linear.h"
 #include "optim/adam.h"
+#include "training/checkpoint.h"
 
 using namespace ag;
 
@@ -88,7 +89,7 @@ int run(int argc, char** argv) {
   optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.01});
   int64_t start = 0;
   if (!load.empty()) {
-    start = nn::load_checkpoint(load, model, &opt, nullptr).step;
+    start = training::load_checkpoint(load, model, &opt, nullptr).step;
   }
   dist::GradReducer reducer(model.parameters(), bucket_bytes);
 
@@ -106,7 +107,7 @@ int run(int argc, char** argv) {
     // The global batch of this step, the same on every rank, and this rank's slice of it.
     Generator batch_gen(1000 + step);
     Tensor idx = randint(0, n_data, {batch * world}, &batch_gen);
-    dist::Range mine = dist::shard(batch * world);
+    data::Range mine = data::shard(batch * world, dist::rank(), dist::world_size());
     Tensor my_idx = idx.narrow(0, mine.begin, mine.size());
     Tensor loss =
         cross_entropy(model.forward(index_select(X, 0, my_idx).to(dev)), index_select(Y, 0, my_idx).to(dev));
@@ -137,7 +138,7 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "dist_check: rank %d: parameters differ across ranks\n", rank);
       return 3;
     }
-  if (!save.empty() && dist::is_main()) nn::save_checkpoint(save, model, opt, start + steps, Generator(0));
+  if (!save.empty() && dist::is_main()) training::save_checkpoint(save, model, opt, start + steps, Generator(0));
   if (dist::is_main()) {
     std::FILE* f = std::fopen(out.c_str(), "w");
     if (!f) return 1;

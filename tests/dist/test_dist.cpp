@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "data/loader.h"
 #include "dist/dist.h"
 #include "tests/dist/mpi_job.h"
 #include "tests/helpers.h"
@@ -62,23 +63,23 @@ std::vector<std::string> dist_check(std::vector<std::string> args) {
 
 }  // namespace
 
-TEST_CASE("dist: shard splits a global batch into contiguous ranges that differ by at most one") {
-  CHECK(dist::shard(16, 0, 2).begin == 0);
-  CHECK(dist::shard(16, 0, 2).end == 8);
-  CHECK(dist::shard(16, 1, 2).begin == 8);
-  CHECK(dist::shard(16, 1, 2).end == 16);
+TEST_CASE("dist: data::shard splits a global batch into contiguous ranges that differ by at most one") {
+  CHECK(data::shard(16, 0, 2).begin == 0);
+  CHECK(data::shard(16, 0, 2).end == 8);
+  CHECK(data::shard(16, 1, 2).begin == 8);
+  CHECK(data::shard(16, 1, 2).end == 16);
   // 10 over 4 ranks: 3 3 2 2
   std::vector<int64_t> sizes;
   int64_t next = 0;
   for (int r = 0; r < 4; ++r) {
-    dist::Range g = dist::shard(10, r, 4);
+    data::Range g = data::shard(10, r, 4);
     CHECK(g.begin == next);
     next = g.end;
     sizes.push_back(g.size());
   }
   CHECK(next == 10);
   CHECK(sizes == std::vector<int64_t>{3, 3, 2, 2});
-  CHECK_THROWS_WITH_AS(dist::shard(10, 2, 2), doctest::Contains("dist::shard: rank 2 of a world of 2"), Error);
+  CHECK_THROWS_WITH_AS(data::shard(10, 2, 2), doctest::Contains("shard: part 2 of 2"), Error);
 }
 
 TEST_CASE("dist: without mpirun this process is a job of one and every collective is a no-op") {

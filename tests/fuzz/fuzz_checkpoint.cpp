@@ -1,13 +1,13 @@
 // libFuzzer target: a training checkpoint as the apps read it. First the metadata alone
 // (apps/common/run.h read_checkpoint_info) and what the apps rebuild from it: each app's config
 // (vit, gpt, textclf model + data) and the tokenizer stored with it; then the whole checkpoint
-// into a model (nn/checkpoint.h load_checkpoint: weights, AdamW state, RNG). The seeds are
+// into a model (training/checkpoint.h load_checkpoint: weights, AdamW state, RNG). The seeds are
 // checkpoints of the model below, so mutations reach past the name and shape checks.
 #include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
 #include "apps/common/textclf_lib.h"
 #include "apps/common/vit_lib.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "nn/linear.h"
 #include "optim/adam.h"
 #include "tests/fuzz/fuzz_common.h"
@@ -37,6 +37,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nn::Linear model(2, 3);
   optim::AdamW opt(model.parameters(), {});
   Generator gen;
-  fuzz::ok_or_error(kTarget, [&] { nn::load_checkpoint(path, model, &opt, &gen); });
+  fuzz::ok_or_error(kTarget, [&] { training::load_checkpoint(path, model, &opt, &gen); });
   return 0;
 }

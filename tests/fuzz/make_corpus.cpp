@@ -15,7 +15,7 @@
 #include "attograd.h"
 #include "core/serialize.h"
 #include "data/tokenizer.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "nn/linear.h"
 #include "optim/adam.h"
 #include "tests/fuzz/fuzz_common.h"
@@ -102,7 +102,7 @@ std::string checkpoint_bytes(const nlohmann::json& config, const std::string& to
   std::map<std::string, std::string> extra = {{"config", config.dump()}, {"steps", "10"}};
   if (!tokenizer.empty()) extra["tokenizer"] = tokenizer;
   const std::string p = fuzz::scratch_path("seed-ckpt.safetensors");
-  nn::save_checkpoint(p, model, opt, 1, gen, extra);
+  training::save_checkpoint(p, model, opt, 1, gen, extra);
   return slurp(p);
 }
 

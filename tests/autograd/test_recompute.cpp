@@ -1,4 +1,4 @@
-// Gradient checkpointing: recomputing f in backward gives exactly the gradients of the plain run
+// Activation checkpointing (autograd/recompute.h): recomputing f in backward gives exactly the gradients of the plain run
 // (same kernels, same rewound random numbers), with less memory kept between forward and backward.
 #include "nn/transformer.h"
 #include "tests/helpers.h"

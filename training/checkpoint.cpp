@@ -1,4 +1,4 @@
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 
 #include <charconv>
 #include <limits>
@@ -7,7 +7,7 @@
 
 #include "core/serialize.h"
 
-namespace ag::nn {
+namespace ag::training {
 
 namespace {
 
@@ -39,7 +39,7 @@ uint64_t parse_decimal(const std::string& path, const std::map<std::string, std:
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const Module& model, const optim::Optimizer& opt, int64_t step,
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt, int64_t step,
                      const Generator& rng, const std::map<std::string, std::string>& extra) {
   check(step >= 0, "save_checkpoint: '{}': step must be >= 0, got {}", path, step);
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -54,7 +54,7 @@ void save_checkpoint(const std::string& path, const Module& model, const optim::
   save_safetensors(path, tensors, meta);
 }
 
-Checkpoint load_checkpoint(const std::string& path, Module& model, optim::Optimizer* opt, Generator* rng) {
+Checkpoint load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt, Generator* rng) {
   // 1. The file: load_safetensors validates it entirely and names the file in its errors.
   std::map<std::string, std::string> meta;
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -77,7 +77,7 @@ Checkpoint load_checkpoint(const std::string& path, Module& model, optim::Optimi
     if (starts_with(key, kExtra)) out.extra[key.substr(std::string(kExtra).size())] = value;
 
   // 3. The tensors, split by prefix.
-  NamedTensors model_dict;
+  nn::NamedTensors model_dict;
   optim::StateDict optim_dict;
   for (auto& [name, t] : tensors) {
     if (starts_with(name, kModel))
@@ -94,7 +94,7 @@ Checkpoint load_checkpoint(const std::string& path, Module& model, optim::Optimi
   // replaces), and the model loaded last, when it can no longer fail.
   bool model_matches = true;
   {
-    NamedTensors own = model.state_dict();
+    nn::NamedTensors own = model.state_dict();
     std::map<std::string, const Tensor*> given;
     for (const auto& [n, t] : model_dict) given[n] = &t;
     model_matches = own.size() == model_dict.size() && given.size() == model_dict.size();
@@ -118,4 +118,4 @@ Checkpoint load_checkpoint(const std::string& path, Module& model, optim::Optimi
   return out;
 }
 
-}  // namespace ag::nn
+}  // namespace ag::training

@@ -1,5 +1,5 @@
 #pragma once
-// Gradient checkpointing: y = f(x) without keeping f's activations for backward. Backward runs f
+// Activation checkpointing (recomputation), PyTorch's torch.utils.checkpoint: y = f(x) without keeping f's activations for backward. Backward runs f
 // again on x, with recording on, and backpropagates the output gradient through that recomputed
 // graph. Memory: between forward and backward only x and y stay alive, not every activation
 // inside f; cost: one more forward of f during backward.
@@ -18,7 +18,7 @@
 
 namespace ag {
 
-// ===================== checkpointing (autograd/checkpoint.cpp) ================================
+// ===================== checkpointing (autograd/recompute.cpp) =================================
 // checkpoint: y = f(x), trading memory for a second forward of f in backward
 //   forward: y = f(x), run with recording off: nothing inside f is kept
 //   vjp:     backward runs f(x) again with recording on and backpropagates g through that graph:

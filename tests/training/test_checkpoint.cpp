@@ -1,4 +1,4 @@
-// Training checkpoints (nn/checkpoint.h): a resumed run is bit for bit the run that never stopped;
+// Training checkpoints (training/checkpoint.h): a resumed run is bit for bit the run that never stopped;
 // the file is a plain safetensors file with the documented names; a failed or interrupted save
 // leaves the previous checkpoint loadable; every bad file is an ag::Error naming it.
 #include <unistd.h>
@@ -9,7 +9,7 @@
 
 #include "core/serialize.h"
 #include "nn/activation.h"
-#include "nn/checkpoint.h"
+#include "training/checkpoint.h"
 #include "nn/dropout.h"
 #include "nn/linear.h"
 #include "nn/sequential.h"
@@ -19,6 +19,7 @@
 #include "tests/helpers.h"
 
 using namespace ag;
+using namespace ag::training;
 using namespace ag::test;
 namespace fs = std::filesystem;
 
@@ -83,7 +84,7 @@ TEST_CASE("checkpoint: a resumed run equals the uninterrupted one bit for bit") 
   Run second(2, 99);
   second.step(5);
   CHECK(values(*second.model) != values(*straight.model));
-  nn::Checkpoint c = load_checkpoint(path, *second.model, second.opt.get(), &second.drop_gen);
+  training::Checkpoint c = load_checkpoint(path, *second.model, second.opt.get(), &second.drop_gen);
   CHECK(c.step == k);
   CHECK(c.extra == std::map<std::string, std::string>{{"data.position", "15"}});
   for (int64_t s = c.step; s < N; ++s) losses_resumed.push_back(second.step(s));
@@ -170,7 +171,7 @@ TEST_CASE("checkpoint: a failed or interrupted save leaves the previous checkpoi
   write_bytes(path + ".tmp.999999", new_bytes.substr(0, new_bytes.size() / 2));
 
   Run fresh(2, 99);
-  nn::Checkpoint c = load_checkpoint(path, *fresh.model, fresh.opt.get(), &fresh.drop_gen);
+  training::Checkpoint c = load_checkpoint(path, *fresh.model, fresh.opt.get(), &fresh.drop_gen);
   CHECK(c.step == 1);
   CHECK(values(*fresh.model) == saved);
   CHECK(values(*fresh.model) != values(*run.model));  // the step-2 weights were not saved there

@@ -28,11 +28,11 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 
-namespace ag::nn {
+namespace ag::training {
 
 // Saves `model`, `opt`, `step` and `rng` to `path` (see the layout above); `extra` goes to the
 // metadata under "extra.<key>". Errors are those of save_safetensors (ag::Error naming the file).
-void save_checkpoint(const std::string& path, const Module& model, const optim::Optimizer& opt, int64_t step,
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt, int64_t step,
                      const Generator& rng, const std::map<std::string, std::string>& extra = {});
 
 // What load_checkpoint returns besides what it writes into the model, optimizer and generator.
@@ -49,6 +49,6 @@ struct Checkpoint {
 // a missing or non-numeric step / rng entry, a tensor outside "model." and "optim.", a model
 // mismatch (load_state_dict's list of missing, unexpected and mis-shaped names) or an optimizer
 // mismatch (its load_state_dict's message).
-Checkpoint load_checkpoint(const std::string& path, Module& model, optim::Optimizer* opt, Generator* rng);
+Checkpoint load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt, Generator* rng);
 
-}  // namespace ag::nn
+}  // namespace ag::training

@@ -1,4 +1,4 @@
-#include "autograd/checkpoint.h"
+#include "autograd/recompute.h"
 
 #include "autograd/tape.h"
 
