@@ -100,17 +100,17 @@ void check_versions(const Node& n) {
     std::shared_ptr<Storage> s = v.storage.lock();
     return s && s->version != v.version;
   };
-  for (size_t i = 0; i < n.in_versions.size(); ++i)
-    check(!changed(n.in_versions[i]),
+  for (size_t i = 0; i < n.recorded.in_versions.size(); ++i)
+    check(!changed(n.recorded.in_versions[i]),
           "backward: input {} of '{}' (shape {}) was modified by an in-place op after the forward pass "
           "used it; a tensor of a recorded graph must not change until backward has run (what an op "
           "saved would be stale): clone() it before writing to it",
-          i, n.op, n.in_shapes[i]);
-  check(!changed(n.out_version),
+          i, n.op, n.recorded.in_shapes[i]);
+  check(!changed(n.recorded.out_version),
         "backward: the output of '{}' (shape {}) was modified by an in-place op after the forward pass "
         "computed it; a tensor of a recorded graph must not change until backward has run (what an op "
         "saved would be stale): clone() it before writing to it",
-        n.op, n.out_shape);
+        n.op, n.recorded.out_shape);
 }
 // Anomaly mode, after node n's backward: every gradient it returned must be finite. The first that
 // is not names the node, the input, the shapes and the forward call's line.
@@ -123,10 +123,10 @@ void check_gradients(const Node& n, const Tensor& dout, const std::vector<Tensor
         "anomaly: backward of {} (node #{}) returned {} non-finite value{} (of {}; the first, {}, at flat index {}) "
         "in the gradient of input {} of shape {}; the gradient of its output (shape {}) {}; the forward op was "
         "called at {}",
-        op_str(n.op, n.site_op), n.seq, r.bad, r.bad == 1 ? "" : "s", dinputs[i].numel(), shown(r.first_value), r.first, i,
-        n.in_shapes[i], n.out_shape,
+        op_str(n.op, n.debug.site_op), n.seq, r.bad, r.bad == 1 ? "" : "s", dinputs[i].numel(), shown(r.first_value), r.first, i,
+        n.recorded.in_shapes[i], n.recorded.out_shape,
         rout.bad ? fmt::format("was already non-finite ({} values)", rout.bad) : std::string("was finite"),
-        site_str(n.site_op, n.site)));
+        site_str(n.debug.site_op, n.debug.site)));
   }
 }
 }  // namespace
@@ -221,7 +221,9 @@ void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out,
   node->op = op;
   node->seq = g_next_seq++;
   node->next.reserve(inputs.size());
-  node->in_shapes.reserve(inputs.size());
+  Node::Recorded& r = node->recorded;
+  r.in_shapes.reserve(inputs.size());
+  r.in_versions.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     Edge e;
     if (t.defined() && t.requires_grad()) {
@@ -229,17 +231,17 @@ void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out,
       else e.leaf = t.impl_ptr();
     }
     node->next.push_back(std::move(e));
-    node->in_shapes.push_back(t.defined() ? t.shape() : Shape{});
-    node->in_versions.push_back(t.defined() ? Node::Version{t.impl().storage, t.impl().storage->version}
-                                            : Node::Version{});
+    r.in_shapes.push_back(t.defined() ? t.shape() : Shape{});
+    r.in_versions.push_back(t.defined() ? Node::Version{t.impl().storage, t.impl().storage->version}
+                                        : Node::Version{});
   }
-  node->out_version = {out.impl().storage, out.impl().storage->version};
-  node->out_shape = out.shape();
-  node->out_dtype = out.dtype();
-  node->out_device = out.device();
+  r.out_version = {out.impl().storage, out.impl().storage->version};
+  r.out_shape = out.shape();
+  r.out_dtype = out.dtype();
+  r.out_device = out.device();
   if (anomaly_enabled()) {  // already off the common path: a node is being made
-    node->site_op = g_site_op ? g_site_op : op;
-    node->site = g_site_op ? g_site : Site();
+    node->debug.site_op = g_site_op ? g_site_op : op;
+    node->debug.site = g_site_op ? g_site : Site();
   }
   node->backward = std::move(fn);
   if (g_record_hook) g_record_hook(*node, out);
@@ -247,49 +249,114 @@ void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out,
   out.impl().requires_grad = true;
 }
 
-void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
+namespace {
+// The gradient backward starts from: the one given, checked against the root, or 1 for a scalar.
+Tensor root_gradient(const Tensor& root, const Tensor& gradient) {
   check(root.requires_grad(),
         "backward: the tensor does not require grad (no input of the ops that made it requires grad)");
-  Tensor g = gradient;
-  if (!g.defined()) {
+  if (!gradient.defined()) {
     check(root.numel() == 1,
           "backward: output has shape {}; a non-scalar output needs an explicit gradient of that shape",
           root.shape());
-    g = ones_like(root);
+    return ones_like(root);
   }
-  check(g.shape() == root.shape(), "backward: gradient shape {} differs from output shape {}", g.shape(),
-        root.shape());
-  check(g.dtype() == root.dtype(), "backward: gradient dtype {} differs from output dtype {}", g.dtype(),
-        root.dtype());
-  NoGradGuard no_grad;
-  const bool anomaly = anomaly_enabled();
-  const bool norms = anomaly || track_grad_norms();
-  if (anomaly) {
+  check(gradient.shape() == root.shape(), "backward: gradient shape {} differs from output shape {}",
+        gradient.shape(), root.shape());
+  check(gradient.dtype() == root.dtype(), "backward: gradient dtype {} differs from output dtype {}",
+        gradient.dtype(), root.dtype());
+  return gradient;
+}
+
+// A node's backward must return one gradient per input, of that input's shape and dtype.
+void check_gradients_fit(const Node& n, const std::vector<Tensor>& dinputs) {
+  check(dinputs.size() == n.next.size(), "backward: '{}' returned {} gradients for {} inputs", n.op, dinputs.size(),
+        n.next.size());
+  for (size_t i = 0; i < dinputs.size(); ++i) {
+    const Edge& e = n.next[i];
+    const Tensor& d = dinputs[i];
+    if (!e.active() || !d.defined()) continue;
+    check(d.shape() == n.recorded.in_shapes[i], "backward: '{}' returned a gradient of shape {} for input {} of shape {}",
+          n.op, d.shape(), i, n.recorded.in_shapes[i]);
+    const DType want = e.node ? e.node->recorded.out_dtype : e.leaf->dtype;
+    check(d.dtype() == want, "backward: '{}' returned a gradient of dtype {} for input {} of dtype {}", n.op,
+          d.dtype(), i, want);
+  }
+}
+
+// Each input's gradient goes where its edge leads: summed into the pending gradient of the node
+// that made the input, or into a leaf's .grad.
+void send_gradients(const Node& n, const std::vector<Tensor>& dinputs) {
+  for (size_t i = 0; i < dinputs.size(); ++i) {
+    const Edge& e = n.next[i];
+    const Tensor& d = dinputs[i];
+    if (!e.active() || !d.defined()) continue;
+    if (e.node) e.node->pending = e.node->pending.defined() ? add(e.node->pending, d) : d;
+    else accumulate_leaf(*e.leaf, d);
+  }
+}
+
+// The debugging aids of backward, kept out of its loop: anomaly checks, gradient norms and the
+// gradient-ready hook. Each step costs a branch when its aid is off.
+class BackwardAids {
+ public:
+  explicit BackwardAids(const std::vector<Node*>& tape)
+      : anomaly_(anomaly_enabled()), norms_(anomaly_ || track_grad_norms()) {
+    // With a gradient-ready hook: how many edges of the tape still lead into each leaf. A leaf's
+    // gradient is final when the last node feeding it has run.
+    if (g_grad_ready_hook)
+      for (Node* n : tape)
+        for (const Edge& e : n->next)
+          if (e.leaf) ++leaf_edges_left_[e.leaf.get()];
+  }
+  // Anomaly mode: the gradient backward starts from must be finite.
+  void check_root(const Tensor& g) const {
+    if (!anomaly_) return;
     const Scan r = scan(g);
     if (r.bad)
       throw AnomalyError(fmt::format("anomaly: backward: the gradient given for the output (shape {}) holds {} "
                                      "non-finite value{}",
                                      g.shape(), r.bad, r.bad == 1 ? "" : "s"));
   }
+  // Before node n runs: note that it ran, and the norm of the gradient flowing through it.
+  void before(Node& n, const Tensor& dout) const {
+    n.debug.backward_ran = true;
+    if (norms_) n.debug.grad_norm = std::sqrt(scan(dout).sumsq);
+  }
+  // After node n ran: anomaly mode checks every gradient it returned.
+  void after(const Node& n, const Tensor& dout, const std::vector<Tensor>& dinputs) const {
+    if (anomaly_) check_gradients(n, dout, dinputs);
+  }
+  // Node n is done (run, or skipped for lack of a gradient): leaves fed by no later node are final.
+  void done(const Node& n) {
+    if (!g_grad_ready_hook) return;
+    for (const Edge& e : n.next)
+      if (e.leaf && --leaf_edges_left_[e.leaf.get()] == 0) g_grad_ready_hook(Tensor(e.leaf));
+  }
+
+ private:
+  bool anomaly_, norms_;
+  std::unordered_map<TensorImpl*, int> leaf_edges_left_;
+};
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
+  const Tensor g = root_gradient(root, gradient);
+  NoGradGuard no_grad;  // backward functions compute with recording off: no double backward
   if (root.is_leaf()) {
+    BackwardAids({}).check_root(g);
     accumulate_leaf(root.impl(), g);
     if (g_grad_ready_hook) g_grad_ready_hook(root);
     return;
   }
 
-  std::vector<Node*> tape = reachable_nodes(root);
+  std::vector<Node*> tape = reachable_nodes(root);  // the tape, reversed
   for (Node* n : tape)
     check(!n->released,
           "backward: the graph through '{}' was freed by an earlier backward; pass retain_graph=true to "
           "the first backward to run backward twice",
           n->op);
-  // With a gradient-ready hook: how many edges of the tape still lead into each leaf. A leaf's
-  // gradient is final when the last node feeding it has run.
-  std::unordered_map<TensorImpl*, int> leaf_edges_left;
-  if (g_grad_ready_hook)
-    for (Node* n : tape)
-      for (const Edge& e : n->next)
-        if (e.leaf) ++leaf_edges_left[e.leaf.get()];
+  BackwardAids aids(tape);
+  aids.check_root(g);
   root.grad_fn()->pending = g;
   struct InBackward {  // restores the flag also when a node throws
     bool prev = std::exchange(g_in_backward, true);
@@ -297,33 +364,15 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
   } in_backward;
   try {
     for (Node* n : tape) {
-      Tensor dout = std::move(n->pending);
-      n->pending = Tensor();
-      if (dout.defined()) {
-        check_versions(*n);
-        n->backward_ran = true;
-        if (norms) n->grad_norm = std::sqrt(scan(dout).sumsq);
+      if (Tensor dout = std::exchange(n->pending, Tensor()); dout.defined()) {
+        check_versions(*n);  // nothing it saved was written in place since
+        aids.before(*n, dout);
         std::vector<Tensor> dinputs = n->backward(dout);
-        check(dinputs.size() == n->next.size(), "backward: '{}' returned {} gradients for {} inputs", n->op,
-              dinputs.size(), n->next.size());
-        if (anomaly) check_gradients(*n, dout, dinputs);
-        for (size_t i = 0; i < dinputs.size(); ++i) {
-          const Edge& e = n->next[i];
-          const Tensor& d = dinputs[i];
-          if (!e.active() || !d.defined()) continue;
-          check(d.shape() == n->in_shapes[i],
-                "backward: '{}' returned a gradient of shape {} for input {} of shape {}", n->op, d.shape(), i,
-                n->in_shapes[i]);
-          const DType want = e.node ? e.node->out_dtype : e.leaf->dtype;
-          check(d.dtype() == want, "backward: '{}' returned a gradient of dtype {} for input {} of dtype {}",
-                n->op, d.dtype(), i, want);
-          if (e.node) e.node->pending = e.node->pending.defined() ? add(e.node->pending, d) : d;
-          else accumulate_leaf(*e.leaf, d);
-        }
+        check_gradients_fit(*n, dinputs);
+        aids.after(*n, dout, dinputs);
+        send_gradients(*n, dinputs);
       }
-      if (g_grad_ready_hook)
-        for (const Edge& e : n->next)
-          if (e.leaf && --leaf_edges_left[e.leaf.get()] == 0) g_grad_ready_hook(Tensor(e.leaf));
+      aids.done(*n);
       if (!retain_graph) {  // free what the op saved; the node stays as an edge, marked used
         n->backward = nullptr;
         n->released = true;
@@ -337,33 +386,6 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   ag::backward(*this, gradient, retain_graph);
-}
-
-Tensor& Tensor::set_requires_grad(bool on) {
-  check(!on || is_floating(dtype()), "requires_grad: only floating tensors can require grad, got {}", dtype());
-  check(is_leaf(), "requires_grad: only leaves can change requires_grad; use detach() for a new leaf");
-  impl().requires_grad = on;
-  return *this;
-}
-
-Tensor Tensor::grad() const { return Tensor(impl().grad); }
-
-void Tensor::set_grad(const Tensor& g) {
-  check(!g.defined() || g.shape() == shape(), "set_grad: gradient shape {} differs from tensor shape {}",
-        g.defined() ? g.shape() : Shape{}, shape());
-  check(!g.defined() || g.dtype() == dtype(), "set_grad: gradient dtype {} differs from tensor dtype {}",
-        g.defined() ? g.dtype() : dtype(), dtype());
-  impl().grad = g.impl_ptr();
-}
-
-Tensor Tensor::detach() const {
-  auto d = std::make_shared<TensorImpl>();
-  d->shape = shape();
-  d->strides = strides();
-  d->offset = offset();
-  d->dtype = dtype();
-  d->storage = impl().storage;
-  return Tensor(std::move(d));
 }
 
 // ---- inspection -----------------------------------------------------------------------------
@@ -383,9 +405,9 @@ std::string print_graph(const Tensor& root, const LeafNames& names) {
   std::string s;
   bool untracked = false;
   for (Node* n : tape) {
-    s += fmt::format("#{:<4} {:<14} -> {} {} {}", n->seq, n->op, n->out_shape, n->out_dtype, n->out_device);
-    if (n->backward_ran) {
-      if (n->grad_norm >= 0) s += fmt::format("  |grad| {:.6g}", n->grad_norm);
+    s += fmt::format("#{:<4} {:<14} -> {} {} {}", n->seq, n->op, n->recorded.out_shape, n->recorded.out_dtype, n->recorded.out_device);
+    if (n->debug.backward_ran) {
+      if (n->debug.grad_norm >= 0) s += fmt::format("  |grad| {:.6g}", n->debug.grad_norm);
       else s += "  |grad| ?", untracked = true;
     }
     s += n->released ? " (released)  inputs:" : "  inputs:";
@@ -395,7 +417,7 @@ std::string print_graph(const Tensor& root, const LeafNames& names) {
         s += fmt::format(" #{}", e.node->seq);
       } else if (e.leaf) {
         auto it = leaf_name.find(e.leaf.get());
-        s += fmt::format(" {}{}", it != leaf_name.end() ? it->second : "leaf", n->in_shapes[i]);
+        s += fmt::format(" {}{}", it != leaf_name.end() ? it->second : "leaf", n->recorded.in_shapes[i]);
       } else {
         s += " const";
       }
@@ -416,9 +438,9 @@ std::string graph_to_dot(const Tensor& root, const LeafNames& names) {
   std::unordered_set<const TensorImpl*> leaves_drawn;
   for (Node* n : tape) {
     std::string norm;
-    if (n->backward_ran) norm = n->grad_norm >= 0 ? fmt::format("\\n|grad| {:.6g}", n->grad_norm) : "\\n|grad| ?";
-    s += fmt::format("  n{} [label=\"{} #{}\\n{} {} {}{}\"];\n", n->seq, n->op, n->seq, n->out_shape, n->out_dtype,
-                     n->out_device, norm);
+    if (n->debug.backward_ran) norm = n->debug.grad_norm >= 0 ? fmt::format("\\n|grad| {:.6g}", n->debug.grad_norm) : "\\n|grad| ?";
+    s += fmt::format("  n{} [label=\"{} #{}\\n{} {} {}{}\"];\n", n->seq, n->op, n->seq, n->recorded.out_shape, n->recorded.out_dtype,
+                     n->recorded.out_device, norm);
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (e.node) {
@@ -431,7 +453,7 @@ std::string graph_to_dot(const Tensor& root, const LeafNames& names) {
           std::string grad;
           if (leaf->grad) grad = fmt::format("\\n|.grad| {:.6g}", std::sqrt(scan(Tensor(leaf->grad)).sumsq));
           s += fmt::format("  {} [label=\"{}\\n{} {} {}{}\", shape=ellipse];\n", id,
-                           it != leaf_name.end() ? it->second : std::string("leaf"), n->in_shapes[i], leaf->dtype,
+                           it != leaf_name.end() ? it->second : std::string("leaf"), n->recorded.in_shapes[i], leaf->dtype,
                            leaf->storage->device, grad);
         }
         s += fmt::format("  {} -> n{};\n", id, n->seq);

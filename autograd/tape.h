@@ -60,35 +60,43 @@ struct Edge {
 };
 
 struct Node {
+  // ---- the tape: what backward() itself needs ----------------------------------------------
   const char* op;                 // "softmax": what print_graph() shows
   uint64_t seq;                   // order of recording: the tape position
   std::vector<Edge> next;         // one per input, in the op's argument order
-  std::vector<Shape> in_shapes;   // the tape checks each input gradient against these
-  Shape out_shape;
-  DType out_dtype;
-  Device out_device;
   BackwardFn backward;            // null once released by a backward without retain_graph
   bool released = false;
   Tensor pending;                 // gradient of the output, summed while backward runs
-  // Storage versions of each input and of the output when the op ran. An in-place write bumps
-  // its storage's version, and backward refuses a node whose tensors changed since: what the op
-  // saved would be stale. Weak pointers: the check keeps no memory alive (a storage that died was
-  // not saved, so nothing can be stale).
+
+  // ---- what the op saw when it ran: backward checks each gradient against the shapes and
+  // dtypes, and refuses a node whose tensors were written in place since (what the op saved
+  // would be stale; in-place writes bump their storage's version through mark_modified). Weak
+  // pointers: the check keeps no memory alive (a storage that died was not saved, so nothing can
+  // be stale).
   struct Version {
     std::weak_ptr<Storage> storage;
     uint64_t version = 0;
   };
-  std::vector<Version> in_versions;
-  Version out_version;
-  // Filled by backward: whether it ran this node, and ||g||_2 of the gradient of the output that
-  // flowed through it, measured only while gradient norms are tracked or anomaly mode is on
-  // (-1: not measured). print_graph shows it.
-  bool backward_ran = false;
-  double grad_norm = -1;
-  // With anomaly mode on at record time: the outermost public op whose call led to this node
-  // (the node's own op when called directly) and that call's source line; null/empty otherwise.
-  const char* site_op = nullptr;
-  Site site;
+  struct Recorded {
+    std::vector<Shape> in_shapes;
+    std::vector<Version> in_versions;
+    Shape out_shape;
+    DType out_dtype;
+    Device out_device;
+    Version out_version;
+  } recorded;
+
+  // ---- debugging aids, filled only when they are on (print_graph shows them) ---------------
+  struct Debug {
+    // whether a backward ran this node, and ||g||_2 of the gradient of its output, measured only
+    // while gradient norms are tracked or anomaly mode is on (-1: not measured)
+    bool backward_ran = false;
+    double grad_norm = -1;
+    // with anomaly mode on at record time: the outermost public op whose call led to this node
+    // (the node's own op when called directly) and that call's source line; null/empty otherwise
+    const char* site_op = nullptr;
+    Site site;
+  } debug;
 
   Node() = default;
   Node(const Node&) = delete;

@@ -1,4 +1,5 @@
-// Tensor metadata, storage, creation and host read-back. Differentiable methods live in autograd/.
+// Tensor metadata, storage, autograd fields, creation and host read-back. Differentiable methods
+// live in autograd/ (core/tensor.h says which).
 #include "core/tensor.h"
 
 #include <cmath>
@@ -52,6 +53,34 @@ bool Tensor::is_contiguous() const { return numel() == 0 || layout(*this).is_con
 void* Tensor::raw_data() const {
   const TensorImpl& t = impl();
   return static_cast<char*>(t.storage->ptr) + t.offset * int64_t(itemsize(t.dtype));
+}
+
+// ---- autograd fields: stored here, given meaning by autograd/tape.cpp --------------------------
+Tensor& Tensor::set_requires_grad(bool on) {
+  check(!on || is_floating(dtype()), "requires_grad: only floating tensors can require grad, got {}", dtype());
+  check(is_leaf(), "requires_grad: only leaves can change requires_grad; use detach() for a new leaf");
+  impl().requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return Tensor(impl().grad); }
+
+void Tensor::set_grad(const Tensor& g) {
+  check(!g.defined() || g.shape() == shape(), "set_grad: gradient shape {} differs from tensor shape {}",
+        g.defined() ? g.shape() : Shape{}, shape());
+  check(!g.defined() || g.dtype() == dtype(), "set_grad: gradient dtype {} differs from tensor dtype {}",
+        g.defined() ? g.dtype() : dtype(), dtype());
+  impl().grad = g.impl_ptr();
+}
+
+Tensor Tensor::detach() const {
+  auto d = std::make_shared<TensorImpl>();
+  d->shape = shape();
+  d->strides = strides();
+  d->offset = offset();
+  d->dtype = dtype();
+  d->storage = impl().storage;
+  return Tensor(std::move(d));
 }
 
 Layout layout(const Tensor& t) {
@@ -124,7 +153,10 @@ Tensor from_vector(std::span<const T> values, const Shape& shape, Device device)
         values.size(), shape, shape.numel());
   Tensor host = empty(shape, dtype_v<T>);
   if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(T));
-  return device.is_cpu() ? host : host.to(device);
+  if (device.is_cpu()) return host;
+  Tensor t = empty(shape, dtype_v<T>, device);
+  if (!values.empty()) device_copy(t.raw_data(), device, host.raw_data(), Device::cpu(), host.nbytes());
+  return t;
 }
 template Tensor from_vector<float>(std::span<const float>, const Shape&, Device);
 template Tensor from_vector<double>(std::span<const double>, const Shape&, Device);

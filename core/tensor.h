@@ -2,8 +2,14 @@
 // ag::Tensor: a cheap handle (shared pointer) to shape, strides, offset, dtype and a shared
 // Storage. Views (reshape, transpose, narrow, expand, ...) share the storage of their base.
 //
-// The class is declared here, in core/, but its differentiable methods (views, arithmetic) are
-// defined next to their backward formulas in autograd/ops/: one op, one place.
+// The boundary with autograd/. core/ stores each tensor's autograd fields (requires_grad, grad,
+// grad_fn) and defines what only reads or sets them (requires_grad(), grad(), detach(), ...), but
+// it records nothing. The methods in the two sections marked "autograd library" below (backward,
+// views, copies, conversions, in-place writes) are differentiable or refuse writes the tape would
+// miss: they are declared here, so that `x.reshape(...)` reads as in PyTorch, and defined next to
+// their backward formulas in autograd/ (one op, one place). Code of core/ never calls them: the
+// build links the core library alone and fails on any call that runs up a layer (CMakeLists.txt,
+// "layer link checks"); core code uses the plain functions at the end of this file instead.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -74,18 +80,21 @@ class Tensor {
   // All values in row-major order, converted to T (copied to the host if needed).
   template <class T = float> std::vector<T> to_vector() const;
 
-  // ---- autograd (autograd/tape.cpp) ----------------------------------------------------------
+  // ---- autograd fields (core/tensor.cpp): stored here, given meaning by autograd/ -------------
   bool requires_grad() const { return impl().requires_grad; }
   Tensor& set_requires_grad(bool on = true);   // only on leaves of floating dtype
   Tensor grad() const;                          // undefined until a backward reached it
   void set_grad(const Tensor& g);               // undefined tensor clears it (zero_grad)
   bool is_leaf() const { return impl().grad_fn == nullptr; }
   const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
-  // Backpropagates from this tensor: a scalar needs no gradient, others need one of their shape.
-  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   Tensor detach() const;  // same storage, no history
 
-  // ---- views (autograd/ops/view.cpp): no copy, shared storage --------------------------------
+  // ==== autograd library (autograd/tape.cpp) =================================================
+  // Backpropagates from this tensor: a scalar needs no gradient, others need one of their shape.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+
+  // ==== autograd library (autograd/ops/view.cpp, elementwise.cpp) ============================
+  // ---- views: no copy, shared storage ----------------------------------------------------------
   Tensor reshape(const Shape& shape) const;  // a view when the strides allow it, else a copy
   Tensor view(const Shape& shape) const;     // a view, or an error when the strides forbid it
   Tensor flatten(int start_dim = 0, int end_dim = -1) const;
@@ -102,12 +111,12 @@ class Tensor {
   Tensor contiguous() const;  // this tensor when already contiguous, else a copy
   Tensor clone() const;       // always a copy (differentiable)
 
-  // ---- conversion (autograd/ops/view.cpp) ----------------------------------------------------
+  // ---- conversion -----------------------------------------------------------------------------
   Tensor to(Device device) const;  // differentiable copy across devices
   Tensor to(DType dtype) const;    // differentiable between floating dtypes
   Tensor cpu() const { return to(Device::cpu()); }
 
-  // ---- in-place writes (autograd/ops/view.cpp, elementwise.cpp); refused on tensors with history --
+  // ---- in-place writes; refused on tensors with history (autograd's check_writable) ---------
   Tensor& zero_();
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);  // src broadcast to this tensor's shape
@@ -174,4 +183,10 @@ Layout layout(const Tensor& t);
 Layout layout_as(const Tensor& t, const Shape& shape);
 // A contiguous copy of `t` on the CPU, dtype unchanged (no autograd); `t` itself when it already is.
 Tensor host_contiguous(const Tensor& t);
+
+// Every in-place write calls this once it has written `t`: it bumps the version of t's storage,
+// which the tape compares with the version it saw when an op saved the tensor (autograd/tape.h),
+// so backward refuses to use a value that changed under it. One place, so no writer can forget
+// the bump and silently switch the check off (in-place ops, optimizers, gradient clipping).
+inline void mark_modified(const Tensor& t) { ++t.impl().storage->version; }
 }  // namespace ag

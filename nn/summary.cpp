@@ -76,11 +76,11 @@ class ModuleProfiler {
   void on_record(const Node& node, const Tensor& out) {
     const size_t row = current_row();
     bool counted = false;
-    self_flops[row] += op_flops(node.op, node.in_shapes, node.out_shape, &counted);
+    self_flops[row] += op_flops(node.op, node.recorded.in_shapes, node.recorded.out_shape, &counted);
     if (!counted) uncounted.insert(node.op);
     const std::shared_ptr<Storage>& st = out.impl().storage;
     if (!st) return;
-    for (const Node::Version& v : node.in_versions)  // a view of an input allocated nothing
+    for (const Node::Version& v : node.recorded.in_versions)  // a view of an input allocated nothing
       if (v.storage.lock() == st) return;
     auto it = made.find(st.get());
     if (it != made.end() && !it->second.storage.expired()) return;  // already counted

@@ -48,7 +48,7 @@ void Adam::step() {
       KERNEL(p0.device(), adam_update, ts.data(), int64_t(ts.size()), lr(), o.beta1, o.beta2, o.eps, o.weight_decay,
              decoupled_);
     });
-    for (size_t i : group) params()[i].impl().storage->version++;
+    for (size_t i : group) mark_modified(params()[i]);
   }
 }
 

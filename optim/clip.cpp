@@ -46,7 +46,7 @@ void for_each_group(const char* op, const std::vector<Tensor>& grads, F&& fn) {
 void scale_all(const std::vector<Tensor>& grads, double factor, const char* op) {
   for_each_group(op, grads, [&](Device dev, const std::vector<size_t>& group, auto& xs) {
     KERNEL(dev, scale_inplace, xs.data(), int64_t(xs.size()), factor);
-    for (size_t i : group) grads[i].impl().storage->version++;
+    for (size_t i : group) mark_modified(grads[i]);
   });
 }
 }  // namespace
@@ -94,7 +94,7 @@ void clip_grad_value(const std::vector<Tensor>& params, double clip_value) {
   const std::vector<Tensor> grads = contiguous_grads(params, "clip_grad_value");
   for_each_group("clip_grad_value", grads, [&](Device dev, const std::vector<size_t>& group, auto& xs) {
     KERNEL(dev, clip_value, xs.data(), int64_t(xs.size()), clip_value);
-    for (size_t i : group) grads[i].impl().storage->version++;
+    for (size_t i : group) mark_modified(grads[i]);
   });
 }
 

@@ -53,7 +53,7 @@ void SGD::step() {
       KERNEL(p0.device(), sgd_update, ts.data(), int64_t(ts.size()), lr(), o.momentum, o.dampening, o.weight_decay,
              o.nesterov);
     });
-    for (size_t i : group) params()[i].impl().storage->version++;
+    for (size_t i : group) mark_modified(params()[i]);
   }
 }
 

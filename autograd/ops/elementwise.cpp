@@ -357,7 +357,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     T* d = data<T>();
     KERNEL(device(), map2, d, d, layout(*this), other.data<T>(), lo, pw::AddScaled{alpha});
   });
-  impl().storage->version++;
+  mark_modified(*this);
   return *this;
 }
 
@@ -368,7 +368,7 @@ Tensor& Tensor::mul_(double value) {
     T* d = data<T>();
     KERNEL(device(), map1, d, d, layout(*this), pw::Scale{value});
   });
-  impl().storage->version++;
+  mark_modified(*this);
   return *this;
 }
 

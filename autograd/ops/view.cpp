@@ -331,7 +331,7 @@ Tensor Tensor::to(Device target) const {
 Tensor& Tensor::fill_(double value) {
   check_writable("fill_", *this);
   visit_dtype(dtype(), [&]<class T>() { KERNEL(device(), fill<T>, data<T>(), layout(*this), T(value)); });
-  impl().storage->version++;
+  mark_modified(*this);
   return *this;
 }
 Tensor& Tensor::zero_() { return fill_(0); }
@@ -344,7 +344,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   Tensor s = src.dtype() == dtype() ? src : src.detach().to(dtype());
   Layout ls = layout_as(s, shape());
   visit_dtype(dtype(), [&]<class T>() { KERNEL(device(), strided_copy<T>, data<T>(), layout(*this), s.data<T>(), ls); });
-  impl().storage->version++;
+  mark_modified(*this);
   return *this;
 }
 

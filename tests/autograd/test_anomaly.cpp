@@ -133,8 +133,8 @@ TEST_CASE("anomaly: sqrt at 0 is finite forward, infinite backward: backward nam
   Tensor L = sum(y);
   CHECK(L.item<double>() == 2);
   const uint64_t seq = y.grad_fn()->seq;
-  CHECK(y.grad_fn()->site.line() == unsigned(line));  // stored at record time, anomaly mode being on
-  CHECK(std::string(y.grad_fn()->site_op) == "sqrt");
+  CHECK(y.grad_fn()->debug.site.line() == unsigned(line));  // stored at record time, anomaly mode being on
+  CHECK(std::string(y.grad_fn()->debug.site_op) == "sqrt");
   const std::string msg = anomaly_of([&] { L.backward(); });
   INFO(msg);
   // dx = g / (2 y) = 1 / 0 at x = 0
@@ -146,7 +146,7 @@ TEST_CASE("anomaly: sqrt at 0 is finite forward, infinite backward: backward nam
   CHECK(msg.find(here(line)) != std::string::npos);
   CHECK_FALSE(x.grad().defined());  // nothing half-accumulated reached the leaf
   // the sum node ran before and had its gradient measured (anomaly mode tracks norms)
-  CHECK(L.grad_fn()->grad_norm == 1.0);
+  CHECK(L.grad_fn()->debug.grad_norm == 1.0);
 }
 
 TEST_CASE("anomaly: off, nothing is checked: NaN and Inf propagate") {
@@ -157,12 +157,12 @@ TEST_CASE("anomaly: off, nothing is checked: NaN and Inf propagate") {
   CHECK(std::isnan(v[1]));
   Tensor x = tensor<double>({0, 4}).set_requires_grad(true);
   Tensor L = sum(sqrt(x));
-  CHECK(L.grad_fn()->site_op == nullptr);  // no site stored
+  CHECK(L.grad_fn()->debug.site_op == nullptr);  // no site stored
   L.backward();
   auto g = x.grad().to_vector<double>();
   CHECK(std::isinf(g[0]));
   CHECK(g[1] == doctest::Approx(0.25));
-  CHECK(L.grad_fn()->grad_norm == -1);  // norms not tracked
+  CHECK(L.grad_fn()->debug.grad_norm == -1);  // norms not tracked
 }
 
 TEST_CASE("anomaly: intended infinities pass: -inf attention masks and the softmax that reads them") {

@@ -31,7 +31,7 @@ TEST_CASE("tape hooks: the record hook sees each recorded node with its output")
   RecordHookGuard guard([&](const Node& n, const Tensor& out) {
     ops.push_back(n.op);
     shapes.push_back(out.shape());
-    CHECK(n.out_shape == out.shape());
+    CHECK(n.recorded.out_shape == out.shape());
   });
   Tensor x = leaf64({2, 3});
   Tensor y = sum(mul(exp(x), 2.0));

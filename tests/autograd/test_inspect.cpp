@@ -91,9 +91,9 @@ TEST_CASE("inspect: with norms tracked, each node shows the norm of the gradient
   const Node& sum_node = *e.L.grad_fn();
   const Node& pow_node = *sum_node.next[0].node;
   const Node& mul_node = *pow_node.next[0].node;
-  CHECK(sum_node.grad_norm == 1.0);
-  CHECK(pow_node.grad_norm == doctest::Approx(std::sqrt(3.0)).epsilon(1e-12));
-  CHECK(mul_node.grad_norm == doctest::Approx(std::sqrt(161.0)).epsilon(1e-12));
+  CHECK(sum_node.debug.grad_norm == 1.0);
+  CHECK(pow_node.debug.grad_norm == doctest::Approx(std::sqrt(3.0)).epsilon(1e-12));
+  CHECK(mul_node.debug.grad_norm == doctest::Approx(std::sqrt(161.0)).epsilon(1e-12));
   check_close(e.x.grad(), {0.5, 4, 24});
   check_close(e.w.grad(), {1, -8, 36});
 }
@@ -109,7 +109,7 @@ TEST_CASE("inspect: without tracking, print_graph says how to get the norms") {
   CHECK(s.find("ag::set_track_grad_norms(true)") != std::string::npos);
   CHECK(s.find("ag::TrackGradNormsGuard") != std::string::npos);
   CHECK(s.find("ag::detect_anomaly(true)") != std::string::npos);
-  CHECK(e.L.grad_fn()->grad_norm == -1);
+  CHECK(e.L.grad_fn()->debug.grad_norm == -1);
 }
 
 TEST_CASE("inspect: graph_to_dot draws one box per node, the edges, named leaves and the norms") {

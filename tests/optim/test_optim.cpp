@@ -421,3 +421,51 @@ TEST_CASE("StepLR and ConstantLR: hand-computed values") {
   AG_CHECK_ERROR(StepLR(0.1, 2, -0.5), "StepLR", "gamma", "-0.5");
   AG_CHECK_ERROR(ConstantLR(-2), "ConstantLR", "base_lr", "-2");
 }
+
+// Every in-place writer goes through mark_modified (core/tensor.h), the bump the tape's stale-tensor
+// check relies on (autograd/tape.h): a writer that skipped it would let backward use a value that
+// changed under it, silently. Each write below must move its storage's version forward.
+TEST_CASE("mark_modified: every in-place writer bumps the storage version the tape checks") {
+  auto version = [](const Tensor& t) { return t.impl().storage->version; };
+  auto bumps = [&](const char* what, const Tensor& t, const auto& write) {
+    INFO(what);
+    const uint64_t before = version(t);
+    write();
+    CHECK(version(t) > before);
+  };
+  Tensor a = tensor({1, 2, 3});
+  bumps("fill_", a, [&] { a.fill_(1); });
+  bumps("zero_", a, [&] { a.zero_(); });
+  bumps("copy_", a, [&] { a.copy_(tensor({4, 5, 6})); });
+  bumps("add_", a, [&] { a.add_(tensor({1, 1, 1}), 2); });
+  bumps("mul_", a, [&] { a.mul_(3); });
+  bumps("a write through a view", a, [&] { a.narrow(0, 1, 1).fill_(7); });
+
+  auto param_with_grad = [] {
+    Tensor p = tensor({1, -2, 3}).set_requires_grad(true);
+    p.set_grad(tensor({0.5f, -1.f, 2.f}));
+    return p;
+  };
+  Tensor p = param_with_grad();
+  SGD sgd({p}, {.lr = 0.1, .momentum = 0.9});
+  bumps("SGD::step", p, [&] { sgd.step(); });
+  Tensor q = param_with_grad();
+  AdamW adamw({q}, {.lr = 0.1});
+  bumps("AdamW::step", q, [&] { adamw.step(); });
+  Tensor r = param_with_grad();
+  Adam adam({r}, {.lr = 0.1});
+  bumps("Adam::step", r, [&] { adam.step(); });
+  Tensor s = param_with_grad();
+  bumps("clip_grad_norm (the gradient)", s.grad(), [&] { clip_grad_norm({s}, 0.1); });
+  bumps("clip_grad_value (the gradient)", s.grad(), [&] { clip_grad_value({s}, 0.1); });
+
+  // and the tape sees it: a graph that saved p refuses to run backward after the step
+  Tensor w = param_with_grad();
+  Tensor L = sum(mul(w, w));
+  SGD step_w({w}, {.lr = 0.1});
+  {
+    NoGradGuard guard;
+    step_w.step();
+  }
+  AG_CHECK_ERROR(L.backward(), "backward", "input 0 of 'mul'", "modified by an in-place op");
+}
