@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <set>
 
-#include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
+#include "apps/gpt/lib.h"
 #include "tests/apps/usage_error.h"
 #include "attograd.h"
 #include "data/loader.h"

@@ -11,7 +11,7 @@
 
 #include "apps/common/run.h"
 #include "tests/apps/usage_error.h"
-#include "apps/common/textclf_lib.h"
+#include "apps/textclf/lib.h"
 #include "nn/checkpoint.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"

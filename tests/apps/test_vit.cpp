@@ -13,7 +13,7 @@
 
 #include "apps/common/run.h"
 #include "tests/apps/usage_error.h"
-#include "apps/common/vit_lib.h"
+#include "apps/vit/lib.h"
 #include "nn/checkpoint.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"

@@ -3,10 +3,10 @@
 // (vit, gpt, textclf model + data) and the tokenizer stored with it; then the whole checkpoint
 // into a model (nn/checkpoint.h load_checkpoint: weights, AdamW state, RNG). The seeds are
 // checkpoints of the model below, so mutations reach past the name and shape checks.
-#include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
-#include "apps/common/textclf_lib.h"
-#include "apps/common/vit_lib.h"
+#include "apps/gpt/lib.h"
+#include "apps/textclf/lib.h"
+#include "apps/vit/lib.h"
 #include "nn/checkpoint.h"
 #include "nn/linear.h"
 #include "optim/adam.h"

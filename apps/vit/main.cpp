@@ -43,7 +43,7 @@
 
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
-#include "apps/common/vit_lib.h"
+#include "apps/vit/lib.h"
 #include "nn/checkpoint.h"
 #include "optim/adam.h"
 

@@ -34,8 +34,8 @@
 #include <algorithm>
 
 #include "apps/common/diagnose.h"
-#include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
+#include "apps/gpt/lib.h"
 #include "attograd.h"
 #include "data/loader.h"
 #include "data/text.h"

@@ -1,6 +1,6 @@
 // The text classifier's data, batching, training step, evaluation, heatmaps and naive Bayes
 // baseline: see textclf_lib.h for what each one computes.
-#include "apps/common/textclf_lib.h"
+#include "apps/textclf/lib.h"
 
 #include <algorithm>
 #include <charconv>

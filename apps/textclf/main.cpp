@@ -42,7 +42,7 @@
 
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
-#include "apps/common/textclf_lib.h"
+#include "apps/textclf/lib.h"
 #include "attograd.h"
 #include "nn/checkpoint.h"
 #include "optim/adam.h"

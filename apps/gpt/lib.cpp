@@ -1,5 +1,5 @@
 // The char-level GPT app's data, evaluation, sampling and attention plot (see gpt_lib.h).
-#include "apps/common/gpt_lib.h"
+#include "apps/gpt/lib.h"
 
 #include <algorithm>
 #include <cmath>
