@@ -51,7 +51,9 @@
 #include <tuple>
 #include <vector>
 
-#include "apps/common/models.h"
+#include "apps/gpt/model.h"
+#include "apps/textclf/model.h"
+#include "apps/vit/model.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 #include "core/kernels.h"

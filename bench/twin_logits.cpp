@@ -10,7 +10,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include "apps/common/models.h"
+#include "apps/gpt/model.h"
+#include "apps/textclf/model.h"
+#include "apps/vit/model.h"
 #include "attograd.h"
 #include "core/serialize.h"
 

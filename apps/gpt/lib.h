@@ -27,8 +27,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "apps/common/models.h"
 #include "apps/common/plot.h"
+#include "apps/gpt/model.h"
 #include "data/tokenizer.h"
 
 namespace ag::apps {

@@ -30,9 +30,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "apps/common/models.h"
 #include "apps/common/plot.h"
 #include "apps/common/report.h"
+#include "apps/textclf/model.h"
 #include "data/loader.h"
 #include "data/text.h"
 #include "data/tokenizer.h"

@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "apps/common/models.h"
 #include "apps/common/report.h"
+#include "apps/vit/model.h"
 #include "data/images.h"
 #include "data/loader.h"
 #include "optim/optimizer.h"

@@ -3,7 +3,9 @@
 // gradient, padding rows, errors).
 #include <cmath>
 
-#include "apps/common/models.h"
+#include "apps/gpt/model.h"
+#include "apps/textclf/model.h"
+#include "apps/vit/model.h"
 #include "attograd.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"

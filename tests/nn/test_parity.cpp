@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "apps/gpt/model.h"
 #include "nn/attention.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
@@ -20,7 +21,6 @@
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
-#include "apps/common/models.h"
 #include "tests/helpers.h"
 
 using namespace ag;
