@@ -1,5 +1,5 @@
 #pragma once
-// What apps/textclf.cpp needs besides its CLI and its loop, here so that the tests reach it:
+// What apps/textclf/main.cpp needs besides its CLI and its loop, here so that the tests reach it:
 //
 //   TextTokenizer      char (codepoint or byte) or word ids for the model, 0 = padding, saved with
 //                      the checkpoint as JSON ("tokenizer" in the checkpoint's extra metadata)
@@ -8,7 +8,8 @@
 //   BucketSampler      the batches of a training step: a pure function of (seed, step) that groups
 //                      texts of similar length, so a batch pads little
 //   make_batch         ids -> a padded batch (tokens, lengths, labels[, ngrams]) with data::pad_batch
-//   train_step         forward, cross-entropy, backward, clip, AdamW: one update
+//   train_step         forward, cross-entropy, backward, clip, AdamW: one update (for the tests;
+//                      main.cpp writes its step out in its loop)
 //   evaluate           loss, accuracy and confusion matrix over a split, longest-first batches
 //   attention_heatmaps the per-head token-by-token weights of one text, one panel per head
 //   CharNgramNB        the baseline to beat: multinomial naive Bayes on character 1-5-grams
@@ -130,7 +131,7 @@ std::string resolve_tokenizer(const DataOptions& d);
 std::string missing_data(const DataOptions& d);
 // The subword n-gram buckets of a word model unless --ngram-buckets says otherwise.
 inline constexpr int64_t kWordNgramBuckets = 262144;
-// The command line's settings that the model and data config do not hold (apps/textclf.cpp).
+// The command line's settings that the model and data config do not hold (apps/textclf/main.cpp).
 struct TrainSettings {
   double label_smoothing = 0.0;
   int64_t bucket_window = 16;        // batches sorted by length together
@@ -208,8 +209,10 @@ struct StepResult {
   double loss = 0;       // mean cross-entropy of the batch (with label smoothing, if any)
   double grad_norm = 0;  // before clipping
 };
-// The gradients of one batch, no update: model.train(), logits, cross_entropy, zero_grad,
-// backward. Returns the loss (grad_norm 0: Run::optimizer_step measures and clips it).
+// The gradients of one batch, no update, as a step of the training loop in main.cpp computes them
+// (written out there): model.train(), logits, cross_entropy, zero_grad, backward. Returns the loss
+// (grad_norm 0: Run::optimizer_step measures and clips it). For the tests, which train tiny models
+// with it (and with train_step).
 // `loss_scale` multiplies the loss before backward (fp16 loss scaling: Run::loss_scale()).
 StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing = 0.0,
                             double loss_scale = 1.0);
