@@ -1,4 +1,4 @@
-// One optimizer step of each sample model (apps/common/models.h) beside its PyTorch twin
+// One optimizer step of each sample model (apps/<app>/model.h) beside its PyTorch twin
 // (bench/torch_models.py, via bench/torch_reference.py train) in one run, same shapes, fp32,
 // dropout 0, synthetic data from a fixed seed:
 //   forward, cross-entropy loss, backward, clip_grad_norm 1.0, AdamW step (lr 1e-3, wd 0.05), zero_grad.
