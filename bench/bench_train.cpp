@@ -1,4 +1,4 @@
-// One optimizer step of each sample model (apps/common/models.h) beside its PyTorch twin
+// One optimizer step of each sample model (apps/<app>/model.h) beside its PyTorch twin
 // (bench/torch_models.py, via bench/torch_reference.py train) in one run, same shapes, fp32,
 // dropout 0, synthetic data from a fixed seed:
 //   forward, cross-entropy loss, backward, clip_grad_norm 1.0, AdamW step (lr 1e-3, wd 0.05), zero_grad.
@@ -51,7 +51,9 @@
 #include <tuple>
 #include <vector>
 
-#include "apps/common/models.h"
+#include "apps/gpt/model.h"
+#include "apps/textclf/model.h"
+#include "apps/vit/model.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 #include "core/kernels.h"

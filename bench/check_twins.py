@@ -25,7 +25,7 @@ import torch_models  # noqa: E402
 
 TOL = 1e-4
 CLASSES = {"gpt": torch_models.GPT, "vit": torch_models.ViT, "textclf": torch_models.TextClassifier}
-# small configs for part 1 (the keys of apps/common/models.h)
+# small configs for part 1 (the keys of apps/<app>/model.h)
 SMALL = {
     "gpt": dict(vocab=40, context=32, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0),
     "vit": dict(image_size=28, channels=1, patch=7, classes=10, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64,

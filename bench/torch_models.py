@@ -1,4 +1,4 @@
-"""PyTorch twins of the sample models in apps/common/models.h, for checks and benchmarks only.
+"""PyTorch twins of the sample models in apps/gpt, apps/vit and apps/textclf (model.h), for checks and benchmarks only.
 
 Same parameter names, shapes and math as the C++ models, so a state_dict (a safetensors file)
 moves between the two unchanged:
@@ -78,7 +78,7 @@ class Block(nn.Module):
 
 
 def init_gpt2_style(model, n_layers):
-    """As init_gpt2_style in apps/common/models.cpp."""
+    """As init_gpt2_style in apps/common/gpt2_style.cpp."""
     std_resid = 0.02 / math.sqrt(2 * n_layers)
     with torch.no_grad():
         for name, p in model.named_parameters():

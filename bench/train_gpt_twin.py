@@ -1,4 +1,4 @@
-"""Train apps/gpt.cpp's char-level GPT in PyTorch: the same config, data, split, steps and optimizer.
+"""Train apps/gpt's char-level GPT in PyTorch: the same config, data, split, steps and optimizer.
 
 The issue's target for the gpt app is "validation loss within 2% of PyTorch's for the same config,
 steps and data". This script is the PyTorch side of that comparison:
@@ -8,15 +8,15 @@ steps and data". This script is the PyTorch side of that comparison:
              floor(0.9 n) codepoints train, the rest validate (contiguous); vocabulary: id 0 <unk>,
              ids 1.. the distinct codepoints of the training part, ascending (CharTokenizer's
              codepoint mode)
-  model      bench/torch_models.py GPT (the twin of apps/common/models.h GPT, GPT-2 init)
+  model      bench/torch_models.py GPT (the twin of apps/gpt/model.h GPT, GPT-2 init)
   batches    B random windows of T characters per step, starts uniform from torch's own RNG
              (the app draws them from Philox: same distribution, other numbers)
   optimizer  AdamW (betas 0.9, 0.999, eps 1e-8, decoupled weight decay on every parameter),
              lr linear warmup over round(warmup * steps) steps then cosine to min_lr
              (optim/schedule.h WarmupCosineLR), global gradient norm clipped to --clip
   evaluation the mean next-character cross-entropy over --eval-windows windows of T at the
-             evenly spaced starts i * (len - T - 1) // (n - 1) of the validation text (gpt_lib's
-             eval_starts), in eval mode without gradients
+             evenly spaced starts i * (len - T - 1) // (n - 1) of the validation text
+             (apps/gpt/lib.h eval_starts), in eval mode without gradients
 
 Usage (the app's defaults; compare the last line with `build/gpt` on the same numbers):
   /usr/bin/python3 bench/train_gpt_twin.py --steps 200 --threads 2
@@ -55,7 +55,7 @@ def lr_at(step, a):  # optim/schedule.h WarmupCosineLR
     return a.min_lr + (a.lr - a.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def eval_starts(length, T, n):  # apps/common/gpt_lib.h eval_starts
+def eval_starts(length, T, n):  # apps/gpt/lib.h eval_starts
     last = length - T - 1
     return [0] * n if n == 1 else [i * last // (n - 1) for i in range(n)]
 

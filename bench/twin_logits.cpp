@@ -1,5 +1,5 @@
 // The attograd side of the twin check (scripts/check-twins.sh, bench/check_twins.py): builds one of
-// the sample models (apps/common/models.h) from a JSON config, loads its weights from a
+// the sample models (apps/<app>/model.h) from a JSON config, loads its weights from a
 // safetensors file (a PyTorch twin's state_dict, or an app checkpoint's "model." tensors), runs
 // it on the inputs of another safetensors file in eval mode and writes the logits.
 //
@@ -10,7 +10,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include "apps/common/models.h"
+#include "apps/gpt/model.h"
+#include "apps/textclf/model.h"
+#include "apps/vit/model.h"
 #include "attograd.h"
 #include "core/serialize.h"
 
@@ -38,7 +40,7 @@ int main(int argc, char** argv) {
   CLI::App cli{"Logits of a sample model with given weights and inputs (the C++ side of the twin check)"};
   std::string model_name, config_text, weights, prefix, inputs, out;
   cli.add_option("--model", model_name, "gpt, vit or textclf")->required()->check(CLI::IsMember({"gpt", "vit", "textclf"}));
-  cli.add_option("--config", config_text, "the model config as JSON (the keys of apps/common/models.h)")->required();
+  cli.add_option("--config", config_text, "the model config as JSON (the keys of apps/<app>/model.h)")->required();
   cli.add_option("--weights", weights, "safetensors file with the model's tensors")->required();
   cli.add_option("--prefix", prefix, "only tensors whose name starts with this, prefix removed (\"model.\" for checkpoints)");
   cli.add_option("--inputs", inputs, "safetensors file with the inputs")->required();

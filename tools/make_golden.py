@@ -258,7 +258,7 @@ def make_optim():
 # ---- parity_train -------------------------------------------------------------------------------
 class TorchGPT(torch.nn.Module):
     """Token embedding + learned positions + causal TransformerBlocks + final LayerNorm + head
-    (no bias), with the names of ag::apps::GPT (apps/common/models.h)."""
+    (no bias), with the names of ag::apps::GPT (apps/gpt/model.h)."""
 
     def __init__(self, vocab, T, d, n_heads, n_blocks):
         super().__init__()

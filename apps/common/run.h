@@ -1,5 +1,5 @@
 #pragma once
-// The plumbing every sample app shares, so that apps/vit.cpp, apps/textclf.cpp and apps/gpt.cpp
+// The plumbing every sample app shares, so that apps/vit, apps/textclf and apps/gpt (main.cpp)
 // read as their model, their data and their training loop, nothing else:
 //
 //   RunOptions         the options every app has (steps, lr, schedule, batch, seed, threads,

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "apps/common/diagnose.h"
-#include "apps/common/models.h"
+#include "apps/vit/model.h"
 #include "tests/helpers.h"
 #include "tests/spawn.h"
 

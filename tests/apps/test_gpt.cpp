@@ -1,12 +1,12 @@
-// The char-level GPT app's library (apps/common/gpt_lib.h): data split and tokenizer, evaluation
+// The char-level GPT app's library (apps/gpt/lib.h): data split and tokenizer, evaluation
 // windows and loss, sampling (greedy limits, top-k, determinism), cached == uncached generation
 // past the context, the attention plot, and the config JSON. Tiny models, synthetic text.
 #include <cmath>
 #include <filesystem>
 #include <set>
 
-#include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
+#include "apps/gpt/lib.h"
 #include "tests/apps/usage_error.h"
 #include "attograd.h"
 #include "data/loader.h"

@@ -1,9 +1,11 @@
-// The sample models of apps/common/models.h: names (the PyTorch twins' names), sizes, masks,
+// The sample models (apps/gpt, apps/vit, apps/textclf model.h): names (the PyTorch twins' names), sizes, masks,
 // the KV-cache decode, the initialisation, and the text classifier's subword n-grams (formula,
 // gradient, padding rows, errors).
 #include <cmath>
 
-#include "apps/common/models.h"
+#include "apps/gpt/model.h"
+#include "apps/textclf/model.h"
+#include "apps/vit/model.h"
 #include "attograd.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"

@@ -1,4 +1,4 @@
-// apps/common/textclf_lib: the naive Bayes baseline against hand-computed posteriors, the
+// apps/textclf/lib.h: the naive Bayes baseline against hand-computed posteriors, the
 // tokenizer's model ids and its round trip through a checkpoint, the subword n-gram ids of a set
 // and a batch, length bucketing (deterministic, a partition, less padding), the prefetching
 // loader's resume, evaluation, heatmaps, and tiny training runs on a synthetic TSV whose accuracy
@@ -11,10 +11,10 @@
 
 #include "apps/common/run.h"
 #include "tests/apps/usage_error.h"
-#include "apps/common/textclf_lib.h"
-#include "training/checkpoint.h"
+#include "apps/textclf/lib.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"
+#include "training/checkpoint.h"
 
 using namespace ag;
 using namespace ag::apps;

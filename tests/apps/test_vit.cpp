@@ -1,4 +1,4 @@
-// The ViT app's pieces (apps/common/vit_lib.h) on tiny models and synthetic IDX files: its config
+// The ViT app's pieces (apps/vit/lib.h) on tiny models and synthetic IDX files: its config
 // through a checkpoint's metadata, the class token's attention grid, evaluation, a short run whose
 // loss falls, and a resumed run equal to an uninterrupted one.
 #include <sys/wait.h>
@@ -13,10 +13,10 @@
 
 #include "apps/common/run.h"
 #include "tests/apps/usage_error.h"
-#include "apps/common/vit_lib.h"
-#include "training/checkpoint.h"
+#include "apps/vit/lib.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"
+#include "training/checkpoint.h"
 
 using namespace ag;
 using namespace ag::apps;
@@ -61,7 +61,7 @@ VitRunConfig tiny_config() {
   return c;
 }
 
-// The training loop of apps/vit.cpp (same calls, same order) for `steps` of a run of `total`
+// The training loop of apps/vit/main.cpp (same calls, same order) for `steps` of a run of `total`
 // steps in `dir`, resuming from its checkpoint when `resume`; returns the losses it computed.
 // `prefetch` > 0 makes the batches on the loader's background thread.
 std::vector<double> run_steps(const std::string& data_dir, const std::string& dir, int64_t steps, int64_t total,

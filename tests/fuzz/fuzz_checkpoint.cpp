@@ -3,14 +3,14 @@
 // (vit, gpt, textclf model + data) and the tokenizer stored with it; then the whole checkpoint
 // into a model (training/checkpoint.h load_checkpoint: weights, AdamW state, RNG). The seeds are
 // checkpoints of the model below, so mutations reach past the name and shape checks.
-#include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
-#include "apps/common/textclf_lib.h"
-#include "apps/common/vit_lib.h"
-#include "training/checkpoint.h"
+#include "apps/gpt/lib.h"
+#include "apps/textclf/lib.h"
+#include "apps/vit/lib.h"
 #include "nn/linear.h"
 #include "optim/adam.h"
 #include "tests/fuzz/fuzz_common.h"
+#include "training/checkpoint.h"
 
 using namespace ag;
 

@@ -1,8 +1,8 @@
 // libFuzzer target: a UTF-8 text file as the gpt app's --text-file reads it (data/text.h
-// read_text_file, then apps/common/gpt_lib.h make_lm_data), and the tokenizers on its text:
+// read_text_file, then apps/gpt/lib.h make_lm_data), and the tokenizers on its text:
 // the codepoint CharTokenizer must encode and decode the text back to itself, the byte one too,
 // and the WordTokenizer with its hashed n-grams must accept any valid UTF-8.
-#include "apps/common/gpt_lib.h"
+#include "apps/gpt/lib.h"
 #include "data/text.h"
 #include "data/tokenizer.h"
 #include "tests/fuzz/fuzz_common.h"

@@ -1,8 +1,8 @@
 // libFuzzer target: tokenizer vocabulary files (data/tokenizer.h: the JSON the char and word
 // tokenizers save and load, also stored in checkpoints) and the textclf app's wrapper of them
-// (apps/common/textclf_lib.h TextTokenizer::from_json). What loads must save and load back
+// (apps/textclf/lib.h TextTokenizer::from_json). What loads must save and load back
 // unchanged, and decode every id of its vocabulary.
-#include "apps/common/textclf_lib.h"
+#include "apps/textclf/lib.h"
 #include "data/tokenizer.h"
 #include "tests/fuzz/fuzz_common.h"
 

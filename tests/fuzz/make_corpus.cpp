@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "apps/common/gpt_lib.h"
 #include "apps/common/metrics.h"
-#include "apps/common/textclf_lib.h"
-#include "apps/common/vit_lib.h"
+#include "apps/gpt/lib.h"
+#include "apps/textclf/lib.h"
+#include "apps/vit/lib.h"
 #include "attograd.h"
 #include "core/serialize.h"
 #include "data/tokenizer.h"

@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "apps/gpt/model.h"
 #include "nn/attention.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
@@ -20,7 +21,6 @@
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
-#include "apps/common/models.h"
 #include "tests/helpers.h"
 
 using namespace ag;
@@ -228,7 +228,7 @@ TEST_CASE("parity: clip_grad_norm (2-norm and inf-norm) returns torch's norm and
 }
 
 // ---- a 20-step training run (parity_train.safetensors) --------------------------------------------
-// The model is the sample app's GPT (apps/common/models.h); tools/make_golden.py's TorchGPT is
+// The model is the sample app's GPT (apps/gpt/model.h); tools/make_golden.py's TorchGPT is
 // written independently in PyTorch with the same names.
 TEST_CASE("parity: 20 AdamW steps of a 2-block GPT follow PyTorch's loss curve within 1e-4") {
   const Golden g = load_golden("parity_train.safetensors");

@@ -1,5 +1,5 @@
 #pragma once
-// What apps/textclf.cpp needs besides its CLI and its loop, here so that the tests reach it:
+// What apps/textclf/main.cpp needs besides its CLI and its loop, here so that the tests reach it:
 //
 //   TextTokenizer      char (codepoint or byte) or word ids for the model, 0 = padding, saved with
 //                      the checkpoint as JSON ("tokenizer" in the checkpoint's extra metadata)
@@ -8,7 +8,8 @@
 //   BucketSampler      the batches of a training step: a pure function of (seed, step) that groups
 //                      texts of similar length, so a batch pads little
 //   make_batch         ids -> a padded batch (tokens, lengths, labels[, ngrams]) with data::pad_batch
-//   train_step         forward, cross-entropy, backward, clip, AdamW: one update
+//   train_step         forward, cross-entropy, backward, clip, AdamW: one update (for the tests;
+//                      main.cpp writes its step out in its loop)
 //   evaluate           loss, accuracy and confusion matrix over a split, longest-first batches
 //   attention_heatmaps the per-head token-by-token weights of one text, one panel per head
 //   CharNgramNB        the baseline to beat: multinomial naive Bayes on character 1-5-grams
@@ -30,9 +31,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "apps/common/models.h"
 #include "apps/common/plot.h"
 #include "apps/common/report.h"
+#include "apps/textclf/model.h"
 #include "data/loader.h"
 #include "data/text.h"
 #include "data/tokenizer.h"
@@ -130,7 +131,7 @@ std::string resolve_tokenizer(const DataOptions& d);
 std::string missing_data(const DataOptions& d);
 // The subword n-gram buckets of a word model unless --ngram-buckets says otherwise.
 inline constexpr int64_t kWordNgramBuckets = 262144;
-// The command line's settings that the model and data config do not hold (apps/textclf.cpp).
+// The command line's settings that the model and data config do not hold (apps/textclf/main.cpp).
 struct TrainSettings {
   double label_smoothing = 0.0;
   int64_t bucket_window = 16;        // batches sorted by length together
@@ -197,7 +198,7 @@ class BucketSampler {
 // The training batches of steps 0..steps-1 as a prefetching DataLoader: item s of its one
 // unshuffled epoch is the batch of step s (sampler.batch(s)), so loader.seek(start) resumes a run
 // at `start`. `set` and `sampler` must outlive the loader. Data parallel: the sampler plans the
-// global batch, and each batch holds rank shard_rank's slice of it (dist::shard of its texts),
+// global batch, and each batch holds rank shard_rank's slice of it (data::shard of its texts),
 // padded to that slice's longest text.
 std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set, const BucketSampler& sampler,
                                                            int64_t steps, int64_t max_len, int prefetch = 2,
@@ -208,8 +209,10 @@ struct StepResult {
   double loss = 0;       // mean cross-entropy of the batch (with label smoothing, if any)
   double grad_norm = 0;  // before clipping
 };
-// The gradients of one batch, no update: model.train(), logits, cross_entropy, zero_grad,
-// backward. Returns the loss (grad_norm 0: Run::optimizer_step measures and clips it).
+// The gradients of one batch, no update, as a step of the training loop in main.cpp computes them
+// (written out there): model.train(), logits, cross_entropy, zero_grad, backward. Returns the loss
+// (grad_norm 0: Run::optimizer_step measures and clips it). For the tests, which train tiny models
+// with it (and with train_step).
 // `loss_scale` multiplies the loss before backward (fp16 loss scaling: Run::loss_scale()).
 StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing = 0.0,
                             double loss_scale = 1.0);

@@ -1,4 +1,4 @@
-#include "apps/common/vit_lib.h"
+#include "apps/vit/lib.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,8 +1,8 @@
 #pragma once
-// What apps/vit.cpp does outside its main(): the run's config as JSON (saved in checkpoints), the
-// datasets it knows, the seeded training batches, one training step, the evaluation on the test
-// set and the class token's attention over the patch grid. Kept here so tests/apps/test_vit.cpp
-// can run each piece on a tiny model and synthetic data.
+// What apps/vit/main.cpp does outside its main(): the run's config as JSON (saved in checkpoints),
+// the datasets it knows, the seeded training batches, the evaluation on the test set and the class
+// token's attention over the patch grid; and one training step as main's loop writes it out. Kept
+// here so tests/apps/test_vit.cpp can run each piece on a tiny model and synthetic data.
 //
 // Shapes: B images in a batch, C channels, S x S pixels, patch P, grid G = S / P, N = G*G patches,
 // T = N + 1 tokens (the class token first), H heads, K classes.
@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "apps/common/models.h"
 #include "apps/common/report.h"
+#include "apps/vit/model.h"
 #include "data/images.h"
 #include "data/loader.h"
 #include "optim/optimizer.h"
@@ -70,7 +70,7 @@ void fit_model_to_data(ViTConfig& model, const data::ImageDataset& ds);
 // draws from Generator(seed + 1) at offset s * batch (image b: Philox block s * batch + b), a
 // function of the step alone, so it resumes exactly too, whatever `prefetch` is.
 // Data parallel: `batch` is the global batch and each batch holds only rank shard_rank's slice of
-// it (dist::shard: images [begin, end) of the global batch), augmented with the draws of those
+// it (data::shard: images [begin, end) of the global batch), augmented with the draws of those
 // images (Philox blocks s * batch + begin + b), so the ranks' slices together are exactly the
 // batch one process makes.
 std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::ImageDataset& train,
@@ -80,9 +80,10 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
                                                                  int shard_rank = 0, int shard_count = 1);
 
 // ---- training and evaluation -------------------------------------------------------------------
-// The gradients of one batch, no update: model.train(); loss = cross_entropy(model(images), labels,
-// label_smoothing); opt.zero_grad(); backward. Returns the loss. The app then calls
-// Run::optimizer_step (clip, the non-finite check, opt.step()).
+// The gradients of one batch, no update, as a step of the training loop in main.cpp computes them
+// (written out there): model.train(); loss = cross_entropy(model(images), labels,
+// label_smoothing); opt.zero_grad(); backward. Returns the loss. For the tests, which train tiny
+// models with it and then call Run::optimizer_step (clip, the non-finite check, opt.step()).
 // `loss_scale` multiplies the loss before backward (fp16 loss scaling: Run::loss_scale()); the
 // loss returned is the unscaled one.
 double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing,

@@ -11,7 +11,7 @@
 //   loss = mean over (b, t) of -log softmax(logits[b, t])[x[b, t + 1]]   next-character cross-entropy
 // AdamW with warmup + cosine, gradient norm clipped. Validation loss is the mean over fixed,
 // evenly spaced windows of the validation text. Sampling: softmax(logits / temperature) over the
-// top-k characters, one seeded Philox draw per character (see apps/common/gpt_lib.h for the
+// top-k characters, one seeded Philox draw per character (see apps/gpt/lib.h for the
 // context window: after `context` tokens it restarts from the last context/2, cached or not).
 //
 // Default run: build/gpt (500 steps; about 80 ms a step on 2 idle cores, so under a minute).
@@ -34,8 +34,8 @@
 #include <algorithm>
 
 #include "apps/common/diagnose.h"
-#include "apps/common/gpt_lib.h"
 #include "apps/common/run.h"
+#include "apps/gpt/lib.h"
 #include "attograd.h"
 #include "data/loader.h"
 #include "data/text.h"

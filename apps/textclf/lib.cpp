@@ -1,6 +1,6 @@
 // The text classifier's data, batching, training step, evaluation, heatmaps and naive Bayes
-// baseline: see textclf_lib.h for what each one computes.
-#include "apps/common/textclf_lib.h"
+// baseline: see lib.h for what each one computes.
+#include "apps/textclf/lib.h"
 
 #include <algorithm>
 #include <charconv>
@@ -109,7 +109,7 @@ TextTokenizer TextTokenizer::from_json(const std::string& json, const std::strin
 
 // ---- config ----------------------------------------------------------------------------------------
 
-nlohmann::json config_to_json(const TextClassifierConfig& c) { return c; }  // the keys of models.h's to_json
+nlohmann::json config_to_json(const TextClassifierConfig& c) { return c; }  // the keys of model.h's to_json
 
 TextClassifierConfig config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) fail("textclf config: expected a JSON object, got {}", j.dump());

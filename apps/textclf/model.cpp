@@ -1,105 +1,13 @@
-#include "apps/common/models.h"
+#include "apps/textclf/model.h"
 
-#include <cmath>
 #include <string_view>
 #include <unordered_map>
 
+#include "apps/common/gpt2_style.h"
 #include "autograd/ops.h"
 #include "autograd/tape.h"
-#include "nn/init.h"
 
 namespace ag::apps {
-
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n, int64_t d, int64_t heads,
-                                                                   int64_t hidden, double dropout, bool causal,
-                                                                   Generator* gen) {
-  auto list = std::make_shared<nn::ModuleList<nn::TransformerBlock>>();
-  for (int64_t i = 0; i < n; ++i)
-    list->push_back(std::make_shared<nn::TransformerBlock>(d, heads, hidden, dropout, causal, false, DType::f32, gen));
-  return list;
-}
-
-}  // namespace
-
-void init_gpt2_style(nn::Module& model, int64_t n_layers, Generator* gen) {
-  NoGradGuard no_grad;
-  const double std_resid = 0.02 / std::sqrt(2.0 * double(n_layers));
-  for (auto& [name, p] : model.named_parameters()) {
-    if (p.ndim() >= 2) {
-      const bool resid = ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.fc2.weight");
-      p.copy_(nn::init::normal(p.shape(), 0.0, resid ? std_resid : 0.02, p.dtype(), gen));
-    } else if (ends_with(name, "bias")) {
-      p.fill_(0.0);
-    }  // LayerNorm weights keep their 1
-  }
-}
-
-// ---- GPT ----------------------------------------------------------------------------------------
-
-GPT::GPT(const GPTConfig& c, Generator* gen) : cfg(c) {
-  check(c.vocab > 0 && c.context > 0 && c.n_layers > 0, "GPT: vocab {}, context {} and n_layers {} must be positive",
-        c.vocab, c.context, c.n_layers);
-  wte = register_module("wte", std::make_shared<nn::Embedding>(c.vocab, c.d_model, std::nullopt, DType::f32, gen));
-  wpe = register_module("wpe", std::make_shared<nn::LearnedPositions>(c.context, c.d_model, DType::f32, gen));
-  blocks = register_module("blocks", make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, true, gen));
-  ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model));
-  head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, DType::f32, gen));
-  init_gpt2_style(*this, c.n_layers, gen);
-}
-
-Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
-  check(idx.ndim() == 2 && idx.dtype() == DType::i64, "GPT: expected token ids i64 [B, T], got {} {}", idx.dtype(),
-        idx.shape());
-  check(caches == nullptr || int64_t(caches->size()) == cfg.n_layers, "GPT: {} KV caches given for {} blocks",
-        caches ? caches->size() : 0, cfg.n_layers);
-  const int64_t T = idx.size(1), start = caches ? (*caches)[0].length() : 0;
-  check(start + T <= cfg.context, "GPT: positions {}..{} exceed the context of {}", start, start + T - 1,
-        cfg.context);
-  // the ids may come from the host: they go where the weights are (no copy when already there)
-  Tensor h = wte->forward(idx.to(device())) + wpe->forward(T, start);  // (B, T, d) + (T, d)
-  for (size_t i = 0; i < blocks->size(); ++i) {
-    nn::AttentionOptions o;
-    o.cache = caches ? &(*caches)[i] : nullptr;
-    o.need_weights = need_weights;
-    h = (*blocks)[i].forward(h, o);
-  }
-  return head->forward(ln_f->forward(h));
-}
-
-// ---- ViT ----------------------------------------------------------------------------------------
-
-ViT::ViT(const ViTConfig& c, Generator* gen) : cfg(c) {
-  check(c.patch > 0 && c.image_size % c.patch == 0, "ViT: image size {} is not a multiple of the patch size {}",
-        c.image_size, c.patch);
-  patch = register_module("patch",
-                          std::make_shared<nn::PatchEmbedding>(c.channels, c.patch, c.image_size, c.d_model, DType::f32,
-                                                               gen));
-  pos_embed = register_parameter("pos_embed", zeros({1, patch->num_patches + 1, c.d_model}));
-  blocks = register_module("blocks", make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, false, gen));
-  norm = register_module("norm", std::make_shared<nn::LayerNorm>(c.d_model));
-  head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, DType::f32, gen));
-  init_gpt2_style(*this, c.n_layers, gen);
-}
-
-Tensor ViT::forward(const Tensor& images) {
-  check(images.ndim() == 4 && images.size(1) == cfg.channels && images.size(2) == cfg.image_size &&
-            images.size(3) == cfg.image_size,
-        "ViT: expected images [B, {}, {}, {}], got {}", cfg.channels, cfg.image_size, cfg.image_size, images.shape());
-  // the images may come from the host: they go where the weights are
-  Tensor h = patch->with_cls_token(patch->forward(images.to(device()))) + pos_embed;  // (B, N + 1, d)
-  nn::AttentionOptions o;
-  o.need_weights = need_weights;
-  for (const auto& block : *blocks) h = block->forward(h, o);
-  return head->forward(norm->forward(h.select(1, 0)));  // the class token
-}
-
-// ---- TextClassifier -----------------------------------------------------------------------------
 
 namespace {
 

@@ -1,5 +1,5 @@
-// The char-level GPT app's data, evaluation, sampling and attention plot (see gpt_lib.h).
-#include "apps/common/gpt_lib.h"
+// The char-level GPT app's data, evaluation, sampling and attention plot (see lib.h).
+#include "apps/gpt/lib.h"
 
 #include <algorithm>
 #include <cmath>
@@ -80,7 +80,7 @@ LMData make_lm_data(const std::string& text, double valid_fraction) {
   return d;
 }
 
-nlohmann::json gpt_config_to_json(const GPTConfig& c) { return c; }  // the keys of models.h's to_json
+nlohmann::json gpt_config_to_json(const GPTConfig& c) { return c; }  // the keys of model.h's to_json
 
 GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   GPTConfig c;

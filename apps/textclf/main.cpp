@@ -3,7 +3,7 @@
 // Also the aclImdb reviews (--dataset imdb --data-dir <aclImdb>) and any label<TAB>text file
 // (--dataset tsv --tsv-file f).
 //
-// The model (apps/common/models.h TextClassifier), B texts of at most T tokens, K classes:
+// The model (apps/textclf/model.h TextClassifier), B texts of at most T tokens, K classes:
 //   tokens (B, T) i64, padded with 0 after lengths[b] valid tokens (words by default)
 //   ngrams (B, T, G) i64, each word's hashed character n-grams (fastText's subwords), 0 = padding
 //   e = tok(tokens) + sum_g ngram(ngrams)                (B, T, d)  a word plus its n-grams
@@ -42,7 +42,7 @@
 
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
-#include "apps/common/textclf_lib.h"
+#include "apps/textclf/lib.h"
 #include "attograd.h"
 #include "training/checkpoint.h"
 #include "optim/adam.h"
@@ -330,9 +330,17 @@ int main(int argc, char** argv) {
       loader->seek(step);
       for (; step < o.steps && !run.stop_requested(); ++step) {
         sched->set_lr(opt, step);
-        Batch b = loader->next_step();
-        StepResult r = forward_backward(model, opt, b, settings.label_smoothing, run.loss_scale());
-        const Run::StepTotals t = run.reduce_step(r.loss, b.labels.size(0), b.num_tokens);  // over the ranks
+        const Batch b = loader->next_step();
+        double loss = 0;
+        {  // the gradients of the batch; its logits and loss are freed at the brace, before update and evaluation
+          const Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);  // (B, K)
+          const Tensor mean_loss =
+              cross_entropy(logits, b.labels.to(logits.device()), "mean", -100, settings.label_smoothing);
+          opt.zero_grad();
+          (run.loss_scale() == 1.0 ? mean_loss : mul(mean_loss, run.loss_scale())).backward();  // fp16: scaled
+          loss = mean_loss.item<double>();
+        }
+        const Run::StepTotals t = run.reduce_step(loss, b.labels.size(0), b.num_tokens);  // over the ranks
         run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
         run.step_done(step + 1, t.loss, t.samples, t.tokens);
         if (run.eval_due(step + 1)) {

@@ -1,7 +1,7 @@
 // vit: a vision transformer learns Fashion-MNIST (or MNIST, or CIFAR-10) on the CPU in minutes,
 // then reports the test accuracy with a confusion matrix and draws where its class token looks.
 //
-// The model (apps/common/models.h ViT), for an S x S image of C channels, patch P, G = S / P:
+// The model (apps/vit/model.h ViT), for an S x S image of C channels, patch P, G = S / P:
 //   x (B, C, S, S) -> cut into N = G*G patches of P*P*C pixels, each linearly projected to d:
 //                     patches (B, N, d)                 (patch.proj: a P x P convolution, stride P)
 //   h0 = [cls | patches] + pos_embed                    (B, T = N + 1, d); cls (1, 1, d) and
@@ -43,9 +43,9 @@
 
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
-#include "apps/common/vit_lib.h"
-#include "training/checkpoint.h"
+#include "apps/vit/lib.h"
 #include "optim/adam.h"
+#include "training/checkpoint.h"
 
 using namespace ag;
 using namespace ag::apps;
@@ -131,7 +131,15 @@ int train(const RunOptions& o, VitRunConfig cfg, const AppOptions& a, const Diag
   for (; step < o.steps && !run.stop_requested(); ++step) {
     schedule->set_lr(opt, step);
     const data::Batch batch = loader->next_step();
-    const double loss = forward_backward(model, opt, batch, cfg.label_smoothing, run.loss_scale());
+    double loss = 0;
+    {  // the gradients of the batch; its logits and loss are freed at the brace, before update and evaluation
+      const Tensor logits = model.forward(batch.images);  // (B, K)
+      const Tensor mean_loss =
+          cross_entropy(logits, batch.labels.to(logits.device()), "mean", -100, cfg.label_smoothing);
+      opt.zero_grad();
+      (run.loss_scale() == 1.0 ? mean_loss : mul(mean_loss, run.loss_scale())).backward();  // fp16: scaled
+      loss = mean_loss.item<double>();
+    }
     const Run::StepTotals t = run.reduce_step(loss, batch.labels.size(0));  // over the ranks
     run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
     run.step_done(step + 1, t.loss, t.samples);

@@ -1,5 +1,5 @@
 #pragma once
-// What apps/gpt.cpp does outside its training loop, here so that tests can reach it:
+// What apps/gpt/main.cpp does outside its training loop, here so that tests can reach it:
 //
 //   load_gpt_text      the corpus: the King James Bible (default), the English fortunes, a UTF-8 file
 //   make_lm_data       codepoint tokenizer from the training part, ids, split 90% / 10% (contiguous)
@@ -27,8 +27,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "apps/common/models.h"
 #include "apps/common/plot.h"
+#include "apps/gpt/model.h"
 #include "data/tokenizer.h"
 
 namespace ag::apps {

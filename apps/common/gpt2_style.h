@@ -1,0 +1,29 @@
+#pragma once
+// What the three sample models (apps/gpt, apps/vit, apps/textclf) share: a stack of pre-LN
+// transformer blocks, and GPT-2's initialisation of it.
+//
+// Initialisation, as GPT-2 / timm: Linear and embedding weights ~ N(0, 0.02), biases zero,
+// LayerNorm (1, 0), and the two projections that write into the residual stream (attn.proj,
+// mlp.fc2) ~ N(0, 0.02 / sqrt(2 n_layers)), so the stream's variance does not grow with depth.
+// ViT's class token and pos_embed ~ N(0, 0.02) too (they are 2-D or more, so the same rule).
+#include <cstdint>
+#include <memory>
+
+#include "core/random.h"
+#include "nn/sequential.h"
+#include "nn/transformer.h"
+
+namespace ag::apps {
+
+// n_layers blocks (children "0", "1", ...) of width d, `heads` heads, MLP d -> hidden -> d, f32;
+// `causal`: each position attends to itself and the positions before it only.
+std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n_layers, int64_t d, int64_t heads,
+                                                                  int64_t hidden, double dropout, bool causal,
+                                                                  Generator* gen);
+
+// GPT-2 / timm initialisation of a model built from nn/ parts (see the comment at the top):
+// every Linear and Embedding weight N(0, 0.02) (bias 0), LayerNorms (1, 0), and the weights of
+// parameters whose name ends in "attn.proj.weight" or "mlp.fc2.weight" N(0, 0.02 / sqrt(2 n_layers)).
+void init_gpt2_style(nn::Module& model, int64_t n_layers, Generator* gen = nullptr);
+
+}  // namespace ag::apps

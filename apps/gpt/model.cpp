@@ -1,0 +1,38 @@
+#include "apps/gpt/model.h"
+
+#include "apps/common/gpt2_style.h"
+#include "autograd/ops.h"
+
+namespace ag::apps {
+
+GPT::GPT(const GPTConfig& c, Generator* gen) : cfg(c) {
+  check(c.vocab > 0 && c.context > 0 && c.n_layers > 0, "GPT: vocab {}, context {} and n_layers {} must be positive",
+        c.vocab, c.context, c.n_layers);
+  wte = register_module("wte", std::make_shared<nn::Embedding>(c.vocab, c.d_model, std::nullopt, DType::f32, gen));
+  wpe = register_module("wpe", std::make_shared<nn::LearnedPositions>(c.context, c.d_model, DType::f32, gen));
+  blocks = register_module("blocks", make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, true, gen));
+  ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model));
+  head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, DType::f32, gen));
+  init_gpt2_style(*this, c.n_layers, gen);
+}
+
+Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
+  check(idx.ndim() == 2 && idx.dtype() == DType::i64, "GPT: expected token ids i64 [B, T], got {} {}", idx.dtype(),
+        idx.shape());
+  check(caches == nullptr || int64_t(caches->size()) == cfg.n_layers, "GPT: {} KV caches given for {} blocks",
+        caches ? caches->size() : 0, cfg.n_layers);
+  const int64_t T = idx.size(1), start = caches ? (*caches)[0].length() : 0;
+  check(start + T <= cfg.context, "GPT: positions {}..{} exceed the context of {}", start, start + T - 1,
+        cfg.context);
+  // the ids may come from the host: they go where the weights are (no copy when already there)
+  Tensor h = wte->forward(idx.to(device())) + wpe->forward(T, start);  // (B, T, d) + (T, d)
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    nn::AttentionOptions o;
+    o.cache = caches ? &(*caches)[i] : nullptr;
+    o.need_weights = need_weights;
+    h = (*blocks)[i].forward(h, o);
+  }
+  return head->forward(ln_f->forward(h));
+}
+
+}  // namespace ag::apps
