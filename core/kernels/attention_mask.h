@@ -52,6 +52,11 @@ enum class TileVisibility { hidden, partial, full };
 // The masking options of one attention call, as the kernels see them. lengths and key_mask point
 // to memory the code calling the functions below can read (device memory in a GPU kernel). The
 // GPU kernels' geometry derives from it, so they call these functions on it directly.
+//
+// The functions are plain functions of it, not members, and written with plain comparisons, in the
+// form the GPU kernels' copy of the rule had: ptxas (sm_90) then gives the tiled kernels the same
+// registers and no spills, where member functions, std-like min/max helpers or a call to
+// key_masked inside sees cost up to 26 more registers or spills (one resident block less per SM).
 struct Visibility {
   int64_t Tq = 0, Tk = 0;
   bool causal = false;
@@ -62,8 +67,6 @@ struct Visibility {
 
 // lo(i) <= j < hi(i): the keys query i of batch element b may see before key_mask. Lengths outside
 // [0, Tk] are clamped to it (the op front rejects them; a kernel must not read past Tk).
-// (Written as plain comparisons for host and device alike; the GPU kernels' register use was
-// measured with this form: it is the same as that of the kernels' own copy it replaced.)
 AG_HD inline KeyRange key_range(const Visibility& m, int64_t b, int64_t i) {
   const int64_t a = i + (m.Tk - m.Tq);  // the query's position on the key axis
   int64_t lo = 0, hi = m.Tk;
@@ -79,7 +82,8 @@ AG_HD inline KeyRange key_range(const Visibility& m, int64_t b, int64_t i) {
 AG_HD inline bool key_masked(const Visibility& m, int64_t b, int64_t j) {
   return m.key_mask && m.key_mask[b * m.Tk + j];
 }
-// Whether key j is visible in row range r of batch element b: the element rule, its range given.
+// Whether key j is visible in row range r of batch element b: the element rule, its range given
+// (in r, and not key_masked).
 AG_HD inline bool sees(const Visibility& m, int64_t b, KeyRange r, int64_t j) {
   return j >= r.lo && j < r.hi && !(m.key_mask && m.key_mask[b * m.Tk + j]);
 }

@@ -157,7 +157,8 @@ TEST_CASE("loop plan: every element of random strided layouts is read where the 
     expect_plan_walks_layouts<3>(in3);
   }
   // large enough for the CPU walk to split rows (and single rows) across threads
-  const Layout big = make_layout({64, 3, 1100}, {1, 64 * 1100, 64}), dense = make_layout({64, 3, 1100}, {3300, 1100, 1});
+  const Layout big = make_layout({64, 3, 1100}, {1, 64 * 1100, 64});
+  const Layout dense = make_layout({64, 3, 1100}, {3300, 1100, 1});
   const Layout* const in2[2] = {&dense, &big};
   expect_plan_walks_layouts<2>(in2);
   const Layout row = make_layout({1, 70000}, {0, 2});

@@ -374,7 +374,8 @@ TEST_CASE("attention: the CPU kernel lets each query see exactly the keys the ru
         int64_t wrong = 0;
         for (int64_t b = 0; b < 2; ++b)
           for (int64_t i = 0; i < Tq; ++i)
-            for (int64_t j = 0; j < Tk; ++j) wrong += (r.out[size_t((b * Tq + i) * Tk + j)] > 0) != visible(c.m, b, i, j);
+            for (int64_t j = 0; j < Tk; ++j)
+              wrong += (r.out[size_t((b * Tq + i) * Tk + j)] > 0) != visible(c.m, b, i, j);
         INFO("window ", window, " causal ", causal, " padded ", padded);
         CHECK(wrong == 0);
       }
