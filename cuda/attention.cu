@@ -6,9 +6,10 @@
 //   BH = batch * heads, b = bh / H. out, dout, lse and the gradients are contiguous; q, k, v are
 //   read through their (b, h, t) strides with unit stride along D, as on the CPU.
 //
-// The kernels compute exactly what cpu::attention_forward / attention_backward define (same masks
-// from the same key_range rule, lse = +inf and out = 0 for a row with no visible key, the dropout
-// mask from the same Philox elements), FlashAttention-2 style: no Tq x Tk matrix in global memory.
+// The kernels compute exactly what cpu::attention_forward / attention_backward define (the same
+// masks from the same rule, core/kernels/attention_mask.h; lse = +inf and out = 0 for a row with no
+// visible key; the dropout mask from the same Philox elements, core/kernels/dropout_mask.h),
+// FlashAttention-2 style: no Tq x Tk matrix in global memory.
 //
 // f32, D and Dv <= 128: the tiled kernels below. Everything else (f64, larger heads): one thread
 // per row, the simple reference path at the end of the file.
@@ -26,14 +27,16 @@
 //
 // Work skipped. key_range (the causal / window / lengths range of a query row) only grows with the
 // row: lo and hi never decrease as i increases. So the keys a block of query rows i0..i1 can see
-// lie in [lo(i0), hi(i1)), and a key tile [j0, j1) is seen by a query block only if
-// lo(i0) < j1 and hi(i1) > j0: causal attention visits about half of the tiles.
+// lie in key_bounds = [lo(i0), hi(i1)), and a key tile [j0, j1) outside it is hidden from the
+// whole block (tile_hidden): causal attention visits about half of the tiles.
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>
 
 #include "core/kernels.h"
+#include "core/kernels/attention_mask.h"
+#include "core/kernels/dropout_mask.h"
 #include "cuda/common.cuh"
 
 namespace ag::cuda {
@@ -46,54 +49,28 @@ constexpr int kRows = 8;               // rows per warp
 constexpr int kTile = kWarps * kRows;  // rows per block = columns per tile = 32, one per lane
 static_assert(kTile == 32, "one column of a tile per lane");
 
-// The geometry as the kernels read it: strides resolved, mask arrays on the device.
-struct Geo {
-  int64_t BH, H, Tq, Tk, D, Dv;
+// The geometry as the kernels read it: the masks (Tq, Tk, causal, window, lengths and key_mask in
+// device memory; the rule is core/kernels/attention_mask.h), sizes, strides resolved.
+struct Geo : Visibility {
+  int64_t BH, H, D, Dv;
   int64_t qb, qh, qt, kb, kh, kt, vb, vh, vt;  // element strides along B, H, T of q, k, v
   double scale;
-  bool causal;
-  int64_t window;
-  const int64_t* lengths;  // (B) or null, device memory
-  const bool* key_mask;    // (B, Tk) or null, device memory
   double dropout, keep;    // keep = 1 / (1 - dropout), the factor of a kept weight
   uint64_t seed, offset;
 };
 
-struct Range {
-  int64_t lo, hi;  // [lo, hi): the keys allowed by causal, window and lengths
-};
-
-// Which keys query row i of batch element b may see: cpu attention's key_range, line by line.
-__device__ inline Range key_range(const Geo& g, int64_t b, int64_t i) {
-  const int64_t qa = i + (g.Tk - g.Tq);  // the query's position on the key axis
-  int64_t lo = 0, hi = g.Tk;
-  if (g.lengths) hi = min(g.Tk, max(g.lengths[b], int64_t(0)));
-  if (g.causal) hi = min(hi, qa + 1);
-  if (g.window >= 0) {  // |qa - j| <= window; with causal only the left half remains
-    lo = max(lo, qa - g.window);
-    hi = min(hi, qa + g.window + 1);
-  }
-  return {lo, max(lo, hi)};
-}
-// Whether key j is visible in range r of batch element b (in range and not masked).
-__device__ inline bool sees(const Geo& g, int64_t b, Range r, int64_t j) {
-  return j >= r.lo && j < r.hi && !(g.key_mask && g.key_mask[b * g.Tk + j]);
-}
-
-// Dropout keep factor of weight (bh, i, j): element (bh, i, j) of a contiguous (BH, Tq, Tk) tensor
-// in ag::dropout's Philox stream, exactly as cpu::keep_factor (the lane chosen without indexing
-// the array, so it stays in registers). Not inlined: the ten Philox rounds inlined at every use
-// (8 rows per thread in the tiled kernels) cost ~60 registers per thread even without dropout, and
-// that limits how many blocks share an SM. Scalars by value, so the call needs no copy of Geo.
+// Dropout keep factor of weight (bh, i, j): keep or 0, by the rule of core/kernels/dropout_mask.h
+// (element (bh Tq + i) Tk + j of ag::dropout's Philox stream), as on the CPU. Not inlined: the ten
+// Philox rounds inlined at every use (8 rows per thread in the tiled kernels) cost ~60 registers per
+// thread even without dropout, and that limits how many blocks share an SM. Scalars by value, so
+// the call needs no copy of Geo.
 template <class T>
 __device__ __noinline__ T keep_factor(uint64_t seed, uint64_t offset, double dropout, double keep, uint64_t idx) {
-  const Philox4 r = philox4x32_10(seed, offset + idx / 4);
-  const uint32_t x = (idx & 2) ? ((idx & 1) ? r.v[3] : r.v[2]) : ((idx & 1) ? r.v[1] : r.v[0]);
-  return double(uniform01(x)) >= dropout ? T(keep) : T(0);
+  return dropout_keep(seed, offset, idx, dropout) ? T(keep) : T(0);
 }
 template <class T>
 __device__ inline T keep_factor(const Geo& g, int64_t bh, int64_t i, int64_t j) {
-  return keep_factor<T>(g.seed, g.offset, g.dropout, g.keep, uint64_t((bh * g.Tq + i) * g.Tk + j));
+  return keep_factor<T>(g.seed, g.offset, g.dropout, g.keep, attention_dropout_element(bh, i, j, g.Tq, g.Tk));
 }
 
 template <class T>
@@ -164,7 +141,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* K = k + b * g.kb + h * g.kh;
   const float* V = v + b * g.vb + h * g.vh;
   load_tile<LB>(Qs, q + b * g.qb + h * g.qh, g.qt, i0, g.Tq, g.D);
-  const int64_t jlo = key_range(g, b, i0).lo, jhi = key_range(g, b, min(i0 + kTile, g.Tq) - 1).hi;
+  const KeyRange span = key_bounds(g, b, i0, min(i0 + kTile, g.Tq));  // the keys the block may see
   const int D4 = int((g.D + 3) / 4 * 4);
   const float scale = float(g.scale);
 
@@ -175,7 +152,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[r][c] = 0.f;
   }
-  for (int64_t j0 = jlo; j0 < jhi; j0 += kTile) {
+  for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTile) {
     __syncthreads();  // every warp is done with the previous tile (and Qs is complete)
     load_tile<LL>(Ks, K, g.kt, j0, g.Tk, g.D);
     load_tile<LB>(Vs, V, g.vt, j0, g.Tk, g.Dv);
@@ -192,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int64_t i = i0 + warp * kRows + r;
-      const bool vis = i < g.Tq && sees(g, b, key_range(g, b, i), j);
+      const bool vis = i < g.Tq && visible(g, b, i, j);
       const float x = vis ? s[r] * scale : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(x));  // the same in every lane: warp-uniform branch
       float p = 0.f;
@@ -312,8 +289,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < C; ++c) dK[r][c] = dV[r][c] = 0.f;
   for (int64_t i0 = 0; i0 < g.Tq; i0 += kTile) {
-    const int64_t ilast = min(i0 + kTile, g.Tq) - 1;  // the rows of this tile see at most [lo(i0), hi(ilast))
-    if (key_range(g, b, i0).lo >= j1 || key_range(g, b, ilast).hi <= j0) continue;  // block-uniform
+    // no row of this query tile sees a key of the block's: skipped by the whole block (uniform).
+    // tile_hidden(g, b, i0, i1, j0, j1) of core/kernels/attention_mask.h, written out: called, it
+    // gave this kernel 208 registers instead of 168 for D 33..64 (ptxas, sm_90), one block less per SM.
+    const int64_t ilast = min(i0 + kTile, g.Tq) - 1;
+    if (key_range(g, b, i0).lo >= j1 || key_range(g, b, ilast).hi <= j0) continue;
     __syncthreads();  // every warp is done with the previous query tile (and Ks, Vs are complete)
     load_tile<LL>(Qs, Q, g.qt, i0, g.Tq, g.D);
     load_tile<LL>(dOs, dO, g.Dv, i0, g.Tq, g.Dv);
@@ -326,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = i0 + lane;
     const float li = Ls[lane], di = Ds[lane];
     const bool row_ok = i < g.Tq && li < INFINITY;  // a row that saw no key (lse = +inf) has P = 0
-    const Range range = key_range(g, b, i);
+    const KeyRange range = key_range(g, b, i);
     float s[kRows], dp[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) s[r] = dp[r] = 0.f;
@@ -417,7 +397,7 @@ __global__ void __launch_bounds__(kThreads)
     Ls[threadIdx.x] = i < g.Tq ? lse[bh * g.Tq + i] : INFINITY;
     Ds[threadIdx.x] = i < g.Tq ? Dd[bh * g.Tq + i] : 0.f;
   }
-  const int64_t jlo = key_range(g, b, i0).lo, jhi = key_range(g, b, min(i0 + kTile, g.Tq) - 1).hi;
+  const KeyRange span = key_bounds(g, b, i0, min(i0 + kTile, g.Tq));  // the keys the block may see
   const int D4 = int((g.D + 3) / 4 * 4), Dv4 = int((g.Dv + 3) / 4 * 4);
 
   float dQ[kRows][C];
@@ -425,7 +405,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int c = 0; c < C; ++c) dQ[r][c] = 0.f;
-  for (int64_t j0 = jlo; j0 < jhi; j0 += kTile) {
+  for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTile) {
     __syncthreads();  // every warp is done with the previous key tile (and Qs, dOs, Ls, Ds are complete)
     load_tile<LL>(Ks, K, g.kt, j0, g.Tk, g.D);
     load_tile<LL>(Vs, V, g.vt, j0, g.Tk, g.Dv);
@@ -449,7 +429,7 @@ __global__ void __launch_bounds__(kThreads)
       const int row = warp * kRows + r;
       const int64_t i = i0 + row;
       const float li = Ls[row];
-      const bool vis = i < g.Tq && li < INFINITY && sees(g, b, key_range(g, b, i), j);
+      const bool vis = i < g.Tq && li < INFINITY && visible(g, b, i, j);
       float pm, ds;
       pair_grads(g, vis, s[r], dp[r], li, Ds[row], bh, i, j, pm, ds);
       dSs[row * kTile + lane] = ds;
@@ -497,7 +477,7 @@ __global__ void attention_forward_naive_kernel(T* out, T* lse, const T* q, const
     T* o = out + w * g.Dv;
     for (int64_t c = 0; c < g.Dv; ++c) o[c] = 0;  // alpha = 0 at the first key must not meet garbage
     T m = -T(INFINITY), l = 0;
-    const Range r = key_range(g, b, i);
+    const KeyRange r = key_range(g, b, i);
     for (int64_t j = r.lo; j < r.hi; ++j) {
       if (!sees(g, b, r, j)) continue;
       T s = 0;
@@ -530,7 +510,7 @@ __global__ void attention_backward_q_naive_kernel(T* dq, const T* dout, const T*
     const T* V = v + b * g.vb + h * g.vh;
     const T* dOi = dout + w * g.Dv;
     T* dQi = dq + w * g.D;
-    const Range r = key_range(g, b, i);
+    const KeyRange r = key_range(g, b, i);
     for (int64_t j = r.lo; j < r.hi; ++j) {
       if (!sees(g, b, r, j)) continue;
       T s = 0, dp = 0;
@@ -556,7 +536,7 @@ __global__ void attention_backward_kv_naive_kernel(T* dk, T* dv, const T* dout, 
     T *dKj = dk + w * g.D, *dVj = dv + w * g.Dv;
     for (int64_t i = 0; i < g.Tq; ++i) {
       const T li = lse[bh * g.Tq + i];
-      if (!(li < T(INFINITY)) || !sees(g, b, key_range(g, b, i), j)) continue;
+      if (!(li < T(INFINITY)) || !visible(g, b, i, j)) continue;
       const T* Qi = Q + i * g.qt;
       const T* dOi = dout + (bh * g.Tq + i) * g.Dv;
       T s = 0, dp = 0;
@@ -601,6 +581,7 @@ struct DeviceCopy {
 Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask) {
   Geo e{};
   e.BH = g.BH, e.H = g.H, e.Tq = g.Tq, e.Tk = g.Tk, e.D = g.D, e.Dv = g.Dv;
+  e.causal = g.causal, e.window = g.window;
   // cpu head_view: -1 is the stride of a contiguous (B, H, T, D) tensor
   auto resolve = [&](const Strides& s, int64_t T, int64_t D, int64_t& b, int64_t& h, int64_t& t) {
     t = s.t >= 0 ? s.t : D, h = s.h >= 0 ? s.h : T * t, b = s.b >= 0 ? s.b : g.H * h;
@@ -608,11 +589,11 @@ Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask) 
   resolve(g.q, g.Tq, g.D, e.qb, e.qh, e.qt);
   resolve(g.k, g.Tk, g.D, e.kb, e.kh, e.kt);
   resolve(g.v, g.Tk, g.Dv, e.vb, e.vh, e.vt);
-  e.scale = g.scale, e.causal = g.causal, e.window = g.window;
+  e.scale = g.scale;
   const int64_t B = g.H > 0 ? g.BH / g.H : 0;
   e.lengths = lengths.of(g.lengths, size_t(B));
   e.key_mask = key_mask.of(g.key_mask, size_t(B * g.Tk));
-  e.dropout = g.dropout, e.keep = g.dropout > 0 ? 1.0 / (1.0 - g.dropout) : 1.0;
+  e.dropout = g.dropout, e.keep = g.dropout > 0 ? dropout_scale<double>(g.dropout) : 1.0;
   e.seed = g.seed, e.offset = g.offset;
   return e;
 }

@@ -13,6 +13,7 @@
 // layer_norm's dw, db sum fixed blocks of rows into partials, then the partials in order;
 // embedding's dw sums each row's positions in increasing order after a stable sort.
 #include "core/kernels.h"
+#include "core/kernels/dropout_mask.h"
 #include "cuda/common.cuh"
 
 namespace ag::cuda {
@@ -269,18 +270,18 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* dloss, int64_
 }
 
 // ==================================== dropout =================================================
-// Element i is kept when uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p: the CPU's mask, one
-// thread per Philox block. y = x * (kept ? 1/(1-p) : 0); the backward's dx += g s is one fma, as
-// the CPU writes it.
+// Element i is kept when uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p: the CPU's mask, by
+// the rule of core/kernels/dropout_mask.h, one thread per Philox block. y = x * (kept ? 1/(1-p) : 0);
+// the backward's dx += g s is one fma, as the CPU writes it.
 template <class T, bool Accumulate>
 __global__ void dropout_kernel(T* out, const T* in, int64_t n, double p, uint64_t seed, uint64_t offset, T scale) {
-  const int64_t blocks = (n + 3) / 4;
+  const int64_t blocks = int64_t(dropout_blocks(n));
   for (int64_t blk = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; blk < blocks;
        blk += int64_t(gridDim.x) * blockDim.x) {
     const Philox4 r = philox4x32_10(seed, offset + uint64_t(blk));
     for (int64_t j = 0; j < 4 && blk * 4 + j < n; ++j) {
       const int64_t i = blk * 4 + j;
-      const T s = double(uniform01(r.v[j])) >= p ? scale : T(0);
+      const T s = dropout_keeps(r.v[j], p) ? scale : T(0);
       out[i] = Accumulate ? fma(in[i], s, out[i]) : mul_rn(in[i], s);
     }
   }
@@ -371,16 +372,16 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
 template <class T>
 void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint64_t offset) {
   if (n == 0) return;
-  dropout_kernel<T, false><<<blocks_for((n + 3) / 4), kThreads, 0, stream()>>>(y, x, n, p, seed, offset,
-                                                                                 T(1.0 / (1.0 - p)));
+  dropout_kernel<T, false><<<blocks_for(int64_t(dropout_blocks(n))), kThreads, 0, stream()>>>(
+      y, x, n, p, seed, offset, dropout_scale<T>(p));
   kernelCheck();
 }
 
 template <class T>
 void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset) {
   if (n == 0) return;
-  dropout_kernel<T, true><<<blocks_for((n + 3) / 4), kThreads, 0, stream()>>>(dx, dy, n, p, seed, offset,
-                                                                                T(1.0 / (1.0 - p)));
+  dropout_kernel<T, true><<<blocks_for(int64_t(dropout_blocks(n))), kThreads, 0, stream()>>>(
+      dx, dy, n, p, seed, offset, dropout_scale<T>(p));
   kernelCheck();
 }
 

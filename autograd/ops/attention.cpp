@@ -7,27 +7,26 @@
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "core/dispatch.h"
+#include "core/kernels/attention_mask.h"
+#include "core/kernels/dropout_mask.h"
 
 namespace ag {
 
 namespace {
 
 // Visible[b, i, j]: may query i of batch element b see key j? As b8 (B, 1, Tq, Tk), computed on the
-// host from the same rules as the kernel's key_range (causal bottom-right aligned, window, masks).
+// host by the rule the kernels call (core/kernels/attention_mask.h: causal bottom-right aligned,
+// window, key padding).
 Tensor visibility(const SdpaOptions& o, int64_t B, int64_t Tq, int64_t Tk, const Tensor& lengths, const Tensor& kmask) {
-  std::vector<int64_t> len = lengths.defined() ? lengths.to_vector<int64_t>() : std::vector<int64_t>();
-  std::vector<uint8_t> km = kmask.defined() ? kmask.to_vector<uint8_t>() : std::vector<uint8_t>();
+  const std::vector<int64_t> len = lengths.defined() ? lengths.to_vector<int64_t>() : std::vector<int64_t>();
+  const Tensor km = kmask.defined() ? kmask.to(Device::cpu()).contiguous() : Tensor();
+  const Visibility rule{Tq, Tk, o.causal, o.window, lengths.defined() ? len.data() : nullptr,
+                        km.defined() ? km.data<bool>() : nullptr};
   Tensor vis = empty({B, 1, Tq, Tk}, DType::b8);
   bool* out = vis.data<bool>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Tq; ++i)
-      for (int64_t j = 0; j < Tk; ++j) {
-        const int64_t qa = i + Tk - Tq;  // the query's position on the key axis
-        out[(b * Tq + i) * Tk + j] = !(o.causal && j > qa) &&
-                                     !(o.window >= 0 && (j < qa - o.window || j > qa + o.window)) &&
-                                     !(lengths.defined() && j >= len[size_t(b)]) &&
-                                     !(kmask.defined() && km[size_t(b * Tk + j)]);
-      }
+      for (int64_t j = 0; j < Tk; ++j) out[(b * Tq + i) * Tk + j] = visible(rule, b, i, j);
   return vis;
 }
 
@@ -109,7 +108,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   g.key_mask = kmask.defined() ? kmask.data<bool>() : nullptr;
   if (o.dropout > 0) {  // the same Philox elements ag::dropout would use on the (B, H, Tq, Tk) weights
     Generator& gen = o.generator ? *o.generator : default_generator();
-    g.dropout = o.dropout, g.seed = gen.seed(), g.offset = gen.advance(uint64_t(B * H * Tq * Tk + 3) / 4);
+    g.dropout = o.dropout, g.seed = gen.seed(), g.offset = gen.advance(dropout_blocks(B * H * Tq * Tk));
   }
   visit_floating(op, q.dtype(), [&]<class T>() {
     KERNEL(q.device(), attention_forward<T>, out.data<T>(), lse.data<T>(), qc.data<T>(), kc.data<T>(), vc.data<T>(), g);

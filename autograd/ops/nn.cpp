@@ -9,6 +9,7 @@
 
 #include "autograd/ops.h"
 #include "core/dispatch.h"
+#include "core/kernels/dropout_mask.h"
 
 namespace ag {
 
@@ -231,7 +232,8 @@ Tensor dropout(const Tensor& x, double p, bool train, Generator* gen, Site site)
   if (!train || p == 0) return x;
   Generator& rng = gen ? *gen : default_generator();
   const int64_t n = x.numel();
-  const uint64_t seed = rng.seed(), offset = rng.advance(uint64_t(n + 3) / 4);  // one Philox block per 4 elements
+  // the mask's Philox blocks, 4 elements each (core/kernels/dropout_mask.h: the rule of the kernels)
+  const uint64_t seed = rng.seed(), offset = rng.advance(dropout_blocks(n));
   Tensor xc = dense(x);
   Tensor y = empty(x.shape(), x.dtype(), x.device());
   visit_floating("dropout", x.dtype(), [&]<class T>() {

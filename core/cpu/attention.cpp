@@ -11,6 +11,8 @@
 // The tile products are hand-written (tile_product below), not BLAS calls: see why there.
 // Threads: forward splits over (BH, query block), backward over BH; each output element is
 // produced by one thread in a fixed order, so results do not depend on the thread count.
+// The rules shared with the GPU kernels: which keys a query sees (core/kernels/attention_mask.h) and
+// which weights dropout keeps (core/kernels/dropout_mask.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,6 +20,8 @@
 
 #include "core/cpu/vecmath.h"
 #include "core/kernels.h"
+#include "core/kernels/attention_mask.h"
+#include "core/kernels/dropout_mask.h"
 #include "core/parallel.h"
 
 namespace ag::cpu {
@@ -38,39 +42,30 @@ constexpr int64_t kMinWork = int64_t(1) << 16;
 // The grain for parallel_for over work items of `work` multiply-adds each.
 int64_t grain_for(int64_t work) { return std::max<int64_t>(1, kMinWork / std::max<int64_t>(work, 1)); }
 
-// Which keys query row i (0-based within Tq) of batch element b may see.
-struct KeyRange {
-  int64_t lo, hi;  // [lo, hi): the contiguous range allowed by causal, window and lengths
-};
-KeyRange key_range(const AttentionGeom& g, int64_t b, int64_t i) {
-  const int64_t qa = i + (g.Tk - g.Tq);  // the query's position on the key axis
-  int64_t lo = 0, hi = g.lengths ? std::min(g.Tk, std::max<int64_t>(g.lengths[b], 0)) : g.Tk;
-  if (g.causal) hi = std::min(hi, qa + 1);
-  if (g.window >= 0) {  // |qa - j| <= window; with causal only the left half remains
-    lo = std::max<int64_t>(lo, qa - g.window);
-    hi = std::min(hi, qa + g.window + 1);
-  }
-  return {lo, std::max(lo, hi)};
-}
+// The masks (core/kernels/attention_mask.h): which keys each query row may see, the rule the GPU
+// kernels and the composed path call too.
+Visibility visibility(const AttentionGeom& g) { return {g.Tq, g.Tk, g.causal, g.window, g.lengths, g.key_mask}; }
+
 // Sets s[j] = hidden for the keys j0 + j (j < nk) a row may not see: outside its range r, or
 // masked by key_mask. Range first, as two plain fills, so the loops that follow stay vectorised.
 template <class T>
-void hide_keys(T* s, const AttentionGeom& g, int64_t b, int64_t j0, int64_t nk, KeyRange r, T hidden) {
+void hide_keys(T* s, const Visibility& vis, int64_t b, int64_t j0, int64_t nk, KeyRange r, T hidden) {
   const int64_t lo = std::clamp<int64_t>(r.lo - j0, 0, nk), hi = std::clamp<int64_t>(r.hi - j0, lo, nk);
   for (int64_t j = 0; j < lo; ++j) s[j] = hidden;
   for (int64_t j = hi; j < nk; ++j) s[j] = hidden;
-  if (g.key_mask)
+  if (vis.key_mask)
     for (int64_t j = lo; j < hi; ++j)
-      if (g.key_mask[b * g.Tk + j0 + j]) s[j] = hidden;
+      if (key_masked(vis, b, j0 + j)) s[j] = hidden;
 }
 
-// Dropout keep factor of weight (bh, i, j): the same Philox element as ag::dropout over a
-// contiguous (BH, Tq, Tk) tensor, so the fused and the composed paths drop the same weights.
+// Dropout factor of weight (bh, i, j) (core/kernels/dropout_mask.h): 1 / (1 - p) or 0, from the
+// same Philox element as ag::dropout over a contiguous (BH, Tq, Tk) tensor, so the fused and the
+// composed paths drop the same weights.
 template <class T>
 T keep_factor(const AttentionGeom& g, int64_t bh, int64_t i, int64_t j) {
-  const uint64_t idx = uint64_t((bh * g.Tq + i) * g.Tk + j);
-  const Philox4 r = philox4x32_10(g.seed, g.offset + idx / 4);
-  return double(uniform01(r.v[idx % 4])) >= g.dropout ? T(1.0 / (1.0 - g.dropout)) : T(0);
+  return dropout_keep(g.seed, g.offset, attention_dropout_element(bh, i, j, g.Tq, g.Tk), g.dropout)
+             ? dropout_scale<T>(g.dropout)
+             : T(0);
 }
 
 // ---- the tile products ----------------------------------------------------------------------
@@ -183,6 +178,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const int64_t nqb = (g.Tq + kBq - 1) / kBq, D = g.D, Dv = g.Dv;
   const T ninf = -std::numeric_limits<T>::infinity();
   const int64_t item_work = std::min(kBq, g.Tq) * g.Tk * (D + Dv);
+  const Visibility vis = visibility(g);
   parallel_for(g.BH * nqb, grain_for(item_work), [&](int64_t w0, int64_t w1) {
     std::vector<T> S(size_t(kBq * kBk)), Kt(size_t(D * g.Tk)), acc(size_t(kBq * Dv)), m(kBq), l(kBq);
     int64_t kt_of = -1;  // the head whose K^T is in Kt: a thread's work items run head by head
@@ -194,20 +190,20 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       const T* Q = q + hq.offset + i0 * hq.ld;
       const T* V = v + hv.offset;
       if (kt_of != bh) transpose(Kt.data(), k + hk.offset, g.Tk, D, hk.ld), kt_of = bh;  // K^T (D, Tk)
-      int64_t jlo = g.Tk, jhi = 0;  // keys any row of the block may see
+      // the keys any row of the block sees: no key past the last one is read
+      const KeyRange span = key_hull(vis, b, i0, i0 + nq);
       for (int64_t i = 0; i < nq; ++i) {
-        range[i] = key_range(g, b, i0 + i);
-        if (range[i].lo < range[i].hi) jlo = std::min(jlo, range[i].lo), jhi = std::max(jhi, range[i].hi);
+        range[i] = key_range(vis, b, i0 + i);
         m[i] = ninf, l[i] = 0;
       }
       std::fill(acc.begin(), acc.begin() + nq * Dv, T(0));
-      for (int64_t j0 = jlo; j0 < jhi; j0 += kBk) {
-        const int64_t nk = std::min(kBk, jhi - j0);
+      for (int64_t j0 = span.lo; j0 < span.hi; j0 += kBk) {
+        const int64_t nk = std::min(kBk, span.hi - j0);
         // S = scale Q K_j^T   (nq, nk)
         tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, g.Tk, S.data(), kBk, false);
         for (int64_t i = 0; i < nq; ++i) {
           T* s = S.data() + i * kBk;
-          hide_keys(s, g, b, j0, nk, range[i], ninf);
+          hide_keys(s, vis, b, j0, nk, range[i], ninf);
           T mx = ninf;
 #pragma omp simd reduction(max : mx)
           for (int64_t j = 0; j < nk; ++j) mx = s[j] > mx ? s[j] : mx;
@@ -258,6 +254,7 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionGeom& g) {
   const int64_t D = g.D, Dv = g.Dv;
+  const Visibility vis = visibility(g);
   parallel_for(g.BH, grain_for(2 * g.Tq * g.Tk * (D + Dv)), [&](int64_t w0, int64_t w1) {
     std::vector<T> P(size_t(kBq * kBk)), dP(size_t(kBq * kBk)), Kt(size_t(D * g.Tk)), Vt(size_t(Dv * g.Tk)), Dd(kBq);
     std::vector<KeyRange> range(kBq);
@@ -274,24 +271,23 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         const T *Q = q + hq.offset + i0 * hq.ld, *dO = dout + (bh * g.Tq + i0) * Dv, *O = out + (bh * g.Tq + i0) * Dv;
         const T* L = lse + bh * g.Tq + i0;
         T* dQ = dq + (bh * g.Tq + i0) * D;
-        int64_t jlo = g.Tk, jhi = 0;
+        const KeyRange span = key_hull(vis, b, i0, i0 + nq);  // as in the forward
         for (int64_t i = 0; i < nq; ++i) {
-          range[i] = key_range(g, b, i0 + i);
-          if (range[i].lo < range[i].hi) jlo = std::min(jlo, range[i].lo), jhi = std::max(jhi, range[i].hi);
+          range[i] = key_range(vis, b, i0 + i);
           T d = 0;  // a vector reduction: summed in order, it would be a chain of dependent adds
 #pragma omp simd reduction(+ : d)
           for (int64_t c = 0; c < Dv; ++c) d += dO[i * Dv + c] * O[i * Dv + c];
           Dd[i] = d;
         }
-        for (int64_t j0 = jlo; j0 < jhi; j0 += kBk) {
-          const int64_t nk = std::min(kBk, jhi - j0);
+        for (int64_t j0 = span.lo; j0 < span.hi; j0 += kBk) {
+          const int64_t nk = std::min(kBk, span.hi - j0);
           tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, g.Tk, P.data(), kBk, false);  // S
           tile_product(nq, nk, Dv, T(1), dO, Dv, 1, Vt.data() + j0, g.Tk, dP.data(), kBk, false);    // dO V^T
           for (int64_t i = 0; i < nq; ++i) {
             T *p = P.data() + i * kBk, *dp = dP.data() + i * kBk;
             // a row that saw no key (lse = +inf) has P = 0: hide all of it
             const bool none = !(L[i] < std::numeric_limits<T>::infinity());
-            hide_keys(p, g, b, j0, nk, none ? KeyRange{0, 0} : range[i], -std::numeric_limits<T>::infinity());
+            hide_keys(p, vis, b, j0, nk, none ? KeyRange{0, 0} : range[i], -std::numeric_limits<T>::infinity());
             const T li = none ? T(0) : L[i], di = Dd[i];
             if (g.dropout > 0) {
               for (int64_t j = 0; j < nk; ++j) {

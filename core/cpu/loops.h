@@ -5,50 +5,17 @@
 //  1. all inputs contiguous: one flat loop the compiler vectorises, split across threads on
 //     multiples of kVecBlock elements (parallel_for_elements), so the split never moves which
 //     elements the vector loop computes and so never changes a result;
-//  2. otherwise dims are coalesced (merged where every operand is contiguous across them) and
-//     the loop walks rows of the innermost dim, with vectorised fast paths when an input's inner
+//  2. otherwise dims are coalesced (merged where every operand is contiguous across them) into the
+//     loop plan that the GPU engine walks too (core/kernels/loop_plan.h, make_plan), and the loop
+//     walks rows of the plan's innermost dim, with vectorised fast paths when an input's inner
 //     stride is 1 (contiguous) or 0 (a broadcast value).
 #include <cstdint>
 
 #include "core/kernels.h"
+#include "core/kernels/loop_plan.h"
 #include "core/parallel.h"
 
 namespace ag::cpu {
-
-template <int N>
-struct LoopPlan {
-  int nd = 0;
-  int64_t size[kLayoutMaxDims];
-  int64_t stride[N][kLayoutMaxDims];
-};
-
-template <int N>
-LoopPlan<N> make_plan(const Layout* const (&in)[N]) {
-  const Layout& l0 = *in[0];
-  LoopPlan<N> p;
-  for (int d = 0; d < l0.ndim; ++d) {
-    int64_t s = l0.shape[d];
-    if (s == 1) continue;
-    if (p.nd > 0) {
-      bool merge = true;
-      for (int k = 0; k < N; ++k) merge &= p.stride[k][p.nd - 1] == in[k]->strides[d] * s;
-      if (merge) {
-        p.size[p.nd - 1] *= s;
-        for (int k = 0; k < N; ++k) p.stride[k][p.nd - 1] = in[k]->strides[d];
-        continue;
-      }
-    }
-    p.size[p.nd] = s;
-    for (int k = 0; k < N; ++k) p.stride[k][p.nd] = in[k]->strides[d];
-    p.nd++;
-  }
-  if (p.nd == 0) {
-    p.nd = 1;
-    p.size[0] = 1;
-    for (int k = 0; k < N; ++k) p.stride[k][0] = 0;
-  }
-  return p;
-}
 
 // Calls row(out_offset, in_offsets[N], len, inner_strides[N]) for every row of the innermost
 // dim; rows are split across threads, or the single row is when there is only one.

@@ -16,6 +16,7 @@
 
 #include "core/cpu/vecmath.h"  // vexp: inline fast_exp for float (1 ulp), std::exp for double
 #include "core/kernels.h"
+#include "core/kernels/dropout_mask.h"
 #include "core/parallel.h"
 
 namespace ag::cpu {
@@ -605,19 +606,21 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
 
 // ==================================== dropout =================================================
 // Element i is kept when u_i = uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p, which has
-// probability 1 - p; y = x * m / (1 - p). Written as x * (m ? 1/(1-p) : 0), so an inf or NaN that
-// is dropped gives NaN, as PyTorch's x * mask * scale does. The backward's dx += g * s is one
-// std::fma (one rounding on every build, as on the GPU: cuda/nn.cu).
+// probability 1 - p; y = x * m / (1 - p): the rule of core/kernels/dropout_mask.h, shared with the
+// GPU. One Philox block gives the bits of four elements, so it is drawn once per block here.
+// Written as x * (m ? 1/(1-p) : 0), so an inf or NaN that is dropped gives NaN, as PyTorch's
+// x * mask * scale does. The backward's dx += g * s is one std::fma (one rounding on every build,
+// as on the GPU: cuda/nn.cu).
 namespace {
 template <class T, bool Accumulate>
 void dropout_apply(T* out, const T* in, int64_t n, double p, uint64_t seed, uint64_t offset) {
-  const T scale = T(1.0 / (1.0 - p));
-  parallel_for((n + 3) / 4, kGrain / 4, [&](int64_t b, int64_t e) {
+  const T scale = dropout_scale<T>(p);
+  parallel_for(int64_t(dropout_blocks(n)), kGrain / 4, [&](int64_t b, int64_t e) {
     for (int64_t blk = b; blk < e; ++blk) {
       const Philox4 r = philox4x32_10(seed, offset + uint64_t(blk));
       for (int64_t j = 0; j < 4 && blk * 4 + j < n; ++j) {
         const int64_t i = blk * 4 + j;
-        const T s = double(uniform01(r.v[j])) >= p ? scale : T(0);
+        const T s = dropout_keeps(r.v[j], p) ? scale : T(0);
         if (Accumulate)
           out[i] = std::fma(in[i], s, out[i]);
         else
