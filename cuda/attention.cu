@@ -230,16 +230,19 @@ __global__ void __launch_bounds__(kThreads)
 // attention_backward_q_kernel, one block per query tile, walks the key tiles. D_i comes first
 // (attention_rowdot_kernel), one number per row.
 
-// Dd (rows) = rowsum(dout * out), one warp per row
+// Dd (rows) = rowsum(dout * out), one warp per row. Grid-stride over the rows: blocks_for caps the
+// grid (65535 x 32 blocks of 8 warps, about 16.7M rows), and B x H x T can be larger.
 template <class T>
 __global__ void attention_rowdot_kernel(T* Dd, const T* dout, const T* out, int64_t rows, int64_t Dv) {
-  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= rows) return;  // the whole warp: rows are whole warps
-  T d = 0;
-  for (int64_t c = lane; c < Dv; c += 32) d += dout[row * Dv + c] * out[row * Dv + c];
-  d = warp_sum(d);
-  if (lane == 0) Dd[row] = d;
+  // the whole warp takes the same rows: warp_sum needs all 32 lanes
+  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < rows; row += warps) {
+    T d = 0;
+    for (int64_t c = lane; c < Dv; c += 32) d += dout[row * Dv + c] * out[row * Dv + c];
+    d = warp_sum(d);
+    if (lane == 0) Dd[row] = d;
+  }
 }
 
 // The scores and weight gradients of one (query i, key j) pair from its two dot products:

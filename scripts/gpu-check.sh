@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-call GPU check: on a machine with an NVIDIA GPU, builds attograd Release with CUDA from
-# scratch, runs the GPU tests (every CTest case with "cuda" in its name: CUDA against the CPU
-# backend), then the GPU benchmarks beside PyTorch eager on the same GPU (bench/compare_gpu), and
+# scratch, runs the GPU tests (every CTest case whose name says CUDA or GPU, in any case: CUDA
+# against the CPU backend), then the GPU benchmarks beside PyTorch eager on the same GPU (bench/compare_gpu), and
 # writes into OUT_DIR:
 #   summary.txt, summary.json   the benchmark tables (compare_gpu) with the test counts added
 #   tests.txt                   the GPU tests' CTest output
@@ -38,7 +38,7 @@ rm -rf "$build"
 mkdir -p "$build"
 deps_args=()
 if compgen -G ".gpu-deps/*.deb" >/dev/null; then
-  prefix=$PWD/$build/deps
+  prefix=$(cd "$build" && pwd)/deps  # GPU_BUILD may be relative or absolute
   for f in .gpu-deps/*.deb; do dpkg -x "$f" "$prefix" || { say "cannot unpack $f"; exit 1; }; done
   lib=$prefix/usr/lib/x86_64-linux-gnu
   # Debian links libopenblas.so through update-alternatives, which dpkg -x does not run
@@ -79,7 +79,9 @@ say "built"
 
 # ---- GPU tests -------------------------------------------------------------------------------------
 say "GPU tests"
-(cd "$build" && timeout 60 ctest -R "cuda" --output-on-failure --timeout 50 -j 4) >"$out/tests.txt" 2>&1
+# every case that names CUDA or a GPU in any case: CTest's -R is case-sensitive ("serialize: tensors
+# on a GPU ..." and "cuda: ..." alike)
+(cd "$build" && timeout 60 ctest -R "[Cc][Uu][Dd][Aa]|[Gg][Pp][Uu]" --output-on-failure --timeout 50 -j 4) >"$out/tests.txt" 2>&1
 test_rc=$?
 tests_line=$(grep -E "tests passed|tests failed" "$out/tests.txt" | tail -1)
 skipped=$(grep -c "\*\*\*Skipped" "$out/tests.txt")
