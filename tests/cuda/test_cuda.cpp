@@ -11,7 +11,8 @@ using namespace ag::test;
 TEST_CASE("cuda: moving a tensor to a GPU that is not there is a clear error") {
   Tensor x = ones({2, 2});
   const int n = cuda::device_count();  // cuda:n is one past the last GPU (cuda:0 on a machine without)
-  AG_CHECK_ERROR(x.to(Device::cuda(n)), fmt::format("cuda:{}", n));
+  const std::string where = fmt::format("cuda:{}", n);
+  AG_CHECK_ERROR(x.to(Device::cuda(n)), where.c_str());
   if (!cuda::available()) CHECK(n == 0);
 }
 

@@ -37,10 +37,10 @@ std::vector<std::string> device_command(const Apps& apps, const std::string& app
   if (app == "gpt")  // the app's default model and batch, on the synthetic text
     cmd = {std::string(ATTOGRAD_APP_DIR) + "/gpt", "--steps", std::to_string(kSteps), "--eval-every",
            std::to_string(kEvery), "--out", apps.tmp.file(out), "--quiet", "--text-file", apps.tmp.file("text.txt"),
-           "--eval-windows", "16", "--sample-tokens", "0"};
+           "--eval-windows", "16", "--sample-tokens", "0", "--threads", "2"};
   else
-    cmd = apps.command(app, out, kSteps, kEvery, 2);
-  cmd.insert(cmd.end(), {"--device", device, "--threads", "2"});
+    cmd = apps.command(app, out, kSteps, kEvery, 2);  // --threads 2 among them (an option given twice is refused)
+  cmd.insert(cmd.end(), {"--device", device});
   return cmd;
 }
 
