@@ -1,7 +1,8 @@
 #pragma once
 // Kernel dispatch: the whole backend abstraction is this one macro. KERNEL(dev, fn, args...)
 // calls cpu::fn(args...) for a CPU tensor, and for a CUDA tensor makes dev.index the current GPU
-// and calls cuda::fn(args...), the same signature, declared beside the CPU one in core/kernels/*.h.
+// and calls cuda::fn(args...): the same signature, from the same declaration in core/kernels/*.h
+// (core/kernels.h reads each family header for both backends).
 // In a build without the CUDA backend, a CUDA tensor raises an ag::Error naming the kernel and the
 // device (never a silent fallback to the CPU). The cuda:: call sits in a discarded
 // `if constexpr` branch there, so that build needs no definition of any cuda:: kernel.

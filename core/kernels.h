@@ -3,9 +3,16 @@
 // the op front (autograd/ops/) checks shapes and dtypes, then calls it through KERNEL() (core/
 // dispatch.h), which picks cpu:: or cuda:: by device. Plain C++ only: nvcc compiles this header.
 //
-// Each op family declares its kernels in core/kernels/<family>.h (included below); the math of
-// each op is in autograd/ops.h, and each kernel file points back to it.
+// Each kernel is declared once, for both backends. The family headers core/kernels/<family>.h hold
+// the declarations of one op family and have no include guard: this file reads each of them twice,
+// inside namespace ag::cpu and inside ag::cuda (the end of this file), so cpu::softmax_forward and
+// cuda::softmax_forward come from one line and cannot drift apart. Each family header also lists
+// which kernels exist for which dtypes (AG_INSTANTIATE_<FAMILY>_KERNELS), and the family's CPU file
+// (core/cpu/<family>.cpp) and CUDA file (cuda/<family>.cu) both end with that one line. The math
+// of each op is in autograd/ops.h, and each kernel file points back to it.
 #include <cstdint>
+
+#include "core/precision.h"
 
 // AG_HD marks the per-element math (core/kernels/pointwise.h) callable from host and device code.
 // On the CPU it is also forced inline: it runs inside loops that must vectorise, and GCC's
@@ -70,8 +77,84 @@ AG_HD inline Philox4 philox4x32_10(uint64_t seed, uint64_t counter) {
 // uniform in [0, 1) from the top 24 bits (exactly representable in f32)
 AG_HD inline float uniform01(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
 
+// ---- the argument types of the kernels (each explained beside its family's kernels) -----------
+
+// matmul (core/kernels/matmul.h): one batched GEMM as BLAS reads it
+struct Gemm {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0;
+  const Layout* batch_a = nullptr;  // batch dims of a; nullptr = a single matrix
+  const Layout* batch_b = nullptr;  // batch dims of b, same shape as batch_a
+  // autocast (autograd/autocast.h; f32 only): bf16 or fp16 reads both operands rounded to that
+  // format and sums the products in f32. The backward GEMMs inherit it (dout is rounded too).
+  Precision operands = Precision::fp32;
+};
+
+// attention (core/kernels/attention.h): element strides of a (B, H, T, D) tensor along B, H and
+// T; -1: that of a contiguous one.
+struct Strides {
+  int64_t b = -1, h = -1, t = -1;
+};
+
+// attention: the problem one call solves
+struct AttentionGeom {
+  int64_t BH = 0, H = 1, Tq = 0, Tk = 0, D = 0, Dv = 0;
+  Strides q, k, v;
+  double scale = 1;             // usually 1 / sqrt(D)
+  bool causal = false;          // query i sees keys <= i + (Tk - Tq) (bottom-right aligned)
+  int64_t window = -1;          // >= 0: only keys j with |i' - j| <= window, i' = i + Tk - Tq
+                                //   (with causal: the last window + 1 keys, the query's own included)
+  const int64_t* lengths = nullptr;  // (B) valid keys per batch element, or null
+  const bool* key_mask = nullptr;    // (B, Tk) true = masked key, or null
+  double dropout = 0;           // probability of dropping an attention weight
+  uint64_t seed = 0, offset = 0;  // Philox stream of the dropout mask (as ag::dropout over (BH, Tq, Tk))
+};
+
+// optim (core/kernels/optim.h): one parameter of SGD; `first` says its momentum buffer is fresh
+// (b <- g); buf is unused (may be null) when momentum == 0.
+template <class T>
+struct SgdTensor {
+  T* param;
+  T* buf;
+  const T* grad;
+  int64_t n;
+  bool first;
+};
+// optim: one parameter of Adam / AdamW, `step` counting this update (1 at its first).
+template <class T>
+struct AdamTensor {
+  T* param;
+  T* exp_avg;
+  T* exp_avg_sq;
+  const T* grad;
+  int64_t n;
+  int64_t step;
+};
+// optim: one contiguous buffer (a gradient) of the norm, scale and clamp kernels.
+template <class T>
+struct TensorSpan {
+  T* data;
+  int64_t n;
+};
+
 }  // namespace ag
 
+// An explicit instantiation of the kernel template specialisation f<T...>, in the namespace of the
+// file that defines it. decltype gives the signature, so a list of kernels needs no parameter
+// types: AG_INSTANTIATE(softmax_forward<float>) is
+//   template decltype(softmax_forward<float>) softmax_forward<float>;
+// (variadic only so that a comma between template arguments passes: cast_copy<float, bool>)
+#define AG_INSTANTIATE(...) template decltype(__VA_ARGS__) __VA_ARGS__;
+
+// The pointwise functors (namespace ag::pw), shared by both backends, and their instantiation list.
+#include "core/kernels/pointwise.h"
+
+// ---- every kernel, declared once and read here for each backend -------------------------------
+// AG_KERNELS_CPU is 1 while the family headers are read for ag::cpu, 0 for ag::cuda: what only the
+// CPU has (the *_naive references, attograd's own sgemm) sits under #if AG_KERNELS_CPU there.
+#define AG_KERNELS_CPU 1
+namespace ag::cpu {
 #include "core/kernels/core.h"
 #include "core/kernels/reduce.h"
 #include "core/kernels/nn.h"
@@ -79,3 +162,17 @@ AG_HD inline float uniform01(uint32_t x) { return float(x >> 8) * (1.0f / 167772
 #include "core/kernels/index.h"
 #include "core/kernels/attention.h"
 #include "core/kernels/optim.h"
+}  // namespace ag::cpu
+#undef AG_KERNELS_CPU
+
+#define AG_KERNELS_CPU 0
+namespace ag::cuda {
+#include "core/kernels/core.h"
+#include "core/kernels/reduce.h"
+#include "core/kernels/nn.h"
+#include "core/kernels/matmul.h"
+#include "core/kernels/index.h"
+#include "core/kernels/attention.h"
+#include "core/kernels/optim.h"
+}  // namespace ag::cuda
+#undef AG_KERNELS_CPU

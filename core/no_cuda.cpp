@@ -27,6 +27,7 @@ void empty_cache(int) {}
 void reset_peak_bytes(int) {}
 void set_device(int device) { no_cuda(device); }
 void synchronize(int device) { no_cuda(device); }
+void* stream(int device) { no_cuda(device); }
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 #endif

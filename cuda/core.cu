@@ -154,37 +154,7 @@ void randint(int64_t* dst, int64_t n, uint64_t seed, uint64_t offset, int64_t lo
   kernelCheck();
 }
 
-// the instantiations of core/cpu/core.cpp, one for one
-template void cast_copy<float, float>(float*, const float*, const Layout&);
-template void cast_copy<float, double>(float*, const double*, const Layout&);
-template void cast_copy<float, int64_t>(float*, const int64_t*, const Layout&);
-template void cast_copy<float, bool>(float*, const bool*, const Layout&);
-template void cast_copy<double, float>(double*, const float*, const Layout&);
-template void cast_copy<double, double>(double*, const double*, const Layout&);
-template void cast_copy<double, int64_t>(double*, const int64_t*, const Layout&);
-template void cast_copy<double, bool>(double*, const bool*, const Layout&);
-template void cast_copy<int64_t, float>(int64_t*, const float*, const Layout&);
-template void cast_copy<int64_t, double>(int64_t*, const double*, const Layout&);
-template void cast_copy<int64_t, int64_t>(int64_t*, const int64_t*, const Layout&);
-template void cast_copy<int64_t, bool>(int64_t*, const bool*, const Layout&);
-template void cast_copy<bool, float>(bool*, const float*, const Layout&);
-template void cast_copy<bool, double>(bool*, const double*, const Layout&);
-template void cast_copy<bool, int64_t>(bool*, const int64_t*, const Layout&);
-template void cast_copy<bool, bool>(bool*, const bool*, const Layout&);
-template void strided_copy<float>(float*, const Layout&, const float*, const Layout&);
-template void strided_copy<double>(double*, const Layout&, const double*, const Layout&);
-template void strided_copy<int64_t>(int64_t*, const Layout&, const int64_t*, const Layout&);
-template void strided_copy<bool>(bool*, const Layout&, const bool*, const Layout&);
-template void fill<float>(float*, const Layout&, float);
-template void fill<double>(double*, const Layout&, double);
-template void fill<int64_t>(int64_t*, const Layout&, int64_t);
-template void fill<bool>(bool*, const Layout&, bool);
-template void arange<float>(float*, int64_t, double, double);
-template void arange<double>(double*, int64_t, double, double);
-template void arange<int64_t>(int64_t*, int64_t, double, double);
-template void uniform<float>(float*, int64_t, uint64_t, uint64_t, double, double);
-template void uniform<double>(double*, int64_t, uint64_t, uint64_t, double, double);
-template void normal<float>(float*, int64_t, uint64_t, uint64_t, double, double);
-template void normal<double>(double*, int64_t, uint64_t, uint64_t, double, double);
+// The kernels of core/kernels/core.h for the dtypes listed there.
+AG_INSTANTIATE_CORE_KERNELS
 
 }  // namespace ag::cuda

@@ -239,7 +239,7 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   //   db[k,j] = sum_i a[i,k] dout[i,j]    db = a^T @ dout    (K,M) @ (M,N)
   // Both are GEMMs of the forward kernel (beta = 0: written, not added); transposing a stored
   // operand only flips its cuBLAS flag. Same structure as cpu::matmul_backward. (Calls are
-  // qualified: Gemm is cpu::Gemm, so argument-dependent lookup would also find the cpu kernels.)
+  // qualified, so that they name cuda:: whatever argument-dependent lookup would add.)
   const Layout* lay = g.batch_a ? g.batch_a : g.batch_b;
   Layout dense;  // dout's batch strides: contiguous (B, M, N)
   if (lay) {
@@ -262,11 +262,7 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   }
 }
 
-template void matmul_forward<float>(float*, const float*, const float*, const Gemm&, const float*);
-template void matmul_forward<double>(double*, const double*, const double*, const Gemm&, const double*);
-template void matmul_forward_naive<float>(float*, const float*, const float*, const Gemm&);
-template void matmul_forward_naive<double>(double*, const double*, const double*, const Gemm&);
-template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, const Gemm&);
-template void matmul_backward<double>(double*, double*, const double*, const double*, const double*, const Gemm&);
+// The kernels of core/kernels/matmul.h for the dtypes listed there.
+AG_INSTANTIATE_MATMUL_KERNELS
 
 }  // namespace ag::cuda

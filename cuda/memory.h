@@ -1,7 +1,9 @@
 #pragma once
-// Device memory of the CUDA backend: a caching allocator per GPU and host<->device copies.
-// Plain C++ (no CUDA headers), so core/ can call it; defined in cuda/memory.cu when the CUDA
-// backend is built and in core/no_cuda.cpp (raising a clear ag::Error) when it is not.
+// Device memory of the CUDA backend: a caching allocator per GPU and host<->device copies; the
+// current device and each device's stream. Plain C++ (no CUDA headers), so core/ can call it and
+// code outside attograd can include it (it is installed); defined in cuda/memory.cu and
+// cuda/runtime.cu when the CUDA backend is built and in core/no_cuda.cpp (raising a clear
+// ag::Error) when it is not.
 #include <cstddef>
 #include <string>
 
@@ -26,6 +28,14 @@ void reset_peak_bytes(int device);
 void set_device(int device);
 // Waits until every kernel and copy queued on the device's stream has finished.
 void synchronize(int device);
+// The stream of `device` (created at first use), as a cudaStream_t cast to void* so that this
+// header needs no CUDA headers: cast it back with static_cast<cudaStream_t>. attograd queues every
+// kernel, cuBLAS call and copy of the device on this one stream (non-blocking: not ordered with the
+// legacy default stream), and its caching allocator hands a freed block to the next allocation at
+// once, ordered by this stream alone. A kernel of your own that reads or writes attograd's tensors
+// must be launched on it, after set_device(device): on any other stream it may run before the op
+// that wrote its input has finished, or while a block it still reads is reused.
+void* stream(int device);
 // TF32 for f32 GEMMs in cuBLAS (faster, ~10 mantissa bits): off by default, so GPU results match
 // the CPU's to f32 rounding; the setting applies to every device.
 void set_allow_tf32(bool allow);

@@ -1,6 +1,7 @@
-// The GPU elementwise engine (declared in core/kernels/pointwise.h): the twin of cpu::map1/map2/
-// map3 (core/cpu/loops.h), running the same functors of core/kernels/pointwise.h, which are
-// __host__ __device__ (AG_HD). Math of each functor: autograd/ops.h.
+// The GPU elementwise engine (declared in core/kernels/core.h): the twin of cpu::map1/map2/map3
+// (core/cpu/loops.h), running the same functors of core/kernels/pointwise.h, which are
+// __host__ __device__ (AG_HD), for the same list of (functor, dtype) pairs (the end of that
+// header). Math of each functor: autograd/ops.h.
 //
 //   out (n) contiguous in the layouts' shape;  a, b, c strided by la, lb, lc (already expanded to
 //   that shape: a broadcast dim has stride 0)
@@ -71,45 +72,7 @@ void map3(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, co
   kernelCheck();
 }
 
-// ---- instantiations: every (functor, dtype) of autograd/ops/elementwise.cpp ----------------------
-// map_float1/2/3 (f32, f64), map_numeric2 and neg/add_/mul_ (f32, f64, i64), compare and where
-// (every dtype). An op that pairs a functor with a new dtype adds one line here.
-#define AG_MAP1(T, F) template void map1<T, T, pw::F>(T*, const T*, const Layout&, pw::F);
-#define AG_MAP2(T, F) template void map2<T, T, T, pw::F>(T*, const T*, const Layout&, const T*, const Layout&, pw::F);
-#define AG_CMP(T, F) \
-  template void map2<bool, T, T, pw::F>(bool*, const T*, const Layout&, const T*, const Layout&, pw::F);
-#define AG_MAP3(T, F)                                                                                         \
-  template void map3<T, T, T, T, pw::F>(T*, const T*, const Layout&, const T*, const Layout&, const T*, \
-                                        const Layout&, pw::F);
-#define AG_WHERE(T)                                                                                                \
-  template void map3<T, bool, T, T, pw::Where>(T*, const bool*, const Layout&, const T*, const Layout&, const T*, \
-                                               const Layout&, pw::Where);
-#define AG_FLOATING(T)                                                                                          \
-  AG_MAP1(T, PowScalar) AG_MAP1(T, Exp) AG_MAP1(T, Log) AG_MAP1(T, Sqrt) AG_MAP1(T, Rsqrt) AG_MAP1(T, Tanh)    \
-  AG_MAP1(T, Sigmoid) AG_MAP1(T, Relu) AG_MAP1(T, Abs) AG_MAP1(T, Silu) AG_MAP1(T, Gelu) AG_MAP1(T, GeluTanh) \
-  AG_MAP1(T, Clamp)                                                                                             \
-  AG_MAP2(T, ExpBackward) AG_MAP2(T, LogBackward) AG_MAP2(T, SqrtBackward) AG_MAP2(T, RsqrtBackward)            \
-  AG_MAP2(T, TanhBackward) AG_MAP2(T, SigmoidBackward) AG_MAP2(T, ReluBackward) AG_MAP2(T, AbsBackward)        \
-  AG_MAP2(T, SiluBackward) AG_MAP2(T, GeluBackward) AG_MAP2(T, GeluTanhBackward) AG_MAP2(T, ClampBackward)     \
-  AG_MAP2(T, PowScalarBackward) AG_MAP2(T, Div) AG_MAP2(T, Pow) AG_MAP2(T, Maximum) AG_MAP2(T, Minimum)        \
-  AG_MAP3(T, DivBackwardB) AG_MAP3(T, PowBackwardX) AG_MAP3(T, PowBackwardT) AG_MAP3(T, MaximumBackwardA)      \
-  AG_MAP3(T, MinimumBackwardA)
-#define AG_NUMERIC(T) \
-  AG_MAP1(T, Neg) AG_MAP1(T, Scale) AG_MAP2(T, Add) AG_MAP2(T, Sub) AG_MAP2(T, Mul) AG_MAP2(T, AddScaled)
-#define AG_ANY(T) AG_CMP(T, Eq) AG_CMP(T, Ne) AG_CMP(T, Lt) AG_CMP(T, Le) AG_CMP(T, Gt) AG_CMP(T, Ge) AG_WHERE(T)
-
-AG_FLOATING(float) AG_FLOATING(double)
-AG_MAP1(float, RoundBf16) AG_MAP1(float, RoundFp16)  // autocast: f32 only
-AG_NUMERIC(float) AG_NUMERIC(double) AG_NUMERIC(int64_t)
-AG_ANY(float) AG_ANY(double) AG_ANY(int64_t) AG_ANY(bool)
-
-#undef AG_ANY
-#undef AG_NUMERIC
-#undef AG_FLOATING
-#undef AG_WHERE
-#undef AG_MAP3
-#undef AG_CMP
-#undef AG_MAP2
-#undef AG_MAP1
+// Every (functor, dtype) pair the op fronts use, listed in core/kernels/pointwise.h.
+AG_INSTANTIATE_POINTWISE_KERNELS
 
 }  // namespace ag::cuda

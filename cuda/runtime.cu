@@ -68,6 +68,8 @@ cublasHandle_t cublas() { return ready(current_device()).cublas; }
 
 cudaStream_t stream_of(int device) { return ready(device).stream; }
 
+void* stream(int device) { return ready(device).stream; }
+
 void set_allow_tf32(bool allow) {
   g_allow_tf32.store(allow);
   for (int d = 0; d < device_count() && d < kMaxDevices; ++d) {

@@ -5,6 +5,21 @@ namespace ag::nn {
 TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout,
                                    bool causal, bool cross, DType dtype, Generator* gen)
     : causal(causal), cross(cross) {
+  build_attention(d_model, n_heads, dropout, dtype, gen);
+  mlp = register_module("mlp", std::make_shared<MLP>(d_model, mlp_hidden, dropout, dtype, gen));
+  feed_forward = mlp;
+}
+
+TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, std::shared_ptr<UnaryModule> ffn, double dropout,
+                                   bool causal, bool cross, DType dtype, Generator* gen)
+    : causal(causal), cross(cross) {
+  check(ffn != nullptr, "TransformerBlock: the feed-forward module is null");
+  build_attention(d_model, n_heads, dropout, dtype, gen);
+  feed_forward = register_module("mlp", std::move(ffn));
+}
+
+void TransformerBlock::build_attention(int64_t d_model, int64_t n_heads, double dropout, DType dtype,
+                                       Generator* gen) {
   ln1 = register_module("ln1", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
   attn = register_module("attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen));
   if (cross) {
@@ -13,7 +28,6 @@ TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp
                                  std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen));
   }
   ln2 = register_module("ln2", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
-  mlp = register_module("mlp", std::make_shared<MLP>(d_model, mlp_hidden, dropout, dtype, gen));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& context, KVCache* cache) {
@@ -32,7 +46,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const AttentionOptions& self_o
   attn_weights = self.need_weights ? a.weights.detach() : Tensor();
   Tensor h = x + a.out;
   if (cross) h = h + cross_attn->forward(ln_cross->forward(h), context).out;
-  return h + mlp->forward(ln2->forward(h));
+  return h + feed_forward->forward(ln2->forward(h));
 }
 
 }  // namespace ag::nn

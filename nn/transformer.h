@@ -5,6 +5,8 @@
 //   x = x + mlp(ln2(x))                         MLP: fc1 (d -> mlp_hidden), GELU, fc2
 // Each sublayer adds to the residual stream, so the gradient of x reaches every block through
 // the identity path of the additions. Children: ln1, attn, [ln_cross, cross_attn,] ln2, mlp.
+// The feed-forward may be a module of your own (x (..., d) -> (..., d), e.g. LLaMA's SwiGLU):
+// the second constructor registers it as "mlp" in place of the MLP (docs/extending.md).
 #include "nn/attention.h"
 #include "nn/mlp.h"
 #include "nn/norm.h"
@@ -18,10 +20,15 @@ struct TransformerBlock : UnaryModule {
   std::shared_ptr<LayerNorm> ln_cross;             // only with cross
   std::shared_ptr<MultiHeadAttention> cross_attn;  // only with cross
   std::shared_ptr<LayerNorm> ln2;
-  std::shared_ptr<MLP> mlp;
+  std::shared_ptr<MLP> mlp;                   // the built-in feed-forward; null when given one's own
+  std::shared_ptr<UnaryModule> feed_forward;  // what forward runs: mlp, or the module given
 
   TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout = 0.0, bool causal = false,
                    bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr);
+  // With `feed_forward` (non-null, mapping (..., d_model) to (..., d_model)) in place of the MLP.
+  // dropout, dtype and gen go to the attention and norms; the feed-forward brings its own.
+  TransformerBlock(int64_t d_model, int64_t n_heads, std::shared_ptr<UnaryModule> feed_forward, double dropout = 0.0,
+                   bool causal = false, bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr);
 
   Tensor attn_weights;  // (B, H, T, Tk) of the last self-attention, kept only when asked (need_weights)
 
@@ -32,6 +39,11 @@ struct TransformerBlock : UnaryModule {
   // The general form: `self` configures the self-attention (key padding, window, need_weights,
   // cache, generator); the block's own `causal` is always applied on top.
   Tensor forward(const Tensor& x, const AttentionOptions& self, const Tensor& context = Tensor());
+
+ private:
+  // ln1, attn, [ln_cross, cross_attn,] ln2: what both constructors build, in this order (the
+  // order in which they draw from gen and in which their parameters are named)
+  void build_attention(int64_t d_model, int64_t n_heads, double dropout, DType dtype, Generator* gen);
 };
 
 }  // namespace ag::nn

@@ -50,7 +50,8 @@ quiet cmake --install "$work/build" --prefix "$work/prefix"
 for f in lib/cmake/attograd/attogradConfig.cmake lib/cmake/attograd/attogradConfigVersion.cmake \
          lib/cmake/attograd/attogradTargets.cmake lib/libattograd.a include/attograd/attograd.h \
          include/attograd/autograd/testing.h include/attograd/core/tensor.h include/attograd/nn/linear.h \
-         include/attograd/optim/adam.h include/attograd/data/loader.h; do
+         include/attograd/optim/adam.h include/attograd/data/loader.h include/attograd/core/dispatch.h \
+         include/attograd/cuda/memory.h; do
   [[ -f "$work/prefix/$f" ]] || { echo "check-install: FAILED: $f is not installed" >&2; exit 1; }
 done
 [[ ! -e "$work/prefix/include/attograd/apps" ]] || { echo "check-install: FAILED: apps/ was installed" >&2; exit 1; }

@@ -1,10 +1,11 @@
-// Elementwise ops: checks, dispatch to the pointwise engine (core/cpu/loops.h) with the functors
-// of core/kernels/pointwise.h, and the tape record. Math: autograd/ops.h.
+// Elementwise ops: checks, dispatch to the pointwise engine (map1/map2/map3 of core/kernels/core.h)
+// with the functors of core/kernels/pointwise.h, and the tape record. Math: autograd/ops.h.
+// The engine is compiled once per backend for the (functor, dtype) pairs listed in
+// core/kernels/pointwise.h (core/cpu/pointwise.cpp, cuda/pointwise.cu): a new pairing here is a
+// new line there.
 #include "autograd/ops.h"
-#include "core/cpu/loops.h"
-#include "core/cpu/vecmath.h"
 #include "core/dispatch.h"
-#include "core/kernels/pointwise.h"
+#include "core/kernels.h"
 
 namespace ag {
 

@@ -314,13 +314,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   });
 }
 
-template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
-                                       const AttentionGeom&);
-template void attention_forward<double>(double*, double*, const double*, const double*, const double*,
-                                        const AttentionGeom&);
-template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, const float*, const AttentionGeom&);
-template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         const double*, const double*, const double*, const AttentionGeom&);
+// The kernels of core/kernels/attention.h for the dtypes listed there.
+AG_INSTANTIATE_ATTENTION_KERNELS
 
 }  // namespace ag::cpu

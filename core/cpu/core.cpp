@@ -98,26 +98,7 @@ void randint(int64_t* dst, int64_t n, uint64_t seed, uint64_t offset, int64_t lo
   });
 }
 
-#define AG_CAST(To, From) template void cast_copy<To, From>(To*, const From*, const Layout&);
-AG_CAST(float, float) AG_CAST(float, double) AG_CAST(float, int64_t) AG_CAST(float, bool)
-AG_CAST(double, float) AG_CAST(double, double) AG_CAST(double, int64_t) AG_CAST(double, bool)
-AG_CAST(int64_t, float) AG_CAST(int64_t, double) AG_CAST(int64_t, int64_t) AG_CAST(int64_t, bool)
-AG_CAST(bool, float) AG_CAST(bool, double) AG_CAST(bool, int64_t) AG_CAST(bool, bool)
-#undef AG_CAST
-template void strided_copy<float>(float*, const Layout&, const float*, const Layout&);
-template void strided_copy<double>(double*, const Layout&, const double*, const Layout&);
-template void strided_copy<int64_t>(int64_t*, const Layout&, const int64_t*, const Layout&);
-template void strided_copy<bool>(bool*, const Layout&, const bool*, const Layout&);
-template void fill<float>(float*, const Layout&, float);
-template void fill<double>(double*, const Layout&, double);
-template void fill<int64_t>(int64_t*, const Layout&, int64_t);
-template void fill<bool>(bool*, const Layout&, bool);
-template void arange<float>(float*, int64_t, double, double);
-template void arange<double>(double*, int64_t, double, double);
-template void arange<int64_t>(int64_t*, int64_t, double, double);
-template void uniform<float>(float*, int64_t, uint64_t, uint64_t, double, double);
-template void uniform<double>(double*, int64_t, uint64_t, uint64_t, double, double);
-template void normal<float>(float*, int64_t, uint64_t, uint64_t, double, double);
-template void normal<double>(double*, int64_t, uint64_t, uint64_t, double, double);
+// The kernels of core/kernels/core.h for the dtypes listed there.
+AG_INSTANTIATE_CORE_KERNELS
 
 }  // namespace ag::cpu

@@ -47,12 +47,7 @@ void index_select_backward(T* dx, const T* dout, const int64_t* idx, int64_t B, 
   });
 }
 
-template void index_select_forward<float>(float*, const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t);
-template void index_select_forward<double>(double*, const double*, const int64_t*, int64_t, int64_t, int64_t, int64_t);
-template void index_select_forward<int64_t>(int64_t*, const int64_t*, const int64_t*, int64_t, int64_t, int64_t,
-                                            int64_t);
-template void index_select_backward<float>(float*, const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t);
-template void index_select_backward<double>(double*, const double*, const int64_t*, int64_t, int64_t, int64_t,
-                                            int64_t);
+// The kernels of core/kernels/index.h for the dtypes listed there.
+AG_INSTANTIATE_INDEX_KERNELS
 
 }  // namespace ag::cpu

@@ -256,11 +256,7 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   }
 }
 
-template void matmul_forward<float>(float*, const float*, const float*, const Gemm&, const float*);
-template void matmul_forward<double>(double*, const double*, const double*, const Gemm&, const double*);
-template void matmul_forward_naive<float>(float*, const float*, const float*, const Gemm&);
-template void matmul_forward_naive<double>(double*, const double*, const double*, const Gemm&);
-template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, const Gemm&);
-template void matmul_backward<double>(double*, double*, const double*, const double*, const double*, const Gemm&);
+// The kernels of core/kernels/matmul.h for the dtypes listed there.
+AG_INSTANTIATE_MATMUL_KERNELS
 
 }  // namespace ag::cpu

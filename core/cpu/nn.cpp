@@ -644,49 +644,12 @@ void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, ui
 }
 
 // ================================ instantiations ==============================================
-template void softmax_forward<float>(float*, const float*, int64_t, int64_t, int64_t);
-template void softmax_backward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
-template void log_softmax_forward<float>(float*, const float*, int64_t, int64_t, int64_t);
-template void log_softmax_backward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
-template void softmax_forward_naive<float>(float*, const float*, int64_t, int64_t, int64_t);
-template void softmax_backward_naive<float>(float*, const float*, const float*, int64_t, int64_t, int64_t);
-template void layer_norm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
-                                        int64_t, double);
-template void layer_norm_backward<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
-                                         const float*, int64_t, int64_t);
-template void layer_norm_forward_naive<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
-                                              int64_t, double);
-template void layer_norm_backward_naive<float>(float*, float*, float*, const float*, const float*, const float*,
-                                               const float*, const float*, int64_t, int64_t);
-template void embedding_forward<float>(float*, const float*, const int64_t*, int64_t, int64_t);
-template void embedding_backward<float>(float*, const float*, const int64_t*, int64_t, int64_t, int64_t);
-template void cross_entropy_forward<float>(float*, float*, const float*, const int64_t*, int64_t, int64_t, int64_t,
-                                           double);
-template void cross_entropy_backward<float>(float*, const float*, int64_t, const float*, const int64_t*, int64_t,
-                                            int64_t, int64_t, double, double);
-template void dropout_forward<float>(float*, const float*, int64_t, double, uint64_t, uint64_t);
-template void dropout_backward<float>(float*, const float*, int64_t, double, uint64_t, uint64_t);
-template void softmax_forward<double>(double*, const double*, int64_t, int64_t, int64_t);
-template void softmax_backward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t);
-template void log_softmax_forward<double>(double*, const double*, int64_t, int64_t, int64_t);
-template void log_softmax_backward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t);
-template void softmax_forward_naive<double>(double*, const double*, int64_t, int64_t, int64_t);
-template void softmax_backward_naive<double>(double*, const double*, const double*, int64_t, int64_t, int64_t);
-template void layer_norm_forward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         int64_t, int64_t, double);
-template void layer_norm_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                          const double*, const double*, int64_t, int64_t);
-template void layer_norm_forward_naive<double>(double*, double*, double*, const double*, const double*, const double*,
-                                               int64_t, int64_t, double);
-template void layer_norm_backward_naive<double>(double*, double*, double*, const double*, const double*, const double*,
-                                                const double*, const double*, int64_t, int64_t);
-template void embedding_forward<double>(double*, const double*, const int64_t*, int64_t, int64_t);
-template void embedding_backward<double>(double*, const double*, const int64_t*, int64_t, int64_t, int64_t);
-template void cross_entropy_forward<double>(double*, double*, const double*, const int64_t*, int64_t, int64_t, int64_t,
-                                            double);
-template void cross_entropy_backward<double>(double*, const double*, int64_t, const double*, const int64_t*, int64_t,
-                                             int64_t, int64_t, double, double);
-template void dropout_forward<double>(double*, const double*, int64_t, double, uint64_t, uint64_t);
-template void dropout_backward<double>(double*, const double*, int64_t, double, uint64_t, uint64_t);
+// The kernels of core/kernels/nn.h for the dtypes listed there.
+AG_INSTANTIATE_NN_KERNELS
+// and the CPU's own references
+AG_INSTANTIATE(softmax_forward_naive<float>) AG_INSTANTIATE(softmax_forward_naive<double>)
+AG_INSTANTIATE(softmax_backward_naive<float>) AG_INSTANTIATE(softmax_backward_naive<double>)
+AG_INSTANTIATE(layer_norm_forward_naive<float>) AG_INSTANTIATE(layer_norm_forward_naive<double>)
+AG_INSTANTIATE(layer_norm_backward_naive<float>) AG_INSTANTIATE(layer_norm_backward_naive<double>)
 
 }  // namespace ag::cpu

@@ -199,7 +199,7 @@ void clip_value(const TensorSpan<T>* xs, int64_t count, double clip) {
   });
 }
 
-AG_OPTIM_KERNELS(float)
-AG_OPTIM_KERNELS(double)
+// The kernels of core/kernels/optim.h for the dtypes listed there.
+AG_INSTANTIATE_OPTIM_KERNELS
 
 }  // namespace ag::cpu

@@ -112,14 +112,7 @@ void argmax_forward(int64_t* out, const T* in, int64_t outer, int64_t R, int64_t
   });
 }
 
-template void sum_forward<float>(float*, const float*, int64_t, int64_t, int64_t);
-template void sum_forward<double>(double*, const double*, int64_t, int64_t, int64_t);
-template void sum_forward<int64_t>(int64_t*, const int64_t*, int64_t, int64_t, int64_t);
-template void max_forward<float>(float*, const float*, int64_t, int64_t, int64_t);
-template void max_forward<double>(double*, const double*, int64_t, int64_t, int64_t);
-template void max_forward<int64_t>(int64_t*, const int64_t*, int64_t, int64_t, int64_t);
-template void argmax_forward<float>(int64_t*, const float*, int64_t, int64_t, int64_t);
-template void argmax_forward<double>(int64_t*, const double*, int64_t, int64_t, int64_t);
-template void argmax_forward<int64_t>(int64_t*, const int64_t*, int64_t, int64_t, int64_t);
+// The kernels of core/kernels/reduce.h for the dtypes listed there.
+AG_INSTANTIATE_REDUCE_KERNELS
 
 }  // namespace ag::cpu

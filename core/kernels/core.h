@@ -1,11 +1,16 @@
-#pragma once
-// Kernels of the tensor core: copies and casts, fill, arange, random numbers.
+// Kernels of the tensor core: copies and casts, fill, arange, random numbers; and the elementwise
+// engine map1/map2/map3 that runs the pointwise functors (core/kernels/pointwise.h).
 // dst is contiguous unless a Layout is given for it.
-#include <cstdint>
-
-namespace ag { struct Layout; }
-
-namespace ag::cpu {
+//
+// No include guard: core/kernels.h reads this file once inside namespace ag::cpu (defined in
+// core/cpu/core.cpp; the engine in core/cpu/loops.h) and once inside ag::cuda (cuda/core.cu; the
+// engine in cuda/pointwise.cu), so each kernel is declared once for both backends. On the GPU,
+// uniform and randint give bit-identical values to the CPU's; normal's f32 values too (its
+// log/cos/sin are computed in f64, whose last-ulp differences reach the f32 result almost never),
+// its f64 values agree to a few ulp.
+#ifndef AG_KERNELS_CPU
+#include "core/kernels.h"  // included on its own: the index reads this file for each backend
+#else
 
 // dst[i] = To(src[layout element i]); dst contiguous, src strided.
 template <class To, class From> void cast_copy(To* dst, const From* src, const Layout& src_layout);
@@ -18,19 +23,28 @@ template <class T> void uniform(T* dst, int64_t n, uint64_t seed, uint64_t offse
 template <class T> void normal(T* dst, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
 void randint(int64_t* dst, int64_t n, uint64_t seed, uint64_t offset, int64_t low, int64_t high);
 
-}  // namespace ag::cpu
+// ---- the elementwise engine: out (contiguous, the layouts' shape) = f(inputs read through their
+// layouts), f a functor of core/kernels/pointwise.h. Instantiated for the (functor, dtype) pairs
+// the op fronts use (autograd/ops/elementwise.cpp), listed once in core/kernels/pointwise.h, by
+// core/cpu/pointwise.cpp and cuda/pointwise.cu.
+template <class R, class A, class F>
+void map1(R* out, const A* a, const Layout& la, F f);
+template <class R, class A, class B, class F>
+void map2(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, F f);
+template <class R, class A, class B, class C, class F>
+void map3(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, const C* c, const Layout& lc, F f);
 
-// The same kernels on the GPU (cuda/core.cu). uniform and randint give bit-identical values to the
-// CPU's; normal's f32 values too (its log/cos/sin are computed in f64, whose last-ulp differences
-// reach the f32 result almost never), its f64 values agree to a few ulp.
-namespace ag::cuda {
+// Instantiated for these dtypes by both backends: core/cpu/core.cpp and cuda/core.cu end with
+// AG_INSTANTIATE_CORE_KERNELS. cast_copy and the copies for every dtype, arange for the numeric
+// ones, the random fills for the floating ones.
+#define AG_CORE_KERNELS_ANY(T)                                                                             \
+  AG_INSTANTIATE(cast_copy<T, float>) AG_INSTANTIATE(cast_copy<T, double>)                                 \
+  AG_INSTANTIATE(cast_copy<T, int64_t>) AG_INSTANTIATE(cast_copy<T, bool>) AG_INSTANTIATE(strided_copy<T>) \
+  AG_INSTANTIATE(fill<T>)
+#define AG_INSTANTIATE_CORE_KERNELS                                                                      \
+  AG_CORE_KERNELS_ANY(float) AG_CORE_KERNELS_ANY(double) AG_CORE_KERNELS_ANY(int64_t) AG_CORE_KERNELS_ANY(bool) \
+  AG_INSTANTIATE(arange<float>) AG_INSTANTIATE(arange<double>) AG_INSTANTIATE(arange<int64_t>)          \
+  AG_INSTANTIATE(uniform<float>) AG_INSTANTIATE(uniform<double>)                                         \
+  AG_INSTANTIATE(normal<float>) AG_INSTANTIATE(normal<double>)
 
-template <class To, class From> void cast_copy(To* dst, const From* src, const Layout& src_layout);
-template <class T> void strided_copy(T* dst, const Layout& dst_layout, const T* src, const Layout& src_layout);
-template <class T> void fill(T* dst, const Layout& dst_layout, T value);
-template <class T> void arange(T* dst, int64_t n, double start, double step);
-template <class T> void uniform(T* dst, int64_t n, uint64_t seed, uint64_t offset, double low, double high);
-template <class T> void normal(T* dst, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
-void randint(int64_t* dst, int64_t n, uint64_t seed, uint64_t offset, int64_t low, int64_t high);
-
-}  // namespace ag::cuda
+#endif  // AG_KERNELS_CPU

@@ -1,38 +1,26 @@
-#pragma once
 // Matmul kernels: C = A B over the last two dims, batched (math in autograd/ops.h, matmul).
 //
-// Every operand is described as BLAS reads it, so transposed views need no copy: element (i, k)
-// of a (M, K) operand x is at x[i * ld + k] when !trans, at x[k * ld + i] when trans (x holds the
-// transpose, a (K, M) row-major matrix). The batch is a Layout over the batch dims, shared by all
-// operands (same shape) with each operand's own strides (0 where it is broadcast). The output is
-// contiguous: (batch, M, N).
-#include <cstdint>
+// Every operand is described as BLAS reads it (struct Gemm, core/kernels.h), so transposed views
+// need no copy: element (i, k) of a (M, K) operand x is at x[i * ld + k] when !trans, at
+// x[k * ld + i] when trans (x holds the transpose, a (K, M) row-major matrix). The batch is a Layout
+// over the batch dims, shared by all operands (same shape) with each operand's own strides (0 where
+// it is broadcast). The output is contiguous: (batch, M, N).
+//
+// No include guard: core/kernels.h reads this file inside namespace ag::cpu (core/cpu/matmul.cpp,
+// core/cpu/gemm.cpp) and inside ag::cuda (cuda/matmul.cu), so each kernel is declared once for both
+// backends. On the GPU: cuBLAS on the device's stream, with the same conventions (row-major
+// operands, lda meaning, trans flags, batch Layouts, da/db written, not added); the batch runs as
+// one strided-batched GEMM per run of uniformly strided batch dims (broadcast stride 0 included);
+// f32 is cublasSgemm, f64 cublasDgemm. attograd's own sgemm (below) is CPU only.
+#ifndef AG_KERNELS_CPU
+#include "core/kernels.h"  // included on its own: the index reads this file for each backend
+#else
 
-#include "core/precision.h"
+using ag::Gemm;  // so that cpu::Gemm and cuda::Gemm name it too
 
-namespace ag { struct Layout; }
-
-namespace ag::cpu {
-
-struct Gemm {
-  int64_t M = 0, N = 0, K = 0;
-  bool trans_a = false, trans_b = false;
-  int64_t lda = 0, ldb = 0;
-  const Layout* batch_a = nullptr;  // batch dims of a; nullptr = a single matrix
-  const Layout* batch_b = nullptr;  // batch dims of b, same shape as batch_a
-  // autocast (autograd/autocast.h; f32 only): bf16 or fp16 reads both operands rounded to that
-  // format and sums the products in f32. The backward GEMMs inherit it (dout is rounded too).
-  Precision operands = Precision::fp32;
-};
-
-// How many elements from operand x's first to its last one (batch included): a (M, K) operand read
-// as (rows, cols) = (M, K), or (K, M) when trans, with leading dim ld, over a batch of `batch`'s
-// strides (null: one matrix). What a rounded copy of the operand must cover; 0 when it is empty.
-int64_t operand_span(bool trans, int64_t rows, int64_t cols, int64_t ld, const Layout* batch);
-
-// c (batch, M, N) = a (batch, M, K) @ b (batch, K, N), through single-threaded GEMM calls (sgemm
-// below for f32, cblas_dgemm for f64); the kernel splits the batch, or the rows of one GEMM, over
-// attograd's threads.
+// c (batch, M, N) = a (batch, M, K) @ b (batch, K, N). CPU: through single-threaded GEMM calls
+// (sgemm below for f32, cblas_dgemm for f64); the kernel splits the batch, or the rows of one GEMM,
+// over attograd's threads.
 // With `bias` (N values) every row of every C gets it added: y = x W^T + b of a Linear in one pass.
 template <class T> void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias = nullptr);
 // The same product as a triple loop: the algorithmic reference the GEMM path is tested against.
@@ -42,6 +30,19 @@ template <class T> void matmul_forward_naive(T* c, const T* a, const T* b, const
 // gradients (GEMM beta = 0): the op front allocates them fresh, and zero-filling a buffer only to
 // add into it would cost a noticeable fraction of the GEMM itself.
 template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g);
+
+// Instantiated for f32 and f64 by both backends: core/cpu/matmul.cpp and cuda/matmul.cu end with
+// AG_INSTANTIATE_MATMUL_KERNELS.
+#define AG_MATMUL_KERNELS(T) \
+  AG_INSTANTIATE(matmul_forward<T>) AG_INSTANTIATE(matmul_forward_naive<T>) AG_INSTANTIATE(matmul_backward<T>)
+#define AG_INSTANTIATE_MATMUL_KERNELS AG_MATMUL_KERNELS(float) AG_MATMUL_KERNELS(double)
+
+#if AG_KERNELS_CPU
+// ---- CPU only ----------------------------------------------------------------------------------
+// How many elements from operand x's first to its last one (batch included): a (M, K) operand read
+// as (rows, cols) = (M, K), or (K, M) when trans, with leading dim ld, over a batch of `batch`'s
+// strides (null: one matrix). What a rounded copy of the operand must cover; 0 when it is empty.
+int64_t operand_span(bool trans, int64_t rows, int64_t cols, int64_t ld, const Layout* batch);
 
 // One single-threaded GEMM, row-major: c (M, N; leading dim ldc) = alpha op(a) op(b) + beta c,
 // op(x) = x or x^T by the flag (a is (M, K) as read, b is (K, N)); beta == 0 means c is not read,
@@ -82,19 +83,6 @@ void set_sgemm_kernel(GemmKernel k);            // replaces the choice (ag::Erro
 inline constexpr int64_t kSmallRows = 4;
 void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float* c, int64_t ldc, const float* bias = nullptr);
+#endif
 
-}  // namespace ag::cpu
-
-// ---- the same kernels on the GPU (cuda/matmul.cu): cuBLAS on the device's stream ---------------
-// Same signatures and conventions as above (row-major operands, lda meaning, trans flags, batch
-// Layouts, da/db written, not added). The batch runs as one strided-batched GEMM per run of
-// uniformly strided batch dims (broadcast stride 0 included); f32 is cublasSgemm, f64 cublasDgemm.
-namespace ag::cuda {
-
-using Gemm = cpu::Gemm;
-
-template <class T> void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias = nullptr);
-template <class T> void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g);
-template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g);
-
-}  // namespace ag::cuda
+#endif  // AG_KERNELS_CPU

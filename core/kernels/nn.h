@@ -1,4 +1,3 @@
-#pragma once
 // Kernels of the normalisation & loss ops: softmax, log_softmax, layer_norm, embedding,
 // cross_entropy, dropout (core/cpu/nn.cpp). Math in autograd/ops.h. Every buffer is contiguous.
 // Backward kernels add into their gradient buffers (+=); the front hands them zeroed ones (except
@@ -11,18 +10,21 @@
 //   cross_entropy          logits, logp, dlogits (N, C); target (N); loss (N);
 //                          dloss (N) read with stride dloss_stride (0: one scalar for every row)
 //   dropout                x, y, dy, dx (n)
-#include <cstdint>
-
-namespace ag::cpu {
+//
+// No include guard: core/kernels.h reads this file inside namespace ag::cpu (core/cpu/nn.cpp) and
+// inside ag::cuda (cuda/nn.cu), so each kernel is declared once for both backends. The GPU's have
+// the same contracts (+= except layer_norm's dx) and use no atomics: each output is summed by one
+// thread or one block in a fixed order; dropout's mask is the CPU's, bit for bit. The *_naive
+// references are CPU only.
+#ifndef AG_KERNELS_CPU
+#include "core/kernels.h"  // included on its own: the index reads this file for each backend
+#else
 
 // ---- softmax / log_softmax over the middle dim of [outer, C, inner] --------------------------
 template <class T> void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
 template <class T> void softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
 template <class T> void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
 template <class T> void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
-// the reference loops the fast kernels are tested against (single-threaded, one element at a time)
-template <class T> void softmax_forward_naive(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
-template <class T> void softmax_backward_naive(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
 
 // ---- layer_norm over rows of N; w, b may be null (as 1 and 0), and so may dx, dw, db ----------
 template <class T>
@@ -33,13 +35,6 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T*
 template <class T>
 void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
                          int64_t R, int64_t N);
-// the reference loops (single-threaded, one element at a time; this backward adds into dx too)
-template <class T>
-void layer_norm_forward_naive(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N,
-                              double eps);
-template <class T>
-void layer_norm_backward_naive(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
-                               int64_t R, int64_t N);
 
 // ---- embedding: a gather of rows, and its scatter-add (indices already checked in [0, V)) ------
 template <class T> void embedding_forward(T* y, const T* w, const int64_t* idx, int64_t R, int64_t D);
@@ -59,31 +54,28 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
 template <class T> void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint64_t offset);
 template <class T> void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset);
 
-}  // namespace ag::cpu
+// Instantiated for f32 and f64 by both backends: core/cpu/nn.cpp and cuda/nn.cu end with
+// AG_INSTANTIATE_NN_KERNELS.
+#define AG_NN_KERNELS(T)                                                                                       \
+  AG_INSTANTIATE(softmax_forward<T>) AG_INSTANTIATE(softmax_backward<T>) AG_INSTANTIATE(log_softmax_forward<T>) \
+  AG_INSTANTIATE(log_softmax_backward<T>) AG_INSTANTIATE(layer_norm_forward<T>)                                \
+  AG_INSTANTIATE(layer_norm_backward<T>) AG_INSTANTIATE(embedding_forward<T>) AG_INSTANTIATE(embedding_backward<T>) \
+  AG_INSTANTIATE(cross_entropy_forward<T>) AG_INSTANTIATE(cross_entropy_backward<T>)                           \
+  AG_INSTANTIATE(dropout_forward<T>) AG_INSTANTIATE(dropout_backward<T>)
+#define AG_INSTANTIATE_NN_KERNELS AG_NN_KERNELS(float) AG_NN_KERNELS(double)
 
-// The same kernels on the GPU (cuda/nn.cu), with the same contracts (+= except layer_norm's dx).
-// No atomics: each output is summed by one thread or one block in a fixed order; dropout's mask is
-// the CPU's, bit for bit. (The *_naive references are CPU only.)
-namespace ag::cuda {
+#if AG_KERNELS_CPU
+// ---- CPU only: the reference loops the fast kernels are tested against (single-threaded, one
+// element at a time; layer_norm_backward_naive adds into dx too). core/cpu/nn.cpp instantiates
+// them for f32 and f64.
+template <class T> void softmax_forward_naive(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
+template <class T> void softmax_backward_naive(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
+template <class T>
+void layer_norm_forward_naive(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N,
+                              double eps);
+template <class T>
+void layer_norm_backward_naive(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                               int64_t R, int64_t N);
+#endif
 
-template <class T> void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
-template <class T> void softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
-template <class T> void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner);
-template <class T> void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner);
-template <class T>
-void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N, double eps);
-template <class T>
-void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
-                         int64_t R, int64_t N);
-template <class T> void embedding_forward(T* y, const T* w, const int64_t* idx, int64_t R, int64_t D);
-template <class T> void embedding_backward(T* dw, const T* dy, const int64_t* idx, int64_t R, int64_t V, int64_t D);
-template <class T>
-void cross_entropy_forward(T* loss, T* logp, const T* logits, const int64_t* target, int64_t N, int64_t C,
-                           int64_t ignore_index, double smoothing);
-template <class T>
-void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, const T* logp, const int64_t* target,
-                            int64_t N, int64_t C, int64_t ignore_index, double smoothing, double scale);
-template <class T> void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint64_t offset);
-template <class T> void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset);
-
-}  // namespace ag::cuda
+#endif  // AG_KERNELS_CPU

@@ -1,7 +1,8 @@
 #pragma once
 // Pointwise functors: the per-element math of every elementwise op and of its backward, shared by
-// the CPU engine (core/cpu/loops.h: map1/map2/map3) and, later, the CUDA kernels. The formulas are
-// those of autograd/ops.h; a backward functor takes (saved values..., g) and returns dx.
+// the CPU engine (core/cpu/loops.h: map1/map2/map3) and the GPU one (cuda/pointwise.cu). The
+// formulas are those of autograd/ops.h; a backward functor takes (saved values..., g) and returns dx.
+// At the end: the list of (functor, dtype) pairs both engines are instantiated for.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -9,15 +10,23 @@
 
 #include "core/kernels.h"
 #include "core/precision.h"
+
 #if !defined(__CUDACC__)
-#include "core/cpu/vecmath.h"  // fast_exp, fast_normal_cdf, fast_normal_pdf
+namespace ag {
+// The inline, vectorisable float forms of core/cpu/vecmath.h (exp within 1 ulp, Phi within
+// 1.2e-7; 1.5x faster than libmvec's expf, gelu 1.6x), only declared here: the functors' bodies
+// are compiled only where an engine is instantiated for them (core/cpu/pointwise.cpp, which
+// includes vecmath.h), so an op front that merely names a functor never reads the CPU's math.
+inline float fast_exp(float x);
+inline float fast_normal_cdf(float x);
+inline float fast_normal_pdf(float x);
+}  // namespace ag
 #endif
 
 namespace ag::pw {
 
-// The float functors below take the inline, vectorisable forms of core/cpu/vecmath.h on the CPU
-// (exp within 1 ulp, Phi within 1.2e-7; 1.5x faster than libmvec's expf, gelu 1.6x); double (the
-// gradient checks) and device code use std::.
+// The float functors below take the fast forms declared above on the CPU; double (the gradient
+// checks) and device code use std::.
 template <class T>
 AG_HD inline T exp(T x) {
 #if !defined(__CUDACC__)
@@ -228,17 +237,35 @@ struct Where { template <class T> AG_HD T operator()(bool c, T a, T b) const { r
 
 }  // namespace ag::pw
 
-// The elementwise engine on the GPU (cuda/pointwise.cu), the twin of cpu::map1/map2/map3 of
-// core/cpu/loops.h: out (contiguous, the layouts' shape) = f(inputs read through their layouts).
-// Templates declared here and instantiated there for every (functor, dtype) the op fronts use
-// (autograd/ops/elementwise.cpp); a new pairing is one line in cuda/pointwise.cu.
-namespace ag::cuda {
-
-template <class R, class A, class F>
-void map1(R* out, const A* a, const Layout& la, F f);
-template <class R, class A, class B, class F>
-void map2(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, F f);
-template <class R, class A, class B, class C, class F>
-void map3(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, const C* c, const Layout& lc, F f);
-
-}  // namespace ag::cuda
+// ---- the instantiation list: every (functor, dtype) of the op fronts (autograd/ops/elementwise.cpp)
+// map_float1/2/3 (f32, f64), map_numeric2, neg, add_ and mul_ (f32, f64, i64), compare and where
+// (every dtype), the 16-bit rounding of autocast (f32). core/cpu/pointwise.cpp and
+// cuda/pointwise.cu end with AG_INSTANTIATE_POINTWISE_KERNELS; an op that pairs a functor with a
+// new dtype adds one line here. The engine templates are declared in core/kernels/core.h.
+#define AG_PW_MAP1(T, F) AG_INSTANTIATE(map1<T, T, pw::F>)        // T -> T
+#define AG_PW_MAP2(T, F) AG_INSTANTIATE(map2<T, T, T, pw::F>)     // T, T -> T
+#define AG_PW_MAP3(T, F) AG_INSTANTIATE(map3<T, T, T, T, pw::F>)  // T, T, T -> T
+#define AG_PW_COMPARE(T, F) AG_INSTANTIATE(map2<bool, T, T, pw::F>)
+#define AG_PW_WHERE(T) AG_INSTANTIATE(map3<T, bool, T, T, pw::Where>)
+#define AG_PW_FLOATING(T)                                                                                       \
+  AG_PW_MAP1(T, PowScalar) AG_PW_MAP1(T, Exp) AG_PW_MAP1(T, Log) AG_PW_MAP1(T, Sqrt) AG_PW_MAP1(T, Rsqrt)       \
+  AG_PW_MAP1(T, Tanh) AG_PW_MAP1(T, Sigmoid) AG_PW_MAP1(T, Relu) AG_PW_MAP1(T, Abs) AG_PW_MAP1(T, Silu)         \
+  AG_PW_MAP1(T, Gelu) AG_PW_MAP1(T, GeluTanh) AG_PW_MAP1(T, Clamp)                                              \
+  AG_PW_MAP2(T, ExpBackward) AG_PW_MAP2(T, LogBackward) AG_PW_MAP2(T, SqrtBackward) AG_PW_MAP2(T, RsqrtBackward) \
+  AG_PW_MAP2(T, TanhBackward) AG_PW_MAP2(T, SigmoidBackward) AG_PW_MAP2(T, ReluBackward)                        \
+  AG_PW_MAP2(T, AbsBackward) AG_PW_MAP2(T, SiluBackward) AG_PW_MAP2(T, GeluBackward)                            \
+  AG_PW_MAP2(T, GeluTanhBackward) AG_PW_MAP2(T, ClampBackward) AG_PW_MAP2(T, PowScalarBackward)                 \
+  AG_PW_MAP2(T, Div) AG_PW_MAP2(T, Pow) AG_PW_MAP2(T, Maximum) AG_PW_MAP2(T, Minimum)                           \
+  AG_PW_MAP3(T, DivBackwardB) AG_PW_MAP3(T, PowBackwardX) AG_PW_MAP3(T, PowBackwardT)                           \
+  AG_PW_MAP3(T, MaximumBackwardA) AG_PW_MAP3(T, MinimumBackwardA)
+#define AG_PW_NUMERIC(T)                                                                                   \
+  AG_PW_MAP1(T, Neg) AG_PW_MAP1(T, Scale) AG_PW_MAP2(T, Add) AG_PW_MAP2(T, Sub) AG_PW_MAP2(T, Mul)         \
+  AG_PW_MAP2(T, AddScaled)
+#define AG_PW_ANY(T)                                                                                        \
+  AG_PW_COMPARE(T, Eq) AG_PW_COMPARE(T, Ne) AG_PW_COMPARE(T, Lt) AG_PW_COMPARE(T, Le) AG_PW_COMPARE(T, Gt) \
+  AG_PW_COMPARE(T, Ge) AG_PW_WHERE(T)
+#define AG_INSTANTIATE_POINTWISE_KERNELS                                                                   \
+  AG_PW_FLOATING(float) AG_PW_FLOATING(double)                                                             \
+  AG_PW_MAP1(float, RoundBf16) AG_PW_MAP1(float, RoundFp16)                                                \
+  AG_PW_NUMERIC(float) AG_PW_NUMERIC(double) AG_PW_NUMERIC(int64_t)                                        \
+  AG_PW_ANY(float) AG_PW_ANY(double) AG_PW_ANY(int64_t) AG_PW_ANY(bool)

@@ -4,8 +4,9 @@
 #   2. it writes a layer into an empty temporary tree;
 #   3. a small CMake project there builds the layer and its test against this build of attograd
 #      (find_package(attograd) with attograd_DIR = the build directory) and doctest's main;
-#   4. the test binary passes, its PyTorch parity case is reported skipped, and run with
-#      --no-skip that case fails (it is not a test that passes on nothing).
+#   4. the test binary passes (its cases, the layer inside a TransformerBlock among them), its
+#      PyTorch parity case is reported skipped, and run with --no-skip that case fails (it is not a
+#      test that passes on nothing).
 # Arguments: SOURCE_DIR BUILD_DIR CXX_COMPILER [COMPILER_LAUNCHER] [EXTRA_CXX_FLAGS]
 set -euo pipefail
 
@@ -62,7 +63,8 @@ cmake "${config[@]}" > "$work/configure.log" 2>&1 || { cat "$work/configure.log"
 cmake --build "$work/build" -j 2 > "$work/build.log" 2>&1 || { cat "$work/build.log"; fail "build"; }
 
 echo "== run its tests"
-expect 0 "| 0 failed | 1 skipped" "$work/build/layer_tests"
+expect 0 "| 3 passed | 0 failed | 1 skipped" "$work/build/layer_tests"
+expect 0 "GatedCheck: as the feed-forward of a TransformerBlock" "$work/build/layer_tests" --list-test-cases
 echo "== the parity case, forced to run, fails on its empty reference"
 expect 1 "1 failed" "$work/build/layer_tests" --no-skip -tc="GatedCheck: matches PyTorch"
 echo "new-layer test: passed"
