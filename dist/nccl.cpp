@@ -4,6 +4,7 @@
 #if ATTOGRAD_WITH_NCCL
 #include "dist/nccl.h"
 
+#include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -12,7 +13,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "cuda/common.cuh"
+#include "cuda/memory.h"
 #include "dist/dist.h"
 
 namespace ag::dist::nccl {
@@ -20,6 +21,16 @@ namespace ag::dist::nccl {
 namespace {
 
 static_assert(sizeof(ncclUniqueId) == kIdBytes, "dist/nccl.h: kIdBytes must be NCCL_UNIQUE_ID_BYTES");
+
+// The device's stream, where attograd queues all its work (cuda/memory.h): the collectives go on
+// it too, so they are ordered after the kernels that wrote the gradients.
+cudaStream_t stream_of(int device) { return static_cast<cudaStream_t>(cuda::stream(device)); }
+
+// Every CUDA runtime call: an ag::Error naming the call and CUDA's error.
+void cuda_check(cudaError_t rc, const char* call) {
+  if (rc == cudaSuccess) return;
+  fail("dist (NCCL): {} failed: {} ({})", call, cudaGetErrorName(rc), cudaGetErrorString(rc));
+}
 
 ncclComm_t g_comm = nullptr;
 int g_device = -1;
@@ -81,8 +92,8 @@ void init(const std::string& id, int rank, int world, int device) {
   std::memcpy(uid.internal, id.data(), kIdBytes);
   g_device = device;
   cuda::set_device(device);
-  (void)cuda::stream_of(device);  // the device's stream exists before NCCL queues work on it
-  if (!g_done) cudaCheck(cudaEventCreateWithFlags(&g_done, cudaEventDisableTiming));
+  (void)stream_of(device);  // the device's stream exists before NCCL queues work on it
+  if (!g_done) cuda_check(cudaEventCreateWithFlags(&g_done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   ncclComm_t comm = nullptr;
   nccl_check(ncclCommInitRank(&comm, world, uid, rank), "ncclCommInitRank");
   g_comm = comm;  // only once it is whole
@@ -98,20 +109,20 @@ int device() { return g_device; }
 void all_reduce_sum(void* data, int64_t count, DType dtype) {
   require_comm("an all-reduce");
   cuda::set_device(g_device);
-  nccl_check(ncclAllReduce(data, data, size_t(count), nccl_type(dtype), ncclSum, g_comm, cuda::stream_of(g_device)),
+  nccl_check(ncclAllReduce(data, data, size_t(count), nccl_type(dtype), ncclSum, g_comm, stream_of(g_device)),
              "ncclAllReduce");
 }
 
 void broadcast(void* data, size_t bytes, int root) {
   require_comm("a broadcast");
   cuda::set_device(g_device);
-  nccl_check(ncclBroadcast(data, data, bytes, ncclUint8, root, g_comm, cuda::stream_of(g_device)), "ncclBroadcast");
+  nccl_check(ncclBroadcast(data, data, bytes, ncclUint8, root, g_comm, stream_of(g_device)), "ncclBroadcast");
 }
 
 void wait(const std::string& what) {
   require_comm("a wait");
   cuda::set_device(g_device);
-  cudaCheck(cudaEventRecord(g_done, cuda::stream_of(g_device)));
+  cuda_check(cudaEventRecord(g_done, stream_of(g_device)), "cudaEventRecord");
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const double limit = timeout_seconds();
