@@ -2,10 +2,13 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <numeric>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "core/kernels/attention_mask.h"
 
 namespace ag::nn {
 
@@ -48,15 +51,18 @@ LayerAttentionStats attention_stats(const Tensor& weights, const AttentionMask& 
           weights.shape(), layer, mask.key_padding_mask.dtype(), mask.key_padding_mask.shape());
     km = mask.key_padding_mask.to(Device::cpu()).contiguous().to_vector<uint8_t>();
   }
-  // visible(b, i, j): the rule of scaled_dot_product_attention (causal and window bottom-right aligned)
+  // visible(b, i, j): the rule of scaled_dot_product_attention (causal and window bottom-right
+  // aligned), the one the CPU and GPU kernels use (core/kernels/attention_mask.h)
+  std::unique_ptr<bool[]> hidden;
+  if (!km.empty()) {
+    hidden.reset(new bool[km.size()]);
+    for (size_t i = 0; i < km.size(); ++i) hidden[i] = km[i] != 0;
+  }
+  const Visibility rule{Tq, Tk, mask.causal, mask.window, len.empty() ? nullptr : len.data(), hidden.get()};
   auto padded = [&](int64_t b, int64_t j) {
-    return (!len.empty() && j >= len[size_t(b)]) || (!km.empty() && km[size_t(b * Tk + j)] != 0);
+    return (!len.empty() && j >= len[size_t(b)]) || key_masked(rule, b, j);
   };
-  auto visible = [&](int64_t b, int64_t i, int64_t j) {
-    const int64_t qa = i + Tk - Tq;
-    return !(mask.causal && j > qa) && !(mask.window >= 0 && (j < qa - mask.window || j > qa + mask.window)) &&
-           !padded(b, j);
-  };
+  auto visible = [&](int64_t b, int64_t i, int64_t j) { return ag::visible(rule, b, i, j); };
 
   const std::vector<double> w = host_values(weights);
   auto at = [&](int64_t b, int64_t h, int64_t i, int64_t j) { return w[size_t(((b * H + h) * Tq + i) * Tk + j)]; };
