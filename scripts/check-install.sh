@@ -42,16 +42,21 @@ step "configure the library (Release, CUDA off, tests and benchmarks off)"
 quiet cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DATTOGRAD_CUDA=OFF \
   -DATTOGRAD_TESTS=OFF -DATTOGRAD_BENCH=OFF "${launcher[@]}"
 step "build the library"
-# Only the library: the apps are not installed, so they need not be built.
-quiet cmake --build "$work/build" --target attograd -j "$jobs"
+# Only the library, one static library per layer (and the layer link checks, which fail on a call
+# that runs up a layer): the apps are not installed, so they need not be built.
+layers=(core autograd nn optim training data dist)
+quiet cmake --build "$work/build" -j "$jobs" --target "${layers[@]/#/attograd_}" "${layers[@]/#/layer_check_}"
 step "install into $work/prefix"
 quiet cmake --install "$work/build" --prefix "$work/prefix"
-# What an outside project sees: the package files and the header tree, nothing of apps/.
+# What an outside project sees: the package files, a library per layer and the header tree,
+# nothing of apps/.
+libs=()
+for l in "${layers[@]}"; do libs+=("lib/libattograd_$l.a"); done
 for f in lib/cmake/attograd/attogradConfig.cmake lib/cmake/attograd/attogradConfigVersion.cmake \
-         lib/cmake/attograd/attogradTargets.cmake lib/libattograd.a include/attograd/attograd.h \
+         lib/cmake/attograd/attogradTargets.cmake "${libs[@]}" include/attograd/attograd.h \
          include/attograd/autograd/testing.h include/attograd/core/tensor.h include/attograd/nn/linear.h \
-         include/attograd/optim/adam.h include/attograd/data/loader.h include/attograd/core/dispatch.h \
-         include/attograd/cuda/memory.h; do
+         include/attograd/optim/adam.h include/attograd/training/checkpoint.h include/attograd/data/loader.h \
+         include/attograd/core/dispatch.h include/attograd/cuda/memory.h; do
   [[ -f "$work/prefix/$f" ]] || { echo "check-install: FAILED: $f is not installed" >&2; exit 1; }
 done
 [[ ! -e "$work/prefix/include/attograd/apps" ]] || { echo "check-install: FAILED: apps/ was installed" >&2; exit 1; }
