@@ -123,8 +123,8 @@ void check_gradients(const Node& n, const Tensor& dout, const std::vector<Tensor
         "anomaly: backward of {} (node #{}) returned {} non-finite value{} (of {}; the first, {}, at flat index {}) "
         "in the gradient of input {} of shape {}; the gradient of its output (shape {}) {}; the forward op was "
         "called at {}",
-        op_str(n.op, n.debug.site_op), n.seq, r.bad, r.bad == 1 ? "" : "s", dinputs[i].numel(), shown(r.first_value), r.first, i,
-        n.recorded.in_shapes[i], n.recorded.out_shape,
+        op_str(n.op, n.debug.site_op), n.seq, r.bad, r.bad == 1 ? "" : "s", dinputs[i].numel(), shown(r.first_value),
+        r.first, i, n.recorded.in_shapes[i], n.recorded.out_shape,
         rout.bad ? fmt::format("was already non-finite ({} values)", rout.bad) : std::string("was finite"),
         site_str(n.debug.site_op, n.debug.site)));
   }
@@ -275,8 +275,9 @@ void check_gradients_fit(const Node& n, const std::vector<Tensor>& dinputs) {
     const Edge& e = n.next[i];
     const Tensor& d = dinputs[i];
     if (!e.active() || !d.defined()) continue;
-    check(d.shape() == n.recorded.in_shapes[i], "backward: '{}' returned a gradient of shape {} for input {} of shape {}",
-          n.op, d.shape(), i, n.recorded.in_shapes[i]);
+    check(d.shape() == n.recorded.in_shapes[i],
+          "backward: '{}' returned a gradient of shape {} for input {} of shape {}", n.op, d.shape(), i,
+          n.recorded.in_shapes[i]);
     const DType want = e.node ? e.node->recorded.out_dtype : e.leaf->dtype;
     check(d.dtype() == want, "backward: '{}' returned a gradient of dtype {} for input {} of dtype {}", n.op,
           d.dtype(), i, want);
@@ -342,21 +343,20 @@ class BackwardAids {
 void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
   const Tensor g = root_gradient(root, gradient);
   NoGradGuard no_grad;  // backward functions compute with recording off: no double backward
+  std::vector<Node*> tape = reachable_nodes(root);  // the tape, reversed (empty for a leaf)
+  BackwardAids aids(tape);
+  aids.check_root(g);
   if (root.is_leaf()) {
-    BackwardAids({}).check_root(g);
     accumulate_leaf(root.impl(), g);
     if (g_grad_ready_hook) g_grad_ready_hook(root);
     return;
   }
 
-  std::vector<Node*> tape = reachable_nodes(root);  // the tape, reversed
   for (Node* n : tape)
     check(!n->released,
           "backward: the graph through '{}' was freed by an earlier backward; pass retain_graph=true to "
           "the first backward to run backward twice",
           n->op);
-  BackwardAids aids(tape);
-  aids.check_root(g);
   root.grad_fn()->pending = g;
   struct InBackward {  // restores the flag also when a node throws
     bool prev = std::exchange(g_in_backward, true);
@@ -405,7 +405,8 @@ std::string print_graph(const Tensor& root, const LeafNames& names) {
   std::string s;
   bool untracked = false;
   for (Node* n : tape) {
-    s += fmt::format("#{:<4} {:<14} -> {} {} {}", n->seq, n->op, n->recorded.out_shape, n->recorded.out_dtype, n->recorded.out_device);
+    const Node::Recorded& r = n->recorded;
+    s += fmt::format("#{:<4} {:<14} -> {} {} {}", n->seq, n->op, r.out_shape, r.out_dtype, r.out_device);
     if (n->debug.backward_ran) {
       if (n->debug.grad_norm >= 0) s += fmt::format("  |grad| {:.6g}", n->debug.grad_norm);
       else s += "  |grad| ?", untracked = true;
@@ -417,7 +418,7 @@ std::string print_graph(const Tensor& root, const LeafNames& names) {
         s += fmt::format(" #{}", e.node->seq);
       } else if (e.leaf) {
         auto it = leaf_name.find(e.leaf.get());
-        s += fmt::format(" {}{}", it != leaf_name.end() ? it->second : "leaf", n->recorded.in_shapes[i]);
+        s += fmt::format(" {}{}", it != leaf_name.end() ? it->second : "leaf", r.in_shapes[i]);
       } else {
         s += " const";
       }
@@ -438,9 +439,11 @@ std::string graph_to_dot(const Tensor& root, const LeafNames& names) {
   std::unordered_set<const TensorImpl*> leaves_drawn;
   for (Node* n : tape) {
     std::string norm;
-    if (n->debug.backward_ran) norm = n->debug.grad_norm >= 0 ? fmt::format("\\n|grad| {:.6g}", n->debug.grad_norm) : "\\n|grad| ?";
-    s += fmt::format("  n{} [label=\"{} #{}\\n{} {} {}{}\"];\n", n->seq, n->op, n->seq, n->recorded.out_shape, n->recorded.out_dtype,
-                     n->recorded.out_device, norm);
+    if (n->debug.backward_ran)
+      norm = n->debug.grad_norm >= 0 ? fmt::format("\\n|grad| {:.6g}", n->debug.grad_norm) : "\\n|grad| ?";
+    const Node::Recorded& r = n->recorded;
+    s += fmt::format("  n{} [label=\"{} #{}\\n{} {} {}{}\"];\n", n->seq, n->op, n->seq, r.out_shape, r.out_dtype,
+                     r.out_device, norm);
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (e.node) {
@@ -453,7 +456,7 @@ std::string graph_to_dot(const Tensor& root, const LeafNames& names) {
           std::string grad;
           if (leaf->grad) grad = fmt::format("\\n|.grad| {:.6g}", std::sqrt(scan(Tensor(leaf->grad)).sumsq));
           s += fmt::format("  {} [label=\"{}\\n{} {} {}{}\", shape=ellipse];\n", id,
-                           it != leaf_name.end() ? it->second : std::string("leaf"), n->recorded.in_shapes[i], leaf->dtype,
+                           it != leaf_name.end() ? it->second : std::string("leaf"), r.in_shapes[i], leaf->dtype,
                            leaf->storage->device, grad);
         }
         s += fmt::format("  {} -> n{};\n", id, n->seq);

@@ -83,7 +83,8 @@ if(SELF_TEST)
   check_tree(${root} found)
   file(REMOVE_RECURSE ${root})
   set(expected "core/bad.cpp: includes \"autograd/tape.h\"" "data/bad.cpp: includes \"dist/dist.h\""
-               "autograd/bad.cpp: includes \"cuda/common.cuh\"" "apps/gpt/bad.cpp: includes \"apps/vit/model.h\"" "nn/bad.h: includes \"attograd.h\"")
+               "autograd/bad.cpp: includes \"cuda/common.cuh\"" "apps/gpt/bad.cpp: includes \"apps/vit/model.h\""
+               "nn/bad.h: includes \"attograd.h\"")
   list(LENGTH found n)
   list(LENGTH expected n_expected)
   if(NOT n EQUAL n_expected)

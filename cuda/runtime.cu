@@ -68,7 +68,7 @@ cublasHandle_t cublas() { return ready(current_device()).cublas; }
 
 cudaStream_t stream_of(int device) { return ready(device).stream; }
 
-void* stream(int device) { return ready(device).stream; }
+void* stream(int device) { return stream_of(device); }  // the public face of stream_of (cuda/memory.h)
 
 void set_allow_tf32(bool allow) {
   g_allow_tf32.store(allow);
