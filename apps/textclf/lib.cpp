@@ -445,13 +445,12 @@ std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set
 
 // ---- training and evaluation --------------------------------------------------------------------
 
-StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing,
-                            double loss_scale) {
+StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing) {
   model.train();
   Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);  // (B, K)
   Tensor loss = cross_entropy(logits, b.labels.to(logits.device()), "mean", -100, label_smoothing);
   opt.zero_grad();
-  (loss_scale == 1.0 ? loss : mul(loss, loss_scale)).backward();
+  loss.backward();
   StepResult r;
   r.loss = loss.item<double>();
   return r;

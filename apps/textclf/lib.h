@@ -213,9 +213,7 @@ struct StepResult {
 // (written out there): model.train(), logits, cross_entropy, zero_grad, backward. Returns the loss
 // (grad_norm 0: Run::optimizer_step measures and clips it). For the tests, which train tiny models
 // with it (and with train_step).
-// `loss_scale` multiplies the loss before backward (fp16 loss scaling: Run::loss_scale()).
-StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing = 0.0,
-                            double loss_scale = 1.0);
+StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing = 0.0);
 // One unguarded update: forward_backward, clip (clip > 0), step.
 StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
                       double label_smoothing = 0.0);

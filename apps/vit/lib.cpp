@@ -153,21 +153,13 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
 
 // ---- training and evaluation -------------------------------------------------------------------
 
-double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing,
-                        double loss_scale) {
+double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing) {
   model.train();
   Tensor logits = model.forward(batch.images);  // (B, K)
   Tensor loss = cross_entropy(logits, batch.labels.to(logits.device()), "mean", -100, label_smoothing);
   opt.zero_grad();
-  (loss_scale == 1.0 ? loss : mul(loss, loss_scale)).backward();
+  loss.backward();
   return loss.item<double>();
-}
-
-double train_step(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing, double clip) {
-  const double loss = forward_backward(model, opt, batch, label_smoothing);
-  if (clip > 0) optim::clip_grad_norm(opt.params(), clip);
-  opt.step();
-  return loss;
 }
 
 EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm, int64_t batch,

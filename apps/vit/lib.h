@@ -84,13 +84,7 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
 // (written out there): model.train(); loss = cross_entropy(model(images), labels,
 // label_smoothing); opt.zero_grad(); backward. Returns the loss. For the tests, which train tiny
 // models with it and then call Run::optimizer_step (clip, the non-finite check, opt.step()).
-// `loss_scale` multiplies the loss before backward (fp16 loss scaling: Run::loss_scale()); the
-// loss returned is the unscaled one.
-double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing,
-                        double loss_scale = 1.0);
-// One unguarded update: forward_backward, clip the global gradient norm to `clip` (0: no
-// clipping), opt.step(). The caller sets the learning rate. Returns the loss before the update.
-double train_step(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing, double clip);
+double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing);
 
 struct EvalResult {
   double loss = 0;      // mean cross-entropy (no label smoothing)
