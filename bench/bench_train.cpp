@@ -31,12 +31,17 @@
 // would need. --json prints one JSON line of our side only (for bench/compare_pytorch).
 //
 // --deterministic sets ag::set_deterministic(true) (core/parallel.h), to measure what it costs.
+// --profile N runs N more steps per config under ag::KernelProfiler (core/profile.h) and prints the
+// kernels that take a step's time, beside PyTorch's CUDA kernels from torch.profiler over N steps
+// (on the CPU: its ops); busy = kernel time / wall time tells a launch-bound step (low) from a
+// kernel-bound one.
 // --precision bf16 runs forward under ag::AutocastGuard (autograd/autocast.h: matmul, linear and
 // attention on bf16 operands, f32 sums, f32 weights and AdamW) and PyTorch's forward under
 // torch.autocast(dtype=torch.bfloat16); on a GPU the GEMMs then run on tensor cores on both sides.
 //
 //   bench_train [--configs V,G,C,L] [--device cpu|cuda] [--precision fp32|bf16] [--reps 10]
 //               [--warmup 3] [--threads N] [--script PATH] [--roofline] [--json] [--deterministic]
+//               [--profile N] [--profile-top 15]
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <malloc.h>
@@ -181,6 +186,8 @@ double sgemm_peak_gflops(int reps) {
 struct Result {
   double secs = 0, peak_bytes = 0, step_bytes = 0, rss_bytes = 0, flops = 0, loss = 0, gemm_secs = 0;
   bool rss_reset = false;
+  KernelReport profile;  // --profile: the kernel times of that many further steps (summed)
+  int profile_steps = 0;
 };
 
 // Times `step` (one whole optimizer step; returns the loss) as bench::median_seconds does, then
@@ -189,8 +196,10 @@ struct Result {
 // is emptied first (empty_cache), as malloc_trim empties PyTorch's heap: otherwise the blocks
 // step 1 cached would already be resident and later steps would show no growth at all.
 // On a GPU the tensor bytes are those of the device's allocator.
+// With profile_steps > 0, that many more steps then run under ag::KernelProfiler (core/profile.h):
+// apart from the timed ones, whose times its events would disturb.
 template <class F>
-Result measure(F&& step, int reps, int warmup, Device dev) {
+Result measure(F&& step, int reps, int warmup, Device dev, int profile_steps) {
   Result r;
   step();
   empty_cache(dev);
@@ -204,6 +213,12 @@ Result measure(F&& step, int reps, int warmup, Device dev) {
   r.loss = step();
   r.peak_bytes = double(alloc_stats(dev).peak_bytes_in_use);
   r.step_bytes = double(alloc_stats(dev).peak_bytes_in_use - before);
+  if (profile_steps > 0) {
+    KernelProfiler prof;
+    for (int i = 0; i < profile_steps; ++i) step();
+    r.profile = prof.report();
+    r.profile_steps = profile_steps;
+  }
   return r;
 }
 
@@ -211,7 +226,7 @@ Result measure(F&& step, int reps, int warmup, Device dev) {
 // loss.item() copies the loss to the host, so on a GPU a step is timed to its end.
 // With `precision` bf16 the forward runs under autocast (backward keeps what each op recorded).
 template <class M, class L>
-Result run(M& model, L&& loss_of, int reps, int warmup, Device dev, Precision precision) {
+Result run(M& model, L&& loss_of, int reps, int warmup, Device dev, Precision precision, int profile_steps) {
   model.to(dev);
   const auto params = model.parameters();
   optim::AdamW opt(params, {.lr = 1e-3, .weight_decay = 0.05});
@@ -227,7 +242,60 @@ Result run(M& model, L&& loss_of, int reps, int warmup, Device dev, Precision pr
     opt.zero_grad();
     return loss.item<double>();
   };
-  return measure(step, reps, warmup, dev);
+  return measure(step, reps, warmup, dev, profile_steps);
+}
+
+// The kernel profile of one config, per step: ours, and PyTorch's when `torch` holds one (the
+// torch.profiler summary of bench/torch_reference.py train --profile).
+void print_profile(const Config& c, const Result& r, const nlohmann::json* torch, int top) {
+  const double n = r.profile_steps;
+  const Device::Type kind = r.profile.kernels.empty() ? Device::CPU : r.profile.kernels.front().device.type;
+  const double busy = r.profile.kernel_ms(kind) / n, wall = r.profile.wall_ms / n;
+  fmt::print("\nKernel profile of {} {} ({} steps, per step; the wall time includes the profiler's own cost):\n",
+             c.key, c.name, r.profile_steps);
+  fmt::print("  attograd: {:.2f} ms wall, {:.2f} ms in kernels ({:.0f}% busy), {:.0f} kernel calls\n", wall, busy,
+             100 * busy / wall, double(r.profile.calls) / n);
+  if (torch)
+    fmt::print("  PyTorch:  {:.2f} ms wall, {:.2f} ms in kernels ({:.0f}% busy), {:.0f} kernel launches\n",
+               (*torch)["wall_ms"].get<double>(), (*torch)["kernel_ms"].get<double>(),
+               100 * (*torch)["kernel_ms"].get<double>() / (*torch)["wall_ms"].get<double>(),
+               (*torch)["launches"].get<double>());
+  fmt::print("  {:<34} {:>7} {:>9} {:>6}", "attograd kernel", "calls", "ms", "%");
+  if (torch) fmt::print("   {:<50} {:>7} {:>9} {:>6}", "PyTorch kernel", "calls", "ms", "%");
+  fmt::print("\n");
+  const size_t ours = std::min(size_t(top), r.profile.kernels.size());
+  const size_t theirs = torch ? std::min(size_t(top), (*torch)["kernels"].size()) : 0;
+  for (size_t i = 0; i < std::max(ours, theirs); ++i) {
+    if (i < ours) {
+      const KernelTime& k = r.profile.kernels[i];
+      fmt::print("  {:<34} {:>7.1f} {:>9.3f} {:>5.1f}%", k.name.substr(0, 34), double(k.calls) / n, k.ms / n,
+                 100 * k.ms / n / wall);
+    } else {
+      fmt::print("  {:<34} {:>7} {:>9} {:>6}", "", "", "", "");
+    }
+    if (i < theirs) {
+      const auto& k = (*torch)["kernels"][i];
+      fmt::print("   {:<50} {:>7.1f} {:>9.3f} {:>5.1f}%", k["name"].get<std::string>().substr(0, 50),
+                 k["calls"].get<double>(), k["ms"].get<double>(),
+                 100 * k["ms"].get<double>() / (*torch)["wall_ms"].get<double>());
+    }
+    fmt::print("\n");
+  }
+}
+
+nlohmann::json profile_json(const Result& r) {
+  const double n = r.profile_steps;
+  nlohmann::json j = {{"steps", r.profile_steps},
+                      {"wall_ms", r.profile.wall_ms / n},
+                      {"calls", double(r.profile.calls) / n}};
+  double busy = 0;
+  for (const KernelTime& k : r.profile.kernels) {
+    j["kernels"].push_back({{"name", k.name}, {"device", k.device.str()}, {"calls", double(k.calls) / n},
+                            {"ms", k.ms / n}});
+    busy += k.ms / n;
+  }
+  j["kernel_ms"] = busy;
+  return j;
 }
 
 // Uniform integers in [low, high) as an i64 tensor, from `rng` (std::mt19937_64: the same on every
@@ -243,7 +311,7 @@ Tensor random_ints(std::mt19937_64& rng, int64_t low, int64_t high, const Shape&
 int main(int argc, char** argv) {
   CLI::App app{"attograd: one training step (fwd, loss, bwd, clip, AdamW) of each sample model, beside PyTorch"};
   std::string configs = "V,G,C", script, device_name = "cpu", precision_name = "fp32";
-  int reps = 10, warmup = 3, threads = 0;
+  int reps = 10, warmup = 3, threads = 0, profile = 0, profile_top = 15;
   bool roofline = false, json = false, deterministic = false;
   app.add_option("--configs", configs,
                  "comma-separated subset of V (ViT), G (GPT), C (TextClassifier), L (GPT d 768, 12 layers, T 1024)")
@@ -260,6 +328,12 @@ int main(int argc, char** argv) {
   app.add_option("--script", script, "bench/torch_reference.py (default: found next to this source)");
   app.add_flag("--roofline", roofline, "also time every GEMM of each step alone: the GEMM-bound limit");
   app.add_flag("--json", json, "print one JSON line of attograd's results only (no PyTorch run, no table)");
+  app.add_option("--profile", profile,
+                 "after the timed steps, run this many more under the kernel profiler (ag::KernelProfiler) and "
+                 "print where a step's time goes, kernel by kernel (beside torch.profiler's kernels)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--profile-top", profile_top, "kernels listed per config with --profile")->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_flag("--deterministic", deterministic, "ag::set_deterministic(true): the same bits at any thread count");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
@@ -318,7 +392,7 @@ int main(int argc, char** argv) {
       apps::ViT model(cfg, &gen);
       Tensor images = randn({c.B, 1, 28, 28}, DType::f32, &gen).to(dev);
       Tensor labels = random_ints(rng, 0, 10, {c.B}, c.B).to(dev);
-      r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup, dev, precision);
+      r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup, dev, precision, profile);
       const int64_t P = 49, K = 16;  // patches; pixels per patch
       gemms = step_gemms(c, {{{c.B * P, K, c.d}}, {{c.B, c.d, 10}}});  // patch projection, head
     } else if (c.key == 'G' || c.key == 'L') {
@@ -335,7 +409,7 @@ int main(int argc, char** argv) {
       Tensor targets = random_ints(rng, 0, V, {c.B * c.T}, c.B * c.T).to(dev);
       r = run(
           model, [&] { return cross_entropy(model.forward(idx).reshape({c.B * c.T, V}), targets); }, reps, warmup,
-          dev, precision);
+          dev, precision, profile);
       gemms = step_gemms(c, {{{c.B * c.T, c.d, V}}});  // head
     } else {
       apps::TextClassifierConfig cfg;  // vocab 20000, max_len 256, 2 classes, d 128, 4 heads, 2 layers, MLP 512
@@ -352,7 +426,7 @@ int main(int argc, char** argv) {
       Tensor lengths = from_vector<int64_t>(clf_lengths, {c.B}).to(dev);
       Tensor labels = random_ints(rng, 0, 2, {c.B}, c.B).to(dev);
       r = run(model, [&] { return cross_entropy(model.forward(tokens, lengths), labels); }, reps, warmup, dev,
-              precision);
+              precision, profile);
       gemms = step_gemms(c, {{{c.B, c.d, 2}}});  // head on the pooled tokens
     }
     r.flops = total_flops(gemms);
@@ -376,6 +450,7 @@ int main(int argc, char** argv) {
           {"config", chosen[i].name},  {"ms", r.secs * 1e3},          {"gflop_per_step", r.flops / 1e9},
           {"gflops", r.flops / r.secs / 1e9}, {"peak_mb", r.peak_bytes / 1e6}, {"step_mb", r.step_bytes / 1e6},
           {"rss_growth_mb", r.rss_bytes / 1e6}, {"loss", r.loss}, {"gemm_bound_ms", r.gemm_secs * 1e3}};
+      if (r.profile_steps > 0) j["results"][std::string(1, chosen[i].key)]["profile"] = profile_json(r);
     }
     if (!clf_lengths.empty()) j["results"]["C"]["lengths"] = clf_lengths;
     fmt::print("{}\n", j.dump());
@@ -397,6 +472,7 @@ int main(int argc, char** argv) {
     for (int64_t x : clf_lengths) l += (l.empty() ? "" : ",") + std::to_string(x);
     args.insert(args.end(), {"--lengths", l});
   }
+  if (profile > 0) args.insert(args.end(), {"--profile", std::to_string(profile)});
   auto torch = bench::torch_reference(bench::torch_script_path(__FILE__, argv[0], script), "train", args, variants);
   if (torch)
     fmt::print("PyTorch {} ({} threads), {}\n", (*torch)["torch"].get<std::string>(), (*torch)["threads"].get<int>(),
@@ -434,6 +510,16 @@ int main(int argc, char** argv) {
              "what was live before the step; ag RSS+ / torch RSS+ = growth of each process's max RSS over the\n"
              "warm-up and timed steps after the first (the mark reset after step 1). ag loss: the loss of\n"
              "the last step, for orientation only.\n");
+  for (size_t i = 0; i < chosen.size() && profile > 0; ++i) {
+    const nlohmann::json* t = nullptr;
+    if (torch && torch->at("results").at(variants[i]).contains("profile"))
+      t = &torch->at("results").at(variants[i]).at("profile");
+    print_profile(chosen[i], results[i], t, profile_top);
+  }
+  if (profile > 0)
+    fmt::print("\nKernel profile: ag::KernelProfiler (core/profile.h) times each kernel call through KERNEL(): on a\n"
+               "GPU by CUDA events around it (cuBLAS inside matmul included), on the CPU by the clock; PyTorch's\n"
+               "side is torch.profiler's CUDA kernels (CPU ops on the CPU). busy = kernel time / wall time.\n");
   if (roofline)
     fmt::print("GEMM ms: the step's GEMMs timed alone (the faster of ag::matmul and OpenBLAS's own threads per\n"
                "GEMM), summed: the GEMM-bound limit; bound = that / our step time (target >= 50%).\n");

@@ -222,11 +222,44 @@ def cmd_train(args):
             torch.cuda.reset_peak_memory_stats(dev)
             step()
             out[key]["peak_mb"] = torch.cuda.max_memory_allocated(dev) / 1e6
+        if args.profile > 0:
+            out[key]["profile"] = profile_steps(step, args.profile, cuda)
         out[key]["config"] = name
     return {"impl": ("bf16 autocast, " if bf16 else "")
                     + "torch_models twins, torch.optim.AdamW (default impl), clip_grad_norm_, attention: "
                     + ("F.scaled_dot_product_attention" if has_sdpa() else "math"),
             "results": out}
+
+
+def profile_steps(step, n, cuda):
+    """`n` more steps under torch.profiler, per step: the wall time, the kernel time and launches, and
+    the kernels by time (on a GPU its CUDA kernels; on the CPU its operators' own CPU time), as
+    bench_train --profile prints beside ours."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        wall = time.perf_counter() - t0
+    kernels = []
+    for e in prof.key_averages():
+        on_gpu = str(getattr(e, "device_type", "")).endswith("CUDA")
+        # a range annotated on the GPU's timeline (the optimizer's step, ...) spans kernels listed
+        # on their own: counting it too would count them twice
+        if cuda != on_gpu or getattr(e, "is_user_annotation", False) or "#" in e.key:
+            continue
+        if cuda:  # the GPU time of the kernel itself (named self_cuda_time_total before torch 2.4)
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = e.self_cuda_time_total
+        else:
+            us = e.self_cpu_time_total
+        if us > 0:
+            kernels.append({"name": e.key, "calls": e.count / n, "ms": us / 1e3 / n})
+    kernels.sort(key=lambda k: -k["ms"])
+    return {"steps": n, "wall_ms": wall * 1e3 / n, "kernel_ms": sum(k["ms"] for k in kernels),
+            "launches": sum(k["calls"] for k in kernels), "kernels": kernels}
 
 
 # generate: greedy decoding with the GPT twin, as bench/bench_decode.cpp does on our side: a 1-token
@@ -308,6 +341,8 @@ def train_args(s):
     s.add_argument("--lengths", default="", help="config C: the B lengths, comma-separated (default: random)")
     s.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: forward under torch.autocast(dtype=torch.bfloat16)")
+    s.add_argument("--profile", type=int, default=0,
+                   help="after the timed steps, this many more under torch.profiler: the kernels by time")
 
 
 def generate_args(s):

@@ -6,8 +6,11 @@
 // In a build without the CUDA backend, a CUDA tensor raises an ag::Error naming the kernel and the
 // device (never a silent fallback to the CPU). The cuda:: call sits in a discarded
 // `if constexpr` branch there, so that build needs no definition of any cuda:: kernel.
+// Each call is timed while a KernelProfiler is alive (core/profile.h); `decltype` of the argument
+// list (unevaluated) is the type of its last argument, which names a map kernel's function.
 #include "core/dtype.h"
 #include "core/kernels.h"
+#include "core/profile.h"
 #include "cuda/memory.h"  // set_device
 
 namespace ag {
@@ -23,6 +26,8 @@ inline constexpr bool kHasCuda = ATTOGRAD_WITH_CUDA;
 
 #define KERNEL(dev, fn, ...)                    \
   do {                                          \
+    ::ag::detail::KernelScope ag_kernel_scope_( \
+        #fn, (dev), typeid(decltype(__VA_ARGS__))); \
     if ((dev).is_cuda()) {                      \
       if constexpr (::ag::kHasCuda) {           \
         ::ag::cuda::set_device((dev).index);    \

@@ -28,6 +28,9 @@ void reset_peak_bytes(int) {}
 void set_device(int device) { no_cuda(device); }
 void synchronize(int device) { no_cuda(device); }
 void* stream(int device) { no_cuda(device); }
+void* record_event(int device) { no_cuda(device); }
+double event_elapsed_ms(void*, void*) { return 0; }
+void destroy_event(void*) {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 #endif

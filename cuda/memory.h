@@ -36,6 +36,12 @@ void synchronize(int device);
 // must be launched on it, after set_device(device): on any other stream it may run before the op
 // that wrote its input has finished, or while a block it still reads is reused.
 void* stream(int device);
+// Kernel timing (core/profile.h): an event recorded now on the device's stream (as void*, a
+// cudaEvent_t), the milliseconds between two recorded events (waiting for the later one), and an
+// event's release.
+void* record_event(int device);
+double event_elapsed_ms(void* start, void* end);
+void destroy_event(void* event);
 // TF32 for f32 GEMMs in cuBLAS (faster, ~10 mantissa bits): off by default, so GPU results match
 // the CPU's to f32 rounding; the setting applies to every device.
 void set_allow_tf32(bool allow);

@@ -80,6 +80,23 @@ void set_allow_tf32(bool allow) {
 
 bool allow_tf32() { return g_allow_tf32.load(); }
 
+void* record_event(int device) {
+  set_device(device);
+  cudaEvent_t e = nullptr;
+  cudaCheck(cudaEventCreate(&e));
+  cudaCheck(cudaEventRecord(e, stream_of(device)));
+  return e;
+}
+
+double event_elapsed_ms(void* start, void* end) {
+  cudaCheck(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+  float ms = 0;
+  cudaCheck(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
+
+void destroy_event(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
 void synchronize(int device) {
   set_device(device);
   cudaCheck(cudaStreamSynchronize(stream_of(device)));

@@ -8,7 +8,16 @@
 #   optim.txt                   AdamW multi-tensor vs per tensor (bench/bench_optim.cpp)
 #   build.log, machine.txt      configure and build output; the commit, GPU, driver and versions
 #
-#   scripts/gpu-check.sh OUT_DIR
+#   scripts/gpu-check.sh OUT_DIR [--profile]
+#
+# --profile builds bench_train, bench_attention and the tests only and, instead of the tests and benchmarks,
+# writes where the training steps' time goes (about 4 minutes):
+#   profile.txt                 bench_train --profile: each config's kernels by time, ours
+#                               (ag::KernelProfiler, core/profile.h) beside PyTorch's (torch.profiler),
+#                               for V, G, C in fp32, G and L in bf16, L in fp32
+#   profile.jsonl               our side of the same, one JSON line per run (bench_train --json)
+#   ncu.txt                     Nsight Compute's speed-of-light section of the fused attention kernels
+#                               at T 1024, where the machine lets ncu read its counters
 #
 # Needs on that machine: the CUDA toolkit (nvcc, cuBLAS), a C++20 compiler, CMake >= 3.25 and
 # Python with PyTorch; ninja when present. The other build dependencies (OpenBLAS with its Fortran
@@ -22,7 +31,13 @@
 # summary is still written.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
+out=${1:?usage: scripts/gpu-check.sh OUT_DIR [--profile]}
+profile=0
+case "${2:-}" in
+  --profile) profile=1 ;;
+  "") ;;
+  *) echo "gpu-check: unknown option '$2' (expected --profile)" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 build=${GPU_BUILD:-build-gpu}
@@ -65,17 +80,52 @@ say "configure and build (Release, CUDA on)"
   echo "torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo none)"
 } >"$out/machine.txt"
 cat "$out/machine.txt"
+targets=()
+((profile)) && targets=(--target bench_train bench_attention attograd_tests)
 # this GPU's architecture only (GPU_CUDA_ARCHS overrides): the default build's sm_80 + sm_90 + PTX
 # compiles every kernel three times, and CI compiles those already
 if ! timeout 60 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DATTOGRAD_CUDA=ON \
        -DCMAKE_CUDA_ARCHITECTURES="${GPU_CUDA_ARCHS:-native}" -DATTOGRAD_MPI=OFF "${deps_args[@]}" >"$out/build.log" 2>&1 ||
-   ! timeout 270 cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1; then
+   ! timeout 270 cmake --build "$build" -j "$(nproc)" ${targets[@]+"${targets[@]}"} >>"$out/build.log" 2>&1; then
   say "build FAILED (the end of $out/build.log):"
   tail -40 "$out/build.log"
   echo "build failed" >"$out/summary.txt"
   exit 1
 fi
 say "built"
+
+# ---- --profile: where the steps' time goes -----------------------------------------------------
+if ((profile)); then
+  : >"$out/profile.txt"
+  : >"$out/profile.jsonl"
+  say "profile: the profiler's own GPU test"
+  timeout 30 "$build/attograd_tests" -tc="cuda: the kernel profiler*" >>"$out/profile.txt" 2>&1 ||
+    say "  the profiler's GPU test FAILED (see profile.txt)"
+  # config list, precision, timed steps, profiled steps, time limit in seconds
+  for run in "V,G,C fp32 10 5 60" "G bf16 10 5 30" "L bf16 5 2 60" "L fp32 3 2 60"; do
+    read -r configs precision reps steps limit <<<"$run"
+    say "profile: $configs $precision"
+    args=(--device cuda --configs "$configs" --precision "$precision" --reps "$reps" --warmup 2 --profile "$steps")
+    timeout "$limit" "$build/bench_train" "${args[@]}" --profile-top 20 >>"$out/profile.txt" 2>&1 ||
+      say "  bench_train ${args[*]} failed or ran out of time (see profile.txt)"
+    timeout $((limit / 2)) "$build/bench_train" "${args[@]}" --json >>"$out/profile.jsonl" 2>>"$out/profile.txt" ||
+      say "  bench_train ${args[*]} --json failed or ran out of time"
+  done
+  # the fused attention kernels' speed of light (compute and memory throughput against the peaks),
+  # where ncu can read the counters (on some machines it cannot: then the reason is in ncu.txt)
+  say "profile: ncu on the fused attention at T 1024"
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [[ -n $ncu_bin ]]; then
+    timeout 60 "$ncu_bin" --clock-control none --section SpeedOfLight --section Occupancy -k "regex:attention" -c 4 \
+      "$build/bench_attention" --device cuda --batch 8 --heads 8 --T 1024 --d 64 --reps 1 --json >"$out/ncu.txt" 2>&1 ||
+      say "  ncu failed or ran out of time (see ncu.txt)"
+  else
+    echo "no ncu on this machine" >"$out/ncu.txt"
+  fi
+  grep -E "^Kernel profile|attograd:|PyTorch:" "$out/profile.txt"
+  say "done: $out/profile.txt, profile.jsonl, ncu.txt"
+  exit 0
+fi
 
 # ---- GPU tests -------------------------------------------------------------------------------------
 say "GPU tests"

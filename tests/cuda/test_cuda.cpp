@@ -1,6 +1,7 @@
 // The CUDA slot of the backend. On a machine without a GPU the GPU cases are reported by CTest as
 // skipped (they print the marker matched by SKIP_REGULAR_EXPRESSION in CMakeLists.txt).
 #include "core/dispatch.h"
+#include "core/profile.h"
 #include "cuda/memory.h"
 #include "nn/linear.h"
 #include "tests/helpers.h"
@@ -63,4 +64,22 @@ TEST_CASE("cuda: Module::to moves every parameter, and device() reports where th
   for (const Tensor& p : layer.parameters()) CHECK(p.device() == Device::cuda(0));
   layer.to(Device::cpu());
   CHECK(layer.device() == Device::cpu());
+}
+
+TEST_CASE("cuda: the kernel profiler times GPU kernels by CUDA events, within the wall time") {
+  if (skip_without_gpu()) return;
+  Generator gen(3);
+  Tensor a = randn({512, 512}, DType::f32, &gen).to(Device::cuda(0));
+  Tensor b = randn({512, 512}, DType::f32, &gen).to(Device::cuda(0));
+  (void)matmul(a, b).cpu();  // warm: cuBLAS's handle and the stream exist
+  KernelProfiler prof;
+  for (int i = 0; i < 4; ++i) (void)matmul(a, b);
+  KernelReport r = prof.report();
+  REQUIRE(r.kernels.size() == 1);
+  CHECK(r.kernels[0].name == "matmul_forward");
+  CHECK(r.kernels[0].device == Device::cuda(0));
+  CHECK(r.kernels[0].calls == 4);
+  CHECK(r.kernels[0].ms > 0);  // 4 x 268 MFLOP: tens of microseconds at least
+  CHECK(r.kernel_ms(Device::CUDA) <= r.wall_ms);
+  CHECK(r.kernel_ms(Device::CPU) == 0);
 }
