@@ -7,9 +7,20 @@
 //                a fixed shared-memory tree (block_reduce). A single row (outer == 1) longer than
 //                kChunk first reduces fixed chunks of kChunk, one block each, into partials, and a
 //                second launch reduces those: the same tree for any launch size.
-//   inner > 1    one thread per output column (o, i), r in increasing order; neighbouring threads
-//                read neighbouring addresses (coalesced).
+//   inner > 1    with many outputs (outer * inner >= kWideOutputs): one thread per output column
+//                (o, i), r in increasing order; neighbouring threads read neighbouring addresses
+//                (coalesced). With few outputs and long columns (a bias gradient: the sum of an
+//                (M, d) gradient over its M rows, d outputs), that would run d threads in all, each
+//                reading M values one after another: measured on an H200, over half of a small
+//                model's training step. So there the columns are cut into fixed chunks of kColChunk
+//                rows: a block of 32 x 8 threads sums one chunk of 32 neighbouring columns (each of
+//                its 8 row lanes every 8th row, then the 8 lane sums in a fixed order), writing one
+//                partial per chunk, and the partials (outer, chunks, inner) are reduced again the
+//                same way. The chunks depend on R alone, so the order of the sum does not depend
+//                on the GPU or the launch.
 // max and argmax follow the CPU: NaN is the maximum, argmax returns the first maximum.
+#include <algorithm>
+
 #include "core/kernels.h"
 #include "cuda/common.cuh"
 
@@ -65,6 +76,60 @@ __global__ void reduce_columns_kernel(T* out, const T* in, int64_t outer, int64_
   }
 }
 
+constexpr int64_t kWideOutputs = 131072;  // outputs enough to fill the GPU with one thread each
+constexpr int64_t kColChunk = 512;        // rows of one partial sum in the chunked column pass
+constexpr int kColTile = 32;              // columns of one block (a warp: coalesced reads)
+constexpr int kRowLanes = kThreads / kColTile;
+
+// Block-items (o, chunk, column tile), grid-stride: rows [chunk * kColChunk, + kColChunk) of columns
+// [tile * 32, + 32) of slice o, into part[(o * chunks + chunk) * inner + i].
+template <class T, class Op>
+__global__ void reduce_column_chunks_kernel(T* part, const T* in, int64_t outer, int64_t R, int64_t inner, Op op) {
+  __shared__ T sh[kRowLanes][kColTile + 1];
+  const int64_t chunks = (R + kColChunk - 1) / kColChunk, tiles = (inner + kColTile - 1) / kColTile;
+  const int tx = int(threadIdx.x) % kColTile, ty = int(threadIdx.x) / kColTile;
+  for (int64_t item = blockIdx.x; item < outer * chunks * tiles; item += gridDim.x) {
+    const int64_t tile = item % tiles, chunk = (item / tiles) % chunks, o = item / (tiles * chunks);
+    const int64_t i = tile * kColTile + tx, r0 = chunk * kColChunk, r1 = min(R, r0 + kColChunk);
+    T acc = Op::template identity<T>();
+    if (i < inner) {
+      const T* x = in + o * R * inner + i;
+      for (int64_t r = r0 + ty; r < r1; r += kRowLanes) acc = op(acc, x[r * inner]);
+    }
+    sh[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && i < inner) {
+      for (int l = 1; l < kRowLanes; ++l) acc = op(acc, sh[l][tx]);
+      part[(o * chunks + chunk) * inner + i] = acc;
+    }
+    __syncthreads();  // sh is rewritten by the next item
+  }
+}
+
+template <class T, class Op>
+void reduce(T* out, const T* in, int64_t outer, int64_t R, int64_t inner, Op op);
+
+// (outer, R, inner) -> (outer, inner) with inner > 1, one of the two ways described at the top.
+template <class T, class Op>
+void reduce_columns(T* out, const T* in, int64_t outer, int64_t R, int64_t inner, Op op) {
+  if (outer * inner >= kWideOutputs || R <= kColChunk / 8) {
+    reduce_columns_kernel<<<blocks_for(outer * inner), kThreads, 0, stream()>>>(out, in, outer, R, inner, op);
+    kernelCheck();
+    return;
+  }
+  const int64_t chunks = (R + kColChunk - 1) / kColChunk, tiles = (inner + kColTile - 1) / kColTile;
+  const unsigned grid = unsigned(std::min<int64_t>(outer * chunks * tiles, int64_t(1) << 20));
+  if (chunks == 1) {  // the partials are the result
+    reduce_column_chunks_kernel<<<grid, kThreads, 0, stream()>>>(out, in, outer, R, inner, op);
+    kernelCheck();
+    return;
+  }
+  Scratch part(size_t(outer * chunks * inner) * sizeof(T));
+  reduce_column_chunks_kernel<<<grid, kThreads, 0, stream()>>>(part.as<T>(), in, outer, R, inner, op);
+  kernelCheck();
+  reduce(out, part.as<T>(), outer, chunks, inner, op);  // the chunks' partials, in chunk order
+}
+
 template <class T, class Op>
 void reduce(T* out, const T* in, int64_t outer, int64_t R, int64_t inner, Op op) {
   if (outer * inner == 0) return;
@@ -82,8 +147,7 @@ void reduce(T* out, const T* in, int64_t outer, int64_t R, int64_t inner, Op op)
     kernelCheck();
     return;
   }
-  reduce_columns_kernel<<<blocks_for(outer * inner), kThreads, 0, stream()>>>(out, in, outer, R, inner, op);
-  kernelCheck();
+  reduce_columns(out, in, outer, R, inner, op);
 }
 
 // (value, index) of the first maximum, NaN counting as the maximum: b replaces a when it is

@@ -283,6 +283,30 @@ TEST_CASE("cuda ops: sum, mean, max, var and argmax over any dims equal the cpu"
   expect_bitwise(sum(g), sum(g));
 }
 
+TEST_CASE("cuda ops: sums and maxima down long columns (bias gradients) equal the cpu in each path") {
+  if (skip_without_gpu()) return;
+  // (outer, R, inner) over dim 1: one chunk of rows; 2 chunks; 16 chunks (a bias gradient of the
+  // 8192 x 768 shape); 79 chunks, whose partials are chunked again; and a wide one (a thread per
+  // column)
+  const std::vector<Shape> shapes = {{2, 300, 5}, {3, 600, 40}, {1, 8192, 768}, {1, 40000, 33}, {300, 100, 500}};
+  uint64_t seed = 40;
+  for (const Shape& shape : shapes)
+    for (DType dt : {DType::f32, DType::f64}) {
+      INFO(name(dt), " R ", shape[1], " inner ", shape[2]);
+      const Tensor x = leaf(shape, seed++, dt);
+      expect_same([](const std::vector<Tensor>& in) { return sum(in[0], {1}); }, {x},
+                  tolerance(dt, 1e-3, 1e-4));
+      expect_same([](const std::vector<Tensor>& in) { return max(in[0], {1}); }, {x}, tolerance(dt));
+      const Tensor g = x.detach().to(kGpu);
+      expect_bitwise(sum(g, {1}), sum(g, {1}));  // the same bits run after run
+    }
+  const Tensor ints = randint(-1000, 1000, {40000, 7});
+  expect_bitwise(sum(ints.to(kGpu), {0}), sum(ints, {0}));
+  Tensor nan_col = leaf({5000, 40}, 49).detach();
+  nan_col.data<float>()[1234 * 40 + 17] = NAN;  // one NaN deep in column 17: its maximum is NaN
+  expect_bitwise(max(nan_col.to(kGpu), {0}), max(nan_col, {0}));
+}
+
 // ---- softmax, layer_norm, embedding, cross_entropy, dropout -------------------------------------------
 TEST_CASE("cuda ops: softmax and log_softmax over the last, first and a middle dim equal the cpu") {
   if (skip_without_gpu()) return;
