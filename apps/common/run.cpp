@@ -268,6 +268,11 @@ void sum_over_ranks(std::vector<double>& values, ConfusionMatrix* cm) {
   values.resize(k);
 }
 
+std::string default_cache_dir() {
+  const char* home = std::getenv("HOME");
+  return (home && *home ? std::string(home) : std::string(".")) + "/.cache/attograd";
+}
+
 std::string resume_command(const std::vector<std::string>& argv) {
   // a word the shell reads as it is: letters, digits and a few punctuation marks; anything else
   // goes in single quotes (a ' inside becomes '\'')

@@ -180,6 +180,9 @@ Precision training_precision(const RunOptions& o);
 std::vector<int64_t> eval_part(int64_t n, int rank, int world);
 void sum_over_ranks(std::vector<double>& values, ConfusionMatrix* cm = nullptr);
 
+// Where the apps cache data they make from Debian's packages (the text of bible-kjv):
+// $HOME/.cache/attograd, or ./.cache/attograd without $HOME.
+std::string default_cache_dir();
 // The shell command that resumes a stopped run: `argv` (quoted where the shell needs it) without
 // --stop-at and its value, plus --resume (unless already there).
 std::string resume_command(const std::vector<std::string>& argv);

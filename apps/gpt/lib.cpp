@@ -15,11 +15,6 @@ namespace ag::apps {
 
 // ---- data --------------------------------------------------------------------------------------
 
-std::string default_cache_dir() {
-  const char* home = std::getenv("HOME");
-  return (home && *home ? std::string(home) : std::string(".")) + "/.cache/attograd";
-}
-
 std::optional<std::string> missing_gpt_data(const std::string& dataset, const std::string& text_file,
                                             const std::string& cache_dir, const std::string& fortune_root) {
   namespace fs = std::filesystem;

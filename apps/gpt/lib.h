@@ -66,9 +66,6 @@ std::string load_gpt_text(const std::string& dataset, const std::string& text_fi
 std::optional<std::string> missing_gpt_data(const std::string& dataset, const std::string& text_file,
                                             const std::string& cache_dir, const std::string& fortune_root);
 
-// The default cache directory: $HOME/.cache/attograd (or ./.cache/attograd without $HOME).
-std::string default_cache_dir();
-
 struct LMData {
   data::CharTokenizer tokenizer;      // codepoint vocabulary of the training part
   std::vector<int64_t> train, valid;  // token ids: codepoints [0, k) and [k, n), k = floor(0.9 n)

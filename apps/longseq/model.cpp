@@ -1,0 +1,91 @@
+#include "apps/longseq/model.h"
+
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
+#include "apps/common/gpt2_style.h"
+#include "autograd/ops.h"
+
+namespace ag::apps::longseq {
+
+const std::vector<std::string>& attention_methods() {
+  static const std::vector<std::string> names = {"full", "window"};
+  return names;
+}
+
+void check_config(const LongSeqConfig& c) {
+  check(c.vocab >= 2 && c.max_len >= 1 && c.classes >= 2,
+        "longseq: vocab {} (>= 2), max_len {} (>= 1) and classes {} (>= 2) are out of range", c.vocab, c.max_len,
+        c.classes);
+  check(c.d_model >= 1 && c.n_heads >= 1 && c.n_layers >= 1 && c.mlp_hidden >= 1,
+        "longseq: d_model {}, n_heads {}, n_layers {}, mlp_hidden {}: every size must be at least 1", c.d_model,
+        c.n_heads, c.n_layers, c.mlp_hidden);
+  check(c.d_model % c.n_heads == 0, "longseq: n_heads {} does not divide d_model {}", c.n_heads, c.d_model);
+  check(c.dropout >= 0 && c.dropout < 1, "longseq: dropout {} is outside [0, 1)", c.dropout);
+  const auto& m = attention_methods();
+  check(std::find(m.begin(), m.end(), c.attention) != m.end(), "longseq: unknown attention method '{}' (expected {})",
+        c.attention, fmt::join(m, ", "));
+  check(c.window >= 0, "longseq: window {} must be >= 0", c.window);
+}
+
+LongSeqBlock::LongSeqBlock(const LongSeqConfig& c, Generator* gen) : method(c.attention), window(c.window) {
+  ln1 = register_module("ln1", std::make_shared<nn::LayerNorm>(c.d_model));
+  attn = register_module("attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.n_heads, c.dropout, true,
+                                                                          DType::f32, gen));
+  ln2 = register_module("ln2", std::make_shared<nn::LayerNorm>(c.d_model));
+  mlp = register_module("mlp", std::make_shared<nn::MLP>(c.d_model, c.mlp_hidden, c.dropout, DType::f32, gen));
+}
+
+Tensor LongSeqBlock::forward(const Tensor& x, const Tensor& lengths) {
+  nn::ModuleScope scope(this);
+  nn::AttentionOptions o;
+  o.key_padding_lengths = lengths;
+  o.need_weights = need_weights;
+  if (method == "window") o.window = window;
+  nn::AttentionResult a = attn->forward(ln1->forward(x), o);
+  attn_weights = need_weights ? a.weights : Tensor();
+  const Tensor h = x + a.out;
+  return h + mlp->forward(ln2->forward(h));
+}
+
+LongSeqClassifier::LongSeqClassifier(const LongSeqConfig& c, Generator* gen) : cfg(c) {
+  check_config(c);
+  embed = register_module("embed", std::make_shared<nn::Embedding>(c.vocab, c.d_model, 0, DType::f32, gen));
+  pos_embed = register_parameter("pos_embed", zeros({1, c.max_len, c.d_model}));
+  blocks = register_module("blocks", std::make_shared<nn::ModuleList<LongSeqBlock>>());
+  for (int64_t i = 0; i < c.n_layers; ++i) blocks->push_back(std::make_shared<LongSeqBlock>(c, gen));
+  norm = register_module("norm", std::make_shared<nn::LayerNorm>(c.d_model));
+  head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, DType::f32, gen));
+  init_gpt2_style(*this, c.n_layers, gen);  // N(0, 0.02), residual projections scaled; pos_embed below
+  NoGradGuard no_grad;
+  pos_embed.copy_(randn({1, c.max_len, c.d_model}, DType::f32, gen) * 0.02);
+}
+
+Tensor LongSeqClassifier::forward(const Tensor& tokens_in, const Tensor& lengths_in) {
+  nn::ModuleScope scope(this);
+  check(tokens_in.ndim() == 2 && tokens_in.size(1) >= 1 && tokens_in.size(1) <= cfg.max_len,
+        "LongSeqClassifier: expected tokens (B, T) with 1 <= T <= {}, got {}", cfg.max_len, tokens_in.shape());
+  const int64_t B = tokens_in.size(0), T = tokens_in.size(1);
+  const Tensor tokens = tokens_in.to(device());
+  Tensor lengths;
+  if (lengths_in.defined()) {
+    check(lengths_in.ndim() == 1 && lengths_in.size(0) == B, "LongSeqClassifier: expected lengths ({}), got {}", B,
+          lengths_in.shape());
+    lengths = lengths_in.to(device());
+  }
+  Tensor h = embed->forward(tokens) + pos_embed.narrow(1, 0, T);  // (B, T, d)
+  for (const auto& block : *blocks) h = block->forward(h, lengths);
+  // mean over the valid tokens of each sequence
+  Tensor pooled;
+  if (lengths.defined()) {
+    const Tensor valid = lt(arange(0, T, 1, DType::i64).to(device()).reshape({1, T}), lengths.reshape({B, 1}));
+    const Tensor w = valid.to(DType::f32).reshape({B, T, 1});
+    pooled = sum(h * w, {1}) / lengths.to(DType::f32).reshape({B, 1});
+  } else {
+    pooled = mean(h, {1});
+  }
+  return head->forward(norm->forward(pooled));
+}
+
+}  // namespace ag::apps::longseq

@@ -1,0 +1,209 @@
+// apps/longseq: the three tasks (ListOps by hand-evaluated expressions, the bible's books and
+// passages on a synthetic text, pixel sequences on synthetic IDX files), batches, the pooled
+// heatmap, the model's padding and window, and the binary on a tiny run.
+#include <random>
+
+#include "apps/common/run.h"
+#include "apps/longseq/lib.h"
+#include "tests/apps/tiny_apps.h"
+#include "tests/apps/usage_error.h"
+#include "tests/helpers.h"
+
+using namespace ag;
+using namespace ag::test;
+using namespace ag::apps;
+using namespace ag::apps::longseq;
+
+namespace {
+// "[MAX 2 9 ]" -> ids, by the vocabulary of listops_vocab()
+std::vector<uint16_t> listops_ids(const std::string& text) {
+  std::vector<uint16_t> ids;
+  std::istringstream in(text);
+  for (std::string w; in >> w;) {
+    const auto& v = listops_vocab();
+    const auto it = std::find(v.begin(), v.end(), w);
+    REQUIRE(it != v.end());
+    ids.push_back(uint16_t(it - v.begin()));
+  }
+  return ids;
+}
+}  // namespace
+
+TEST_CASE("longseq: ListOps values by hand") {
+  CHECK(listops_value(listops_ids("7")) == 7);
+  CHECK(listops_value(listops_ids("[MAX 2 9 [MIN 4 7 ] 0 ]")) == 9);
+  CHECK(listops_value(listops_ids("[MIN 2 9 [MIN 4 7 ] 3 ]")) == 2);
+  CHECK(listops_value(listops_ids("[MED 1 2 3 4 ]")) == 2);  // np.median 2.5, int() -> 2
+  CHECK(listops_value(listops_ids("[MED 9 0 5 ]")) == 5);
+  CHECK(listops_value(listops_ids("[SM 5 6 7 ]")) == 8);     // 18 mod 10
+  CHECK(listops_value(listops_ids("[MIN [MAX 1 2 ] [MED 9 0 5 ] [SM 9 9 ] ]")) == 2);  // min(2, 5, 8)
+  CHECK(listops_text(listops_ids("[SM 5 [MAX 6 7 ] ]")) == "[SM 5 [MAX 6 7 ] ]");
+  AG_CHECK_ERROR(listops_value(listops_ids("[MAX 2 9")), "incomplete");
+  AG_CHECK_ERROR(listops_value(listops_ids("[MAX ]")), "empty ']'");
+  AG_CHECK_ERROR(listops_value(listops_ids("2 3")), "after the end");
+  AG_CHECK_ERROR(listops_value(std::vector<uint16_t>{0}), "not a ListOps token");
+}
+
+TEST_CASE("longseq: ListOps draws are reproducible, within their lengths, and their labels are their values") {
+  std::mt19937_64 a(5), b(5);
+  std::vector<int> seen(10, 0);
+  for (int i = 0; i < 60; ++i) {
+    const ListOpsExample x = draw_listops(a, 40, 300), y = draw_listops(b, 40, 300);
+    CHECK(x.ids == y.ids);
+    CHECK(x.ids.size() >= 40);
+    CHECK(x.ids.size() <= 300);
+    CHECK(x.value == listops_value(x.ids));
+    CHECK(x.ids.front() >= 11);  // an operator at the root
+    ++seen[size_t(x.value)];
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 0) <= 3);  // the values spread over the digits
+  TaskOptions t;
+  t.listops_train = 30, t.listops_val = 5, t.listops_test = 7, t.listops_min_len = 20, t.listops_max_len = 100;
+  const SeqSplits s = make_listops(t);
+  CHECK(s.train.size() == 30);
+  CHECK(s.val.size() == 5);
+  CHECK(s.test.size() == 7);
+  CHECK(s.train.vocab == 16);
+  t.listops_train = 3;  // the test split does not depend on the size of the training split
+  const SeqSplits s2 = make_listops(t);
+  CHECK(s2.test.tokens == s.test.tokens);
+  CHECK(s2.test.labels == s.test.labels);
+  TempDir dir("longseq_tsv");
+  write_listops_tsv(s2, dir.dir.string());
+  const std::string tsv = read_bytes(dir.file("listops-test.tsv"));
+  CHECK(tsv.rfind("Source\tTarget\n", 0) == 0);
+  CHECK(std::count(tsv.begin(), tsv.end(), '\n') == 8);
+}
+
+TEST_CASE("longseq: the bible's books, their groups and disjoint passages") {
+  // a pretty-printed text as the bible program writes it: headings, numbered verses, wrapped lines
+  std::string pretty;
+  for (int b = 0; b < 66; ++b)
+    for (int c = 1; c <= 2; ++c)
+      pretty += fmt::format("\nBook {} {}\n\n  1 Verse of {} {}, a line\nthat goes on.\n  12 And {}.\n", b, c, b, c, b);
+  const std::vector<std::string> books = kjv_books(pretty);
+  REQUIRE(books.size() == 66);
+  CHECK(books[3] == "Verse of 3 1, a line that goes on. And 3. Verse of 3 2, a line that goes on. And 3.");
+  AG_CHECK_ERROR(kjv_books("\nGenesis 1\n\n  1 In the beginning.\n"), "66 books", "found 1");
+  AG_CHECK_ERROR(kjv_books("\nGenesis one\n"), "not a heading");
+  // the canonical boundaries of the 8 groups
+  const std::vector<std::pair<int, int>> edges = {{0, 0},  {4, 0},  {5, 1},  {16, 1}, {17, 2}, {21, 2},
+                                                  {22, 3}, {26, 3}, {27, 4}, {38, 4}, {39, 5}, {43, 5},
+                                                  {44, 6}, {56, 6}, {57, 7}, {65, 7}};
+  for (auto [book, group] : edges) CHECK_MESSAGE(kjv_group_of(book) == group, "book ", book);
+  AG_CHECK_ERROR(kjv_group_of(66), "book 66");
+  // passages: consecutive, disjoint, k % 10 == 0 to test and == 5 to validation
+  std::vector<std::string> text(66);
+  text[0] = std::string(100, 'a');  // group 0: 100 bytes = 10 passages of 10
+  for (int i = 0; i < 100; ++i) text[0][size_t(i)] = char('a' + i / 10);
+  text[5] = std::string(25, 'z');  // group 1: 2 passages, the rest dropped
+  const SeqSplits s = text_splits(text, 10);
+  CHECK(s.test.size() == 2);   // group 0 passage 0, group 1 passage 0
+  CHECK(s.val.size() == 1);    // group 0 passage 5
+  CHECK(s.train.size() == 9);  // 8 of group 0, 1 of group 1
+  CHECK(s.val.tokens[0] == uint16_t('f') + 1);  // passage 5 is "ffffffffff", bytes + 1
+  CHECK(s.test.labels == std::vector<int64_t>{0, 1});
+  CHECK(s.train.num_classes == 8);
+}
+
+TEST_CASE("longseq: pixel sequences keep the grid, and the validation images come from the training set") {
+  TempDir dir("longseq_pixels");
+  write_fashion_gz(dir.dir.string(), 40, 12);  // 8x8 images
+  const SeqSplits s = pixel_splits("fashion-mnist", dir.dir.string(), 10);
+  CHECK(s.train.size() == 30);
+  CHECK(s.val.size() == 10);
+  CHECK(s.test.size() == 12);
+  CHECK(s.train.max_len == 64);
+  CHECK(s.train.grid_h == 8);
+  CHECK(s.train.vocab == 257);
+  for (int64_t i = 0; i < s.train.size(); ++i) CHECK(s.train.lengths[size_t(i)] == 64);
+  AG_CHECK_ERROR(pixel_splits("fashion-mnist", dir.dir.string(), 40), "--val-size 40");
+}
+
+TEST_CASE("longseq: a batch pads to its longest sequence; block means pool a map") {
+  SeqDataset ds;
+  ds.max_len = 6, ds.vocab = 16, ds.num_classes = 10;
+  ds.add(std::vector<uint16_t>{1, 2, 3}, 4);
+  ds.add(std::vector<uint16_t>{5, 6, 7, 8, 9}, 7);
+  const SeqBatch b = make_batch(ds, std::vector<int64_t>{0, 1});
+  CHECK(b.tokens.shape() == Shape{2, 5});
+  CHECK(b.tokens.to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3, 0, 0, 5, 6, 7, 8, 9});
+  CHECK(b.lengths.to_vector<int64_t>() == std::vector<int64_t>{3, 5});
+  CHECK(b.labels.to_vector<int64_t>() == std::vector<int64_t>{4, 7});
+  AG_CHECK_ERROR(ds.add(std::vector<uint16_t>{16}, 0), "token id 16");
+  // 4x4 -> 2x2: the means of the four quadrants
+  const Tensor m = from_vector<double>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {4, 4});
+  CHECK(block_means(m, 2).to_vector<double>() == std::vector<double>{3.5, 5.5, 11.5, 13.5});
+  // 3x3 -> 2x2: cells of rows {0, 1}, {2} (i * 2 / 3) and the same columns
+  const Tensor n = from_vector<double>({1, 2, 3, 4, 5, 6, 7, 8, 9}, {3, 3});
+  CHECK(block_means(n, 2).to_vector<double>() == std::vector<double>{3, 4.5, 7.5, 9});
+  CHECK(block_means(n, 10).shape() == Shape{3, 3});
+}
+
+TEST_CASE("longseq: the model ignores padding, and a window as wide as the sequence is full attention") {
+  LongSeqConfig c;
+  c.vocab = 20, c.max_len = 12, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
+  Generator g1(3);
+  LongSeqClassifier full(c, &g1);
+  const Tensor lengths = from_vector<int64_t>({7, 12}, {2});
+  std::vector<int64_t> tok(24);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = int64_t(1 + i % 19);
+  const Tensor a = full.forward(from_vector<int64_t>(tok, {2, 12}), lengths);
+  for (size_t i = 7; i < 12; ++i) tok[i] = 0;  // change what lies past the first sequence's length
+  const Tensor b = full.forward(from_vector<int64_t>(tok, {2, 12}), lengths);
+  check_close(a, b, 1e-6, 1e-6);
+  // window >= T sees every key; window 1 does not
+  c.attention = "window", c.window = 11;
+  Generator g2(3);
+  LongSeqClassifier wide(c, &g2);
+  check_close(wide.forward(from_vector<int64_t>(tok, {2, 12}), lengths), b, 1e-6, 1e-6);
+  c.window = 1;
+  Generator g3(3);
+  LongSeqClassifier narrow(c, &g3);
+  const Tensor d = narrow.forward(from_vector<int64_t>(tok, {2, 12}), lengths);
+  CHECK(max(abs(d - b)).item<double>() > 1e-4);
+  c.attention = "linear";
+  AG_CHECK_ERROR(LongSeqClassifier(c), "unknown attention method 'linear'");
+}
+
+TEST_CASE("longseq: the command line is checked before any data is read") {
+  TaskOptions ok;
+  CHECK_NOTHROW(validate_task_options(ok));
+  TaskOptions t = ok;
+  t.task = "images";
+  check_usage_error([&] { validate_task_options(t); }, {"--task images"});
+  t = ok, t.listops_min_len = 300, t.listops_max_len = 200;
+  check_usage_error([&] { validate_task_options(t); }, {"--listops-min-len 300", "--listops-max-len 200"});
+  t = ok, t.passage = 8;
+  check_usage_error([&] { validate_task_options(t); }, {"--passage 8"});
+  TempDir dir("longseq_cli");
+  const std::string out = dir.file("run"), err = dir.file("stderr.txt");
+  const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/longseq' --heads 3 --out '" + out +
+                          "' --data-dir '" + dir.file("no-data") + "' > /dev/null 2> '" + err + "'";
+  const int status = std::system(cmd.c_str());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == kExitUsage);
+  CHECK(read_bytes(err) == "longseq: --heads 3 does not divide --d-model 64 (longseq --help lists every option)\n");
+  CHECK_FALSE(std::filesystem::exists(out));
+}
+
+TEST_CASE("longseq: a tiny pixel run learns, writes its run directory, and its checkpoint evaluates") {
+  TempDir dir("longseq_run");
+  write_fashion_gz(dir.dir.string(), 200, 40);  // 8x8: 64 pixel tokens, 4 classes by brightness
+  const std::string out = dir.file("run");
+  const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/longseq' --task pixels --data-dir '" +
+                          dir.dir.string() + "' --val-size 40 --steps 60 --batch 16 --d-model 16 --heads 2 "
+                          "--layers 1 --mlp 32 --lr 3e-3 --threads 1 --quiet --out '" + out + "' > '" +
+                          dir.file("stdout.txt") + "' 2>&1";
+  const int status = std::system(cmd.c_str());
+  INFO(read_bytes(dir.file("stdout.txt")));
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  for (const char* f : {"checkpoint.safetensors", "metrics.jsonl", "curves.svg", "report.json", "attention.svg"})
+    CHECK_MESSAGE(std::filesystem::exists(out + "/" + f), f);
+  const nlohmann::json report = nlohmann::json::parse(read_bytes(out + "/report.json"));
+  INFO(report.dump());
+  CHECK(report.at("accuracy").get<double>() > 0.6);  // chance is 0.25
+  const std::string svg = read_bytes(out + "/attention.svg");
+  CHECK(svg.find("T = 64") != std::string::npos);
+}
