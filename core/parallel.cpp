@@ -1,5 +1,6 @@
 #include "core/parallel.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string_view>
@@ -16,7 +17,7 @@ int initial_threads() {
   openblas_set_num_threads(1);
   const char* env = std::getenv("OMP_NUM_THREADS");
   int n = env ? std::atoi(env) : 0;
-  return n > 0 ? n : omp_get_num_procs();
+  return n > 0 ? std::min(n, max_threads()) : omp_get_num_procs();
 }
 std::atomic<int> g_threads{initial_threads()};  // read by parallel_for on any thread
 bool initial_deterministic() {
@@ -31,8 +32,11 @@ bool is_deterministic() { return g_deterministic.load(std::memory_order_relaxed)
 
 int num_threads() { return g_threads.load(std::memory_order_relaxed); }
 
+int max_threads() { return std::max(16, 4 * omp_get_num_procs()); }
+
 void set_num_threads(int n) {
-  check(n >= 1, "set_num_threads: expected n >= 1, got {}", n);
+  check(n >= 1 && n <= max_threads(), "set_num_threads: expected 1 <= n <= {} (4 x the {} processors), got {}",
+        max_threads(), omp_get_num_procs(), n);
   g_threads.store(n, std::memory_order_relaxed);
   omp_set_num_threads(n);
   openblas_set_num_threads(1);

@@ -14,7 +14,11 @@ namespace ag {
 
 // Number of threads kernels use: OMP_NUM_THREADS when set, else the number of cores.
 int num_threads();
-void set_num_threads(int n);
+void set_num_threads(int n);  // 1 <= n <= max_threads(), else ag::Error
+// The most threads set_num_threads accepts: 4 x the processors OpenMP sees, and at least 16. More
+// would only oversubscribe the cores, and an OpenMP team of thousands of threads (a stack each) can
+// exhaust memory or hang while it starts. OMP_NUM_THREADS above it is clamped to it.
+int max_threads();
 
 // Deterministic mode (default off; ATTOGRAD_DETERMINISTIC=1 sets it at start). On the CPU, attograd's own kernels
 // give the same bits for the same inputs and seed at any thread count in either mode: each output element is computed

@@ -164,7 +164,9 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
               o.weight_decay);
   usage_check(o.clip >= 0 && std::isfinite(o.clip), "{}: --clip {}: expected >= 0 (0: off)", app, o.clip);
   usage_check(o.dropout >= 0 && o.dropout < 1, "{}: --dropout {}: expected a probability in [0, 1)", app, o.dropout);
-  usage_check(o.threads >= 0, "{}: --threads {}: expected >= 0 (0: every core)", app, o.threads);
+  usage_check(o.threads >= 0 && o.threads <= max_threads(),
+              "{}: --threads {}: expected 0 (every core) to {} (4 x this machine's {} processors)", app, o.threads,
+              max_threads(), omp_get_num_procs());
   usage_check(o.eval_every >= 0, "{}: --eval-every {}: expected >= 0 (0: ten evaluations per run)", app,
               o.eval_every);
   usage_check(o.checkpoint_every >= 0, "{}: --checkpoint-every {}: expected >= 0 (0: at every evaluation)", app,

@@ -547,6 +547,12 @@ TEST_CASE("run: option values out of range are usage errors naming the option an
   check_one(o, "--max-skips", "-1");
   o = ok, o.threads = -4;
   check_one(o, "--threads", "-4");
+  o = ok, o.threads = 100000;  // an OpenMP team that large crashed or hung at start-up
+  check_one(o, "--threads", "100000");
+  o = ok, o.threads = max_threads();
+  CHECK_NOTHROW(validate_run_options(o, "demo"));
+  o = ok, o.threads = max_threads() + 1;
+  check_one(o, "--threads", std::to_string(max_threads() + 1).c_str());
   o = ok, o.steps = 0;
   check_one(o, "--steps", "0");
   o = ok, o.batch = 0;

@@ -85,6 +85,19 @@ constexpr DType kBoth[] = {DType::f32, DType::f64};
 
 }  // namespace
 
+TEST_CASE("threads: set_num_threads refuses 0 and more than max_threads(), and keeps the count it had") {
+  const int before = num_threads();
+  CHECK(max_threads() >= 16);
+  CHECK(max_threads() >= 4 * omp_get_num_procs());
+  AG_CHECK_ERROR(set_num_threads(0), "set_num_threads", "got 0");
+  AG_CHECK_ERROR(set_num_threads(100000), "set_num_threads", "got 100000");
+  AG_CHECK_ERROR(set_num_threads(max_threads() + 1), "set_num_threads");
+  CHECK(num_threads() == before);
+  set_num_threads(3);
+  CHECK(num_threads() == 3);
+  set_num_threads(before);
+}
+
 TEST_CASE("determinism: the switch is off by default, and set_deterministic sets it") {
   ThreadsGuard guard;
   if (!std::getenv("ATTOGRAD_DETERMINISTIC")) CHECK_FALSE(is_deterministic());
