@@ -170,3 +170,126 @@ class TextClassifier(nn.Module):
         valid = (torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]).to(h.dtype).unsqueeze(2)
         pooled = (self.norm(h) * valid).sum(1) / lengths.clamp(min=1).to(h.dtype)[:, None]
         return self.head(F.dropout(pooled, self.dropout, self.training))
+
+
+# ---- efficient attention for long sequences: twins of nn/efficient_attention.h -------------------
+# Same parameter names and math as LinformerAttention, MemoryCompressedAttention and AxialAttention,
+# written out with an explicit mask (True = may attend) so a query that sees no key gets zeros.
+# key_padding_mask: (B, T) bool, True = padded (PyTorch's convention).
+
+
+def _attend(q, k, v, visible, dropout, training):
+    """q (B, H, Tq, hs), k, v (B, H, Tk, hs), visible broadcast to (B, H, Tq, Tk) or None."""
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    w = torch.softmax(s, dim=-1)
+    if visible is not None:
+        w = torch.nan_to_num(w, nan=0.0)  # a row that sees no key: zeros
+    return F.dropout(w, dropout, training) @ v
+
+
+def _heads(t, heads):  # (B, T, d) -> (B, H, T, hs)
+    B, T, d = t.shape
+    return t.reshape(B, T, heads, d // heads).transpose(1, 2)
+
+
+def _merge(o):  # (B, H, T, hs) -> (B, T, d)
+    B, H, T, hs = o.shape
+    return o.transpose(1, 2).reshape(B, T, H * hs)
+
+
+class LinformerAttention(nn.Module):
+    """k' = E[:, :T] k, v' = F[:, :T] v (E, F (k, max_len), shared by the heads); softmax(q k'^T / sqrt(hs)) v'."""
+
+    def __init__(self, d, heads, max_len, k, dropout=0.0, bias=True):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(d, 3 * d, bias=bias)
+        self.proj = nn.Linear(d, d, bias=bias)
+        bound = 1.0 / math.sqrt(max_len)
+        self.E = nn.Parameter(torch.empty(k, max_len).uniform_(-bound, bound))
+        self.F = nn.Parameter(torch.empty(k, max_len).uniform_(-bound, bound))
+
+    def forward(self, x, key_padding_mask=None):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        if key_padding_mask is not None:  # padded keys and values are zeroed before the projection
+            k = k.masked_fill(key_padding_mask[:, :, None], 0.0)
+            v = v.masked_fill(key_padding_mask[:, :, None], 0.0)
+        k = self.E[:, :T] @ k  # (B, k, d)
+        v = self.F[:, :T] @ v
+        o = _attend(_heads(q, self.heads), _heads(k, self.heads), _heads(v, self.heads), None,
+                    self.dropout if self.training else 0.0, self.training)
+        return self.proj(_merge(o))
+
+
+class MemoryCompressedAttention(nn.Module):
+    """k, v compressed by Linear(s d, d) over blocks of s positions (zero-padded at the end); causal:
+    query i sees block j iff (j + 1) s - 1 <= i."""
+
+    def __init__(self, d, heads, stride, dropout=0.0, bias=True):
+        super().__init__()
+        self.heads, self.stride, self.dropout = heads, stride, dropout
+        self.qkv = nn.Linear(d, 3 * d, bias=bias)
+        self.compress_k = nn.Linear(stride * d, d, bias=bias)
+        self.compress_v = nn.Linear(stride * d, d, bias=bias)
+        self.proj = nn.Linear(d, d, bias=bias)
+
+    def forward(self, x, causal=False, key_padding_mask=None):
+        B, T, d = x.shape
+        s = self.stride
+        Tc = (T + s - 1) // s
+        q, k, v = self.qkv(x).split(d, dim=2)
+        pad = torch.zeros(B, T, dtype=torch.bool, device=x.device)
+        if key_padding_mask is not None:
+            pad = key_padding_mask
+            k = k.masked_fill(pad[:, :, None], 0.0)
+            v = v.masked_fill(pad[:, :, None], 0.0)
+        k = F.pad(k, (0, 0, 0, Tc * s - T))  # zero positions at the end
+        v = F.pad(v, (0, 0, 0, Tc * s - T))
+        kc = self.compress_k(k.reshape(B, Tc, s * d))
+        vc = self.compress_v(v.reshape(B, Tc, s * d))
+        hidden = F.pad(pad, (0, Tc * s - T), value=True).reshape(B, Tc, s).all(2)  # (B, Tc)
+        visible = ~hidden[:, None, None, :]
+        if causal:
+            i = torch.arange(T, device=x.device)[:, None]
+            j = torch.arange(Tc, device=x.device)[None, :]
+            visible = visible & ((j + 1) * s - 1 <= i)
+        o = _attend(_heads(q, self.heads), _heads(kc, self.heads), _heads(vc, self.heads), visible,
+                    self.dropout if self.training else 0.0, self.training)
+        return self.proj(_merge(o))
+
+
+class _MHA(nn.Module):  # attograd's MultiHeadAttention: qkv (in_proj) and proj (out_proj)
+    def __init__(self, d, heads, dropout, bias):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(d, 3 * d, bias=bias)
+        self.proj = nn.Linear(d, d, bias=bias)
+
+    def forward(self, x, causal):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if causal else None
+        o = _attend(_heads(q, self.heads), _heads(k, self.heads), _heads(v, self.heads), visible,
+                    self.dropout if self.training else 0.0, self.training)
+        return self.proj(_merge(o))
+
+
+class AxialAttention(nn.Module):
+    """x (B, height * width, d) in raster order: attention along each row (row), then along each column (col)."""
+
+    def __init__(self, d, heads, height, width, causal=False, dropout=0.0, bias=True):
+        super().__init__()
+        self.height, self.width, self.causal = height, width, causal
+        self.row = _MHA(d, heads, dropout, bias)
+        self.col = _MHA(d, heads, dropout, bias)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        Hh, Ww = self.height, self.width
+        z = self.row(x.reshape(B * Hh, Ww, d), self.causal)
+        z = z.reshape(B, Hh, Ww, d).transpose(1, 2).reshape(B * Ww, Hh, d)
+        y = self.col(z, self.causal)
+        return y.reshape(B, Ww, Hh, d).transpose(1, 2).reshape(B, Hh * Ww, d)
