@@ -448,20 +448,25 @@ std::optional<std::string> attention_heatmap_svg(LongSeqClassifier& model, const
   for (const auto& block : *model.blocks) block->need_weights = false, block->attn_weights = Tensor();
   model.train(was_training);
   if (!w.defined()) return std::nullopt;
-  const Tensor avg = mean(w, {0, 1});  // (T, T): over the sequences and the heads
+  const Tensor avg = mean(w, {0, 1});  // (T, keys): over the sequences and the heads
   const Tensor pooled = block_means(avg, cells);
-  const int64_t T = avg.size(0), c = pooled.size(0);
-  std::vector<std::string> labels;
-  for (int64_t k = 0; k < c; ++k) labels.push_back(std::to_string(k * T / c));
-  const Heatmap h = heatmap_from_tensor(pooled,
-                                        fmt::format("last block, mean over {} heads and {} sequences; a cell = about "
-                                                    "{}x{} tokens (query rows, key columns)",
-                                                    w.size(1), w.size(0), (T + c - 1) / c, (T + c - 1) / c),
-                                        labels, labels);
+  const int64_t T = avg.size(0), K = avg.size(1), rows = pooled.size(0), cols = pooled.size(1);
+  std::vector<std::string> row_labels, col_labels;
+  for (int64_t r = 0; r < rows; ++r) row_labels.push_back(std::to_string(r * T / rows));
+  for (int64_t c = 0; c < cols; ++c) col_labels.push_back(std::to_string(c * K / cols));
+  const char* keys = model.cfg.attention == "linformer"    ? "projected keys"
+                     : model.cfg.attention == "compressed" ? "compressed keys"
+                                                           : "keys";
+  const Heatmap h = heatmap_from_tensor(
+      pooled,
+      fmt::format("last block, mean over {} heads and {} sequences; a cell = about {} queries x {} {} (query rows, "
+                  "key columns)",
+                  w.size(1), w.size(0), (T + rows - 1) / rows, (K + cols - 1) / cols, keys),
+      row_labels, col_labels);
   HeatmapOptions o;
-  o.title = fmt::format("longseq attention ({}), T = {}", model.cfg.attention, T);
+  o.title = fmt::format("longseq attention ({}), T = {}, {} {}", model.cfg.attention, T, K, keys);
   o.columns = 1;
-  o.cell = int(std::max<int64_t>(6, 640 / c));
+  o.cell = int(std::max<int64_t>(6, 640 / std::max(rows, cols)));
   return svg_heatmaps({h}, o);
 }
 

@@ -136,10 +136,11 @@ struct EvalResult {
 EvalResult evaluate(LongSeqClassifier& model, const SeqDataset& ds, int64_t batch, int64_t limit = 0,
                     bool sharded = false);
 
-// The attention of the last block for the first `n` sequences of `ds` (methods whose weights are
-// token by token: full, window, sparse; nullopt for the others), averaged over the heads and the
-// sequences and pooled into at most `cells` x `cells` blocks of tokens (each cell the mean of its
-// block), so a map over thousands of tokens stays readable: an SVG heatmap.
+// The attention of the last block for the first `n` sequences of `ds`, averaged over the heads and
+// the sequences and pooled into at most `cells` x `cells` blocks (each cell the mean of its block),
+// so a map over thousands of tokens stays readable: an SVG heatmap of queries by keys (tokens for
+// full and window, the k projected keys for linformer, the compressed blocks for compressed);
+// nullopt for axial, whose two passes have no single map.
 std::optional<std::string> attention_heatmap_svg(LongSeqClassifier& model, const SeqDataset& ds, int64_t n,
                                                  int64_t cells = 64);
 // The pooling alone: (T, T) weights -> (c, c) block means, c = min(cells, T).

@@ -4,6 +4,9 @@
 //   --task pixels    Fashion-MNIST (or --dataset mnist | cifar10) read as 784 (1024) pixel tokens
 //   --task listops   LRA's ListOps, generated from --data-seed, 500-2000 tokens, values 0-9
 //   --task text      which of 8 groups of books a 2048-byte passage of the King James Bible is from
+// --attention full | window (--window w) | linformer (--k) | compressed (--stride) | axial (the
+// pixels' grid, or a passage folded into rows of --axial-width bytes; not for ListOps, whose
+// expressions vary in length).
 // The model (apps/longseq/model.h): token + learned position embeddings, --layers pre-LN blocks,
 // mean pooling over the valid tokens, a linear head. The run holds out a validation split from
 // the training data, evaluates on it during training and reports the test split at the end.
@@ -34,10 +37,27 @@ using namespace ag::apps::longseq;
 namespace {
 
 struct AppOptions {
+  int64_t axial_width = 0;     // text + axial: bytes per row of the grid (0: the divisor of --passage nearest its root)
   int64_t eval_batch = 64;     // sequences per forward pass when evaluating
   int64_t eval_limit = 1000;   // intermediate evaluations on the first this many validation sequences
   int64_t heatmap_seqs = 8;    // validation sequences averaged in attention.svg
 };
+
+// The divisor of n nearest sqrt(n) from above: the row length of a near-square grid.
+int64_t axial_width_for(int64_t n) {
+  int64_t w = 1;
+  while (w * w < n) ++w;
+  while (n % w != 0) ++w;
+  return w;
+}
+
+std::string method_text(const LongSeqConfig& c) {
+  if (c.attention == "window") return fmt::format(" (+-{} tokens)", c.window);
+  if (c.attention == "linformer") return fmt::format(" (k {})", c.k);
+  if (c.attention == "compressed") return fmt::format(" (stride {})", c.stride);
+  if (c.attention == "axial") return fmt::format(" ({} x {} grid)", c.grid_h, c.grid_w);
+  return "";
+}
 
 nlohmann::json run_config(const LongSeqConfig& m, const TaskOptions& t) {
   nlohmann::json j = m;
@@ -109,6 +129,14 @@ int train(const RunOptions& o, LongSeqConfig cfg, const TaskOptions& t, const Ap
   cfg.max_len = data.train.max_len;
   cfg.classes = data.train.num_classes;
   cfg.dropout = o.dropout;
+  if (cfg.attention == "axial") {
+    if (data.train.grid_h > 0) {
+      cfg.grid_h = data.train.grid_h, cfg.grid_w = data.train.grid_w;
+    } else {
+      cfg.grid_w = a.axial_width > 0 ? a.axial_width : axial_width_for(cfg.max_len);
+      cfg.grid_h = cfg.max_len / cfg.grid_w;
+    }
+  }
   check_config(cfg);
 
   Generator gen(o.seed);
@@ -123,7 +151,7 @@ int train(const RunOptions& o, LongSeqConfig cfg, const TaskOptions& t, const Ap
                         "{} attention{}, d_model {}, {} heads, {} layers, MLP {}",
                         t.task, t.task == "pixels" ? " " + t.dataset : "", data.train.size(), data.val.size(),
                         data.test.size(), cfg.max_len, cfg.classes, cfg.attention,
-                        cfg.attention == "window" ? fmt::format(" (+-{} tokens)", cfg.window) : "", cfg.d_model,
+                        method_text(cfg), cfg.d_model,
                         cfg.n_heads, cfg.n_layers, cfg.mlp_hidden));
   std::string compute_text;
   const SeqBatch probe = make_batch(data.train, std::vector<int64_t>(size_t(std::min(o.batch, data.train.size())), 0));
@@ -197,6 +225,17 @@ int main(int argc, char** argv) {
   cli.add_option("--window", cfg.window, "--attention window: each token sees the tokens within +-this many")
       ->capture_default_str()
       ->check(non_negative());
+  cli.add_option("--k", cfg.k, "--attention linformer: the projected length of keys and values")
+      ->capture_default_str()
+      ->check(positive());
+  cli.add_option("--stride", cfg.stride, "--attention compressed: positions per compressed key")
+      ->capture_default_str()
+      ->check(positive());
+  cli.add_option("--axial-width", a.axial_width,
+                 "--attention axial on text: bytes per row of the grid (0: the divisor of --passage nearest its square "
+                 "root); pixels use the image's grid")
+      ->capture_default_str()
+      ->check(non_negative());
   cli.add_option("--dataset", t.dataset, std::string("pixels: fashion-mnist, mnist or cifar10 (default --data-dir: ") +
                                              data::kFashionMnistDir + ", data/mnist, data/cifar10)")
       ->capture_default_str()
@@ -238,6 +277,10 @@ int main(int argc, char** argv) {
     t.data_dir = o.data_dir;
     usage_check(cfg.d_model % cfg.n_heads == 0, "longseq: --heads {} does not divide --d-model {}", cfg.n_heads,
                 cfg.d_model);
+    usage_check(cfg.attention != "axial" || t.task != "listops",
+                "longseq: --attention axial needs sequences that fill a grid; ListOps expressions vary in length");
+    usage_check(cfg.attention != "axial" || t.task != "text" || a.axial_width == 0 || t.passage % a.axial_width == 0,
+                "longseq: --axial-width {} does not divide --passage {}", a.axial_width, t.passage);
   } catch (const UsageError& e) {
     apps::print_usage_error("longseq", e.what());
     return kExitUsage;

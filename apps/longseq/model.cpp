@@ -10,7 +10,7 @@
 namespace ag::apps::longseq {
 
 const std::vector<std::string>& attention_methods() {
-  static const std::vector<std::string> names = {"full", "window"};
+  static const std::vector<std::string> names = {"full", "window", "linformer", "compressed", "axial"};
   return names;
 }
 
@@ -27,12 +27,27 @@ void check_config(const LongSeqConfig& c) {
   check(std::find(m.begin(), m.end(), c.attention) != m.end(), "longseq: unknown attention method '{}' (expected {})",
         c.attention, fmt::join(m, ", "));
   check(c.window >= 0, "longseq: window {} must be >= 0", c.window);
+  check(c.k >= 1 && c.stride >= 1, "longseq: k {} and stride {} must be at least 1", c.k, c.stride);
+  if (c.attention == "axial")
+    check(c.grid_h >= 1 && c.grid_w >= 1 && c.grid_h * c.grid_w == c.max_len,
+          "longseq: axial attention needs a grid of max_len = {} tokens, got grid_h {} x grid_w {}", c.max_len,
+          c.grid_h, c.grid_w);
 }
 
 LongSeqBlock::LongSeqBlock(const LongSeqConfig& c, Generator* gen) : method(c.attention), window(c.window) {
   ln1 = register_module("ln1", std::make_shared<nn::LayerNorm>(c.d_model));
-  attn = register_module("attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.n_heads, c.dropout, true,
-                                                                          DType::f32, gen));
+  if (method == "linformer")
+    linformer = register_module("attn", std::make_shared<nn::LinformerAttention>(c.d_model, c.n_heads, c.max_len, c.k,
+                                                                                c.dropout, true, DType::f32, gen));
+  else if (method == "compressed")
+    compressed = register_module("attn", std::make_shared<nn::MemoryCompressedAttention>(
+                                             c.d_model, c.n_heads, c.stride, c.dropout, true, DType::f32, gen));
+  else if (method == "axial")
+    axial = register_module("attn", std::make_shared<nn::AxialAttention>(c.d_model, c.n_heads, c.grid_h, c.grid_w,
+                                                                        false, c.dropout, true, DType::f32, gen));
+  else
+    attn = register_module("attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.n_heads, c.dropout, true,
+                                                                            DType::f32, gen));
   ln2 = register_module("ln2", std::make_shared<nn::LayerNorm>(c.d_model));
   mlp = register_module("mlp", std::make_shared<nn::MLP>(c.d_model, c.mlp_hidden, c.dropout, DType::f32, gen));
 }
@@ -43,7 +58,13 @@ Tensor LongSeqBlock::forward(const Tensor& x, const Tensor& lengths) {
   o.key_padding_lengths = lengths;
   o.need_weights = need_weights;
   if (method == "window") o.window = window;
-  nn::AttentionResult a = attn->forward(ln1->forward(x), o);
+  const Tensor xn = ln1->forward(x);
+  nn::AttentionResult a;
+  if (axial) {  // the classifier checked that no token is padding
+    a.out = axial->forward(xn);
+  } else {
+    a = linformer ? linformer->forward(xn, o) : compressed ? compressed->forward(xn, o) : attn->forward(xn, o);
+  }
   attn_weights = need_weights ? a.weights : Tensor();
   const Tensor h = x + a.out;
   return h + mlp->forward(ln2->forward(h));
@@ -73,6 +94,13 @@ Tensor LongSeqClassifier::forward(const Tensor& tokens_in, const Tensor& lengths
     check(lengths_in.ndim() == 1 && lengths_in.size(0) == B, "LongSeqClassifier: expected lengths ({}), got {}", B,
           lengths_in.shape());
     lengths = lengths_in.to(device());
+  }
+  if (cfg.attention == "axial") {
+    bool full = T == cfg.max_len;
+    if (lengths_in.defined())
+      for (int64_t n : lengths_in.to(Device::cpu()).to_vector<int64_t>()) full = full && n == T;
+    check(full, "LongSeqClassifier: axial attention takes no padding: every sequence must fill the {} x {} grid ({} "
+          "tokens)", cfg.grid_h, cfg.grid_w, cfg.max_len);
   }
   Tensor h = embed->forward(tokens) + pos_embed.narrow(1, 0, T);  // (B, T, d)
   for (const auto& block : *blocks) h = block->forward(h, lengths);

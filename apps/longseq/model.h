@@ -9,12 +9,22 @@
 //   logits = head(norm(mean of h over the valid tokens of each sequence))
 // The attention of every block (LongSeqConfig::attention):
 //   full     nn::MultiHeadAttention over all T keys (the fused kernel: O(T) memory, T^2 time)
-//   window   the same with SdpaOptions::window = w: each token sees the tokens within +-w
-//            (the fused kernel skips the tiles outside the band: O(T w) time)
-// Padding keys are hidden from every query (key_padding_lengths).
+//   window      the same with SdpaOptions::window = w: each token sees the tokens within +-w
+//               (the fused kernel skips the tiles outside the band: O(T w) time)
+//   linformer   nn::LinformerAttention: keys and values projected along the sequence to k rows
+//               (O(T k) time and memory)
+//   compressed  nn::MemoryCompressedAttention: keys and values compressed by a Linear over blocks of
+//               `stride` positions, full attention over the T / stride compressed keys
+//   axial       nn::AxialAttention over the grid_h x grid_w grid of the sequence: along the rows,
+//               then along the columns (O(T (grid_h + grid_w)) time). Needs sequences of exactly
+//               grid_h x grid_w tokens: the pixels' own grid, or a 1-D sequence folded into rows.
+// Padding keys are hidden from every query (key_padding_lengths), except under axial, which takes
+// no padding (the app refuses it for sequences of varying length).
+// docs/math/long-sequences.md gives each method's formula and cost.
 #include <nlohmann/json.hpp>
 
 #include "nn/attention.h"
+#include "nn/efficient_attention.h"
 #include "nn/embedding.h"
 #include "nn/mlp.h"
 #include "nn/norm.h"
@@ -22,29 +32,40 @@
 
 namespace ag::apps::longseq {
 
-const std::vector<std::string>& attention_methods();  // {"full", "window"}
+// {"full", "window", "linformer", "compressed", "axial"}
+const std::vector<std::string>& attention_methods();
 
 struct LongSeqConfig {
   int64_t vocab = 257, max_len = 784, classes = 10;
   int64_t d_model = 64, n_heads = 4, n_layers = 2, mlp_hidden = 128;
   double dropout = 0.0;
   std::string attention = "full";
-  int64_t window = 64;  // window: keys within +-window of the query
+  int64_t window = 64;   // window: keys within +-window of the query
+  int64_t k = 128;       // linformer: the projected length
+  int64_t stride = 4;    // compressed: positions per compressed key
+  int64_t grid_h = 0, grid_w = 0;  // axial: the grid (grid_h * grid_w = max_len)
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LongSeqConfig, vocab, max_len, classes, d_model, n_heads, n_layers,
-                                                mlp_hidden, dropout, attention, window)
+                                                mlp_hidden, dropout, attention, window, k, stride, grid_h, grid_w)
 // The checks of a config: ag::Error naming the field and value (a size below 1, heads not dividing
-// d_model, an unknown attention method, window < 0).
+// d_model, an unknown attention method, window < 0, k or stride < 1, an axial grid that does not
+// hold max_len tokens).
 void check_config(const LongSeqConfig& c);
 
 struct LongSeqBlock : nn::Module {
   std::string method;
   int64_t window;
   std::shared_ptr<nn::LayerNorm> ln1, ln2;
-  std::shared_ptr<nn::MultiHeadAttention> attn;
+  // the attention, registered as "attn": one of these, by method
+  std::shared_ptr<nn::MultiHeadAttention> attn;                // full, window
+  std::shared_ptr<nn::LinformerAttention> linformer;          // linformer
+  std::shared_ptr<nn::MemoryCompressedAttention> compressed;  // compressed
+  std::shared_ptr<nn::AxialAttention> axial;                  // axial
   std::shared_ptr<nn::MLP> mlp;
   bool need_weights = false;
-  Tensor attn_weights;  // (B, H, T, T) of the last forward, kept only with need_weights
+  // of the last forward, kept only with need_weights: (B, H, T, keys), keys = T (full, window), k
+  // (linformer) or ceil(T / stride) (compressed); undefined for axial
+  Tensor attn_weights;
 
   LongSeqBlock(const LongSeqConfig& c, Generator* gen);
   Tensor forward(const Tensor& x, const Tensor& lengths);  // x (B, T, d), lengths i64 (B) or undefined

@@ -166,6 +166,36 @@ TEST_CASE("longseq: the model ignores padding, and a window as wide as the seque
   AG_CHECK_ERROR(LongSeqClassifier(c), "unknown attention method 'linear'");
 }
 
+TEST_CASE("longseq: linformer and compressed attention ignore padding too; axial needs a full grid") {
+  LongSeqConfig c;
+  c.vocab = 20, c.max_len = 12, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
+  c.k = 5, c.stride = 3;
+  const Tensor lengths = from_vector<int64_t>({7, 12}, {2});
+  std::vector<int64_t> tok(24);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = int64_t(1 + i % 19);
+  for (const char* method : {"linformer", "compressed"}) {
+    INFO(method);
+    c.attention = method;
+    Generator gen(4);
+    LongSeqClassifier model(c, &gen);
+    const std::string name = std::string("blocks.0.attn.") + (c.attention == "linformer" ? "E" : "compress_k.weight");
+    const auto named = model.named_parameters();
+    CHECK(std::any_of(named.begin(), named.end(), [&](const auto& p) { return p.first == name; }));
+    std::vector<int64_t> t2 = tok;
+    const Tensor a = model.forward(from_vector<int64_t>(t2, {2, 12}), lengths);
+    for (size_t i = 7; i < 12; ++i) t2[i] = 3;
+    const Tensor b = model.forward(from_vector<int64_t>(t2, {2, 12}), lengths);
+    check_close(a, b, 1e-6, 1e-6);
+  }
+  c.attention = "axial";
+  AG_CHECK_ERROR(LongSeqClassifier(c), "axial attention needs a grid of max_len = 12");
+  c.grid_h = 3, c.grid_w = 4;
+  Generator gen(5);
+  LongSeqClassifier axial(c, &gen);
+  CHECK(axial.forward(from_vector<int64_t>(tok, {2, 12})).shape() == Shape{2, 3});
+  AG_CHECK_ERROR(axial.forward(from_vector<int64_t>(tok, {2, 12}), lengths), "axial attention takes no padding");
+}
+
 TEST_CASE("longseq: the command line is checked before any data is read") {
   TaskOptions ok;
   CHECK_NOTHROW(validate_task_options(ok));
