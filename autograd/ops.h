@@ -523,8 +523,10 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 //            from query i,  P = softmax(S) over j,  out = dropout(P) V
 //            hidden: causal (j > i + Tk - Tq: bottom-right aligned, so a query block at the end
 //            of a KV cache works; equal to PyTorch's is_causal when Tq == Tk), window
-//            (|i + Tk - Tq - j| > w), key_padding_lengths (j >= len[b]) or key_padding_mask
-//            (mask[b, j] true). A query that sees no key gets zeros (and zero gradients), not NaN.
+//            (|i + Tk - Tq - j| > w), key_padding_lengths (j >= len[b]), key_padding_mask
+//            (mask[b, j] true) or block_mask (block_mask[i / bs, j / bs] false, bs = block_size:
+//            a block-sparse pattern such as nn/sparse_patterns.h builds, shared by every batch
+//            element and head). A query that sees no key gets zeros (and zero gradients), not NaN.
 //   vjp:     dV = P~^T dO,  dP = (dO V^T) * M / (1 - p),  where P~ = P * M / (1 - p) is P after the
 //            dropout mask M (without dropout: P~ = P, dP = dO V^T)
 //            dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q
@@ -535,7 +537,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 //   note:    fused (default): online softmax over key tiles; backward rebuilds P tile by tile from
 //            lse: memory O(T), not O(T^2). return_weights: the composed matmul-softmax-matmul
 //            path, returning P too. Dropout uses the same Philox elements in both paths, so they
-//            agree for a seed. Under bf16 or fp16 autocast (autograd/autocast.h) f32 q, k, v are
+//            agree for a seed. With block_mask the fused kernels skip every tile whose blocks
+//            are all dropped: the cost grows with the kept blocks, not with Tq Tk. Under bf16 or fp16 autocast (autograd/autocast.h) f32 q, k, v are
 //            rounded to that format (round_bf16, round_fp16) and the rest is computed in f32.
 //   math:    docs/math/attention.md
 struct SdpaOptions {
@@ -547,6 +550,8 @@ struct SdpaOptions {
   Generator* generator = nullptr;
   double scale = 0;            // 0: 1/sqrt(d)
   bool return_weights = false;
+  Tensor block_mask;           // b8 [ceil(Tq/bs), ceil(Tk/bs)]: true = block kept; on the cpu or q's device
+  int64_t block_size = 0;      // bs >= 1 with block_mask: query i, key j lie in block (i / bs, j / bs)
 };
 struct SdpaResult {
   Tensor out;      // [B, H, Tq, dv]

@@ -107,6 +107,11 @@ struct AttentionGeom {
                                 //   (with causal: the last window + 1 keys, the query's own included)
   const int64_t* lengths = nullptr;  // (B) valid keys per batch element, or null
   const bool* key_mask = nullptr;    // (B, Tk) true = masked key, or null
+  // block-sparse pattern, shared by every batch element and head: (block_rows, block_cols) =
+  // (ceil(Tq / block_size), ceil(Tk / block_size)) row-major, true = the block is kept, or null.
+  // On the kernel's device (the GPU's also take host memory, copied like lengths and key_mask).
+  const bool* block_mask = nullptr;
+  int64_t block_rows = 0, block_cols = 0, block_size = 1;
   double dropout = 0;           // probability of dropping an attention weight
   uint64_t seed = 0, offset = 0;  // Philox stream of the dropout mask (as ag::dropout over (BH, Tq, Tk))
 };

@@ -16,12 +16,15 @@ namespace {
 
 // Visible[b, i, j]: may query i of batch element b see key j? As b8 (B, 1, Tq, Tk), computed on the
 // host by the rule the kernels call (core/kernels/attention_mask.h: causal bottom-right aligned,
-// window, key padding).
-Tensor visibility(const SdpaOptions& o, int64_t B, int64_t Tq, int64_t Tk, const Tensor& lengths, const Tensor& kmask) {
+// window, key padding, block mask).
+Tensor visibility(const SdpaOptions& o, int64_t B, int64_t Tq, int64_t Tk, const Tensor& lengths, const Tensor& kmask,
+                  const Tensor& blocks) {
   const std::vector<int64_t> len = lengths.defined() ? lengths.to_vector<int64_t>() : std::vector<int64_t>();
   const Tensor km = kmask.defined() ? kmask.to(Device::cpu()).contiguous() : Tensor();
+  const Tensor bm = blocks.defined() ? blocks.to(Device::cpu()).contiguous() : Tensor();
   const Visibility rule{Tq, Tk, o.causal, o.window, lengths.defined() ? len.data() : nullptr,
-                        km.defined() ? km.data<bool>() : nullptr};
+                        km.defined() ? km.data<bool>() : nullptr, bm.defined() ? bm.data<bool>() : nullptr,
+                        bm.defined() ? bm.size(1) : 0, bm.defined() ? o.block_size : 1};
   Tensor vis = empty({B, 1, Tq, Tk}, DType::b8);
   bool* out = vis.data<bool>();
   for (int64_t b = 0; b < B; ++b)
@@ -79,6 +82,20 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
           "{}: key_padding_mask must be b8 of shape [{}, {}] (true = ignore the key), got {} {}", op, B, Tk,
           kmask.dtype(), kmask.shape());
   }
+  Tensor blocks;  // the block mask on q's device, where the kernels read it
+  if (o.block_mask.defined()) {
+    const int64_t bs = o.block_size;
+    check(bs >= 1, "{}: block_size must be >= 1 with a block_mask, got {}", op, bs);
+    const int64_t rows = (Tq + bs - 1) / bs, cols = (Tk + bs - 1) / bs;
+    check(o.block_mask.dtype() == DType::b8 && o.block_mask.shape() == Shape{rows, cols},
+          "{}: block_mask must be b8 of shape [{}, {}] (ceil(Tq / block_size), ceil(Tk / block_size) for Tq {}, "
+          "Tk {}, block_size {}), got {} {}",
+          op, rows, cols, Tq, Tk, bs, o.block_mask.dtype(), o.block_mask.shape());
+    check(o.block_mask.device() == q.device() || o.block_mask.device() == Device::cpu(),
+          "{}: block_mask is on {} but q on {} (give it on the cpu or on q's device)", op, o.block_mask.device(),
+          q.device());
+    blocks = o.block_mask.detach().to(q.device()).contiguous();
+  }
   if (const Precision p = autocast_operands(q.dtype()); p != Precision::fp32) {
     // autocast (autograd/autocast.h): q, k and v rounded to bf16 or fp16 (straight-through
     // gradients), the rest in f32, so the fused and the composed path compute the same function.
@@ -89,7 +106,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 
   if (o.return_weights)  // the visibility is built on the host, then moved to q's device
-    return attention_composed(q, k, v, o, scale, visibility(o, B, Tq, Tk, lengths, kmask).to(q.device()));
+    return attention_composed(q, k, v, o, scale, visibility(o, B, Tq, Tk, lengths, kmask, blocks).to(q.device()));
 
   // q, k, v are read where they are when their rows are unit-stride (the heads of a fused QKV
   // projection, a KV cache's first positions): no copy. Anything else is copied once.
@@ -106,6 +123,9 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   g.causal = o.causal, g.window = o.window;
   g.lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   g.key_mask = kmask.defined() ? kmask.data<bool>() : nullptr;
+  if (blocks.defined())
+    g.block_mask = blocks.data<bool>(), g.block_rows = blocks.size(0), g.block_cols = blocks.size(1),
+    g.block_size = o.block_size;
   if (o.dropout > 0) {  // the same Philox elements ag::dropout would use on the (B, H, Tq, Tk) weights
     Generator& gen = o.generator ? *o.generator : default_generator();
     g.dropout = o.dropout, g.seed = gen.seed(), g.offset = gen.advance(dropout_blocks(B * H * Tq * Tk));
@@ -114,7 +134,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     KERNEL(q.device(), attention_forward<T>, out.data<T>(), lse.data<T>(), qc.data<T>(), kc.data<T>(), vc.data<T>(), g);
   });
   // saves q, k, v, out and lse (O(T) per row), and the masks the geometry points into
-  record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, g](const Tensor& dout) {
+  record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, blocks, g](const Tensor& dout) {
     Tensor gc = dout.contiguous(), dq = zeros_like(qc), dk = zeros_like(kc), dv = zeros_like(vc);  // contiguous
     visit_floating("scaled_dot_product_attention", qc.dtype(), [&]<class T>() {
       KERNEL(qc.device(), attention_backward<T>, dq.data<T>(), dk.data<T>(), dv.data<T>(), gc.data<T>(),

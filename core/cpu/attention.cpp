@@ -9,6 +9,8 @@
 // scratch per thread (a tile, and K^T, V^T of one head), nothing of size Tq x Tk.
 // Backward recomputes each tile's P = e^(S - lse) from the saved lse (see attention_backward).
 // The tile products are hand-written (tile_product below), not BLAS calls: see why there.
+// With a block mask (a block-sparse pattern) a query block walks only the runs of block columns
+// that one of its block rows keeps (for_each_key_tile): dropped blocks cost nothing.
 // Threads: forward splits over (BH, query block), backward over BH; each output element is
 // produced by one thread in a fixed order, so results do not depend on the thread count.
 // The rules shared with the GPU kernels: which keys a query sees (core/kernels/attention_mask.h) and
@@ -44,18 +46,43 @@ int64_t grain_for(int64_t work) { return std::max<int64_t>(1, kMinWork / std::ma
 
 // The masks (core/kernels/attention_mask.h): which keys each query row may see, the rule the GPU
 // kernels and the composed path call too.
-Visibility visibility(const AttentionGeom& g) { return {g.Tq, g.Tk, g.causal, g.window, g.lengths, g.key_mask}; }
+Visibility visibility(const AttentionGeom& g) {
+  return {g.Tq, g.Tk, g.causal, g.window, g.lengths, g.key_mask, g.block_mask, g.block_cols, g.block_size};
+}
 
-// Sets s[j] = hidden for the keys j0 + j (j < nk) a row may not see: outside its range r, or
-// masked by key_mask. Range first, as two plain fills, so the loops that follow stay vectorised.
+// Sets s[j] = hidden for the keys j0 + j (j < nk) row i may not see: outside its range r, masked
+// by key_mask, or (when `blocks`: the tile is not inside kept blocks, block_cover) in a block that
+// block_mask drops. Range and blocks as plain fills, so the loops that follow stay vectorised.
 template <class T>
-void hide_keys(T* s, const Visibility& vis, int64_t b, int64_t j0, int64_t nk, KeyRange r, T hidden) {
+void hide_keys(T* s, const Visibility& vis, int64_t b, int64_t i, int64_t j0, int64_t nk, KeyRange r, bool blocks,
+               T hidden) {
   const int64_t lo = std::clamp<int64_t>(r.lo - j0, 0, nk), hi = std::clamp<int64_t>(r.hi - j0, lo, nk);
   for (int64_t j = 0; j < lo; ++j) s[j] = hidden;
   for (int64_t j = hi; j < nk; ++j) s[j] = hidden;
   if (vis.key_mask)
     for (int64_t j = lo; j < hi; ++j)
       if (key_masked(vis, b, j0 + j)) s[j] = hidden;
+  if (blocks) {  // the block columns that row i's block row drops
+    const int64_t bs = vis.block_size;
+    const bool* kept = vis.block_mask + (i / bs) * vis.block_cols;
+    for (int64_t c = j0 / bs; c * bs < j0 + nk; ++c)
+      if (!kept[c])
+        for (int64_t j = std::max<int64_t>(c * bs - j0, 0), e = std::min((c + 1) * bs - j0, nk); j < e; ++j) s[j] = hidden;
+  }
+}
+
+// Calls f(j0, nk, blocks) for the key tiles [j0, j0 + nk) (nk <= kBk) that query rows [i0, i1)
+// walk within span: the runs of block columns some of their block rows keep (kept_run; all of span
+// without a block mask), kBk keys at a time. blocks: the tile overlaps a dropped block, so its
+// rows need the per-element block check (block_cover is not all). Keys of block columns that every
+// row drops are never read: the cost grows with the kept blocks, not with Tq x Tk.
+template <class F>
+void for_each_key_tile(const Visibility& vis, int64_t i0, int64_t i1, KeyRange span, F f) {
+  for (KeyRange run = kept_run(vis, i0, i1, span.lo, span.hi); !run.empty(); run = kept_run(vis, i0, i1, run.hi, span.hi))
+    for (int64_t j0 = run.lo; j0 < run.hi; j0 += kBk) {
+      const int64_t nk = std::min(kBk, run.hi - j0);
+      f(j0, nk, block_cover(vis, i0, i1, j0, j0 + nk) != BlockCover::all);
+    }
 }
 
 // Dropout factor of weight (bh, i, j) (core/kernels/dropout_mask.h): 1 / (1 - p) or 0, from the
@@ -197,13 +224,12 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
         m[i] = ninf, l[i] = 0;
       }
       std::fill(acc.begin(), acc.begin() + nq * Dv, T(0));
-      for (int64_t j0 = span.lo; j0 < span.hi; j0 += kBk) {
-        const int64_t nk = std::min(kBk, span.hi - j0);
+      for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
         // S = scale Q K_j^T   (nq, nk)
         tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, g.Tk, S.data(), kBk, false);
         for (int64_t i = 0; i < nq; ++i) {
           T* s = S.data() + i * kBk;
-          hide_keys(s, vis, b, j0, nk, range[i], ninf);
+          hide_keys(s, vis, b, i0 + i, j0, nk, range[i], blocks, ninf);
           T mx = ninf;
 #pragma omp simd reduction(max : mx)
           for (int64_t j = 0; j < nk; ++j) mx = s[j] > mx ? s[j] : mx;
@@ -229,7 +255,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
         }
         // acc += P V_j   (nq, Dv)
         tile_product(nq, Dv, nk, T(1), S.data(), kBk, 1, V + j0 * hv.ld, hv.ld, acc.data(), Dv, true);
-      }
+      });
       for (int64_t i = 0; i < nq; ++i) {
         T* o = out + (bh * g.Tq + i0 + i) * Dv;
         const T* a = acc.data() + i * Dv;
@@ -279,15 +305,15 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           for (int64_t c = 0; c < Dv; ++c) d += dO[i * Dv + c] * O[i * Dv + c];
           Dd[i] = d;
         }
-        for (int64_t j0 = span.lo; j0 < span.hi; j0 += kBk) {
-          const int64_t nk = std::min(kBk, span.hi - j0);
+        for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
           tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, g.Tk, P.data(), kBk, false);  // S
           tile_product(nq, nk, Dv, T(1), dO, Dv, 1, Vt.data() + j0, g.Tk, dP.data(), kBk, false);    // dO V^T
           for (int64_t i = 0; i < nq; ++i) {
             T *p = P.data() + i * kBk, *dp = dP.data() + i * kBk;
             // a row that saw no key (lse = +inf) has P = 0: hide all of it
             const bool none = !(L[i] < std::numeric_limits<T>::infinity());
-            hide_keys(p, vis, b, j0, nk, none ? KeyRange{0, 0} : range[i], -std::numeric_limits<T>::infinity());
+            hide_keys(p, vis, b, i0 + i, j0, nk, none ? KeyRange{0, 0} : range[i], blocks && !none,
+                      -std::numeric_limits<T>::infinity());
             const T li = none ? T(0) : L[i], di = Dd[i];
             if (g.dropout > 0) {
               for (int64_t j = 0; j < nk; ++j) {
@@ -308,7 +334,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           tile_product(nk, Dv, nq, T(1), P.data(), 1, kBk, dO, Dv, dV + j0 * Dv, Dv, true);
           tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * hk.ld, hk.ld, dQ, D, true);
           tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, hq.ld, dK + j0 * D, D, true);
-        }
+        });
       }
     }
   });

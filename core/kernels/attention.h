@@ -12,8 +12,9 @@
 // and inside ag::cuda (cuda/attention.cu: fused, FlashAttention-2 style), so each kernel is
 // declared once for both backends. The GPU's give the same results: out, lse as defined above
 // (lse = +inf and out = 0 for a row with no visible key), dq, dk, dv added into, the dropout mask
-// from the same Philox elements; there, lengths and key_mask may point to device or host memory
-// (host arrays are copied to the device first).
+// from the same Philox elements; there, lengths, key_mask and block_mask may point to device or
+// host memory (host arrays are copied to the device first). Both skip the key tiles that a block
+// mask hides from every query of a tile (core/kernels/attention_mask.h).
 #ifndef AG_KERNELS_CPU
 #include "core/kernels.h"  // included on its own: the index reads this file for each backend
 #else
