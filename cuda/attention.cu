@@ -28,7 +28,10 @@
 // Work skipped. key_range (the causal / window / lengths range of a query row) only grows with the
 // row: lo and hi never decrease as i increases. So the keys a block of query rows i0..i1 can see
 // lie in key_bounds = [lo(i0), hi(i1)), and a key tile [j0, j1) outside it is hidden from the
-// whole block (tile_hidden): causal attention visits about half of the tiles.
+// whole block (tile_hidden): causal attention visits about half of the tiles. With a block mask,
+// a tile whose blocks are all dropped (block_cover none) is skipped too (tile_blocks_kept), so the
+// work grows with the kept blocks; inside a visited tile visible() checks each (i, j), the block
+// mask included.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -102,6 +105,20 @@ __device__ inline float dot4(float s, float4 a, float4 b) {
 }
 __device__ inline float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
+// Whether block_mask keeps some block that rows [i0, i1) x keys [j0, j1) (both non-empty) overlap:
+// block_cover(g, i0, i1, j0, j1) != none of core/kernels/attention_mask.h, with the overlapped
+// blocks shared among the threads (one each for bs >= 32; a sequential walk would cost each thread
+// up to 32 x 32 reads for bs = 1) and joined by __syncthreads_or. A barrier: every thread of the
+// block calls it, with the same arguments, and gets the same answer.
+__device__ inline bool tile_blocks_kept(const Geo& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const int64_t bs = g.block_size, r0 = i0 / bs, c0 = j0 / bs;
+  const int64_t nc = (j1 - 1) / bs - c0 + 1, n = ((i1 - 1) / bs - r0 + 1) * nc;
+  int kept = 0;
+  for (int64_t e = threadIdx.x; e < n && !kept; e += blockDim.x)
+    kept = g.block_mask[(r0 + e / nc) * g.block_cols + c0 + e % nc];
+  return __syncthreads_or(kept) != 0;
+}
+
 // Shared memory of each kernel, in floats, for C (see the layouts in the kernels).
 __host__ __device__ constexpr int row_ld(int C) { return 32 * C; }      // a tile read with one row per warp (broadcast)
 __host__ __device__ constexpr int lane_ld(int C) { return 32 * C + 4; } // a tile read with one row per lane
@@ -152,7 +169,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[r][c] = 0.f;
   }
+  const int64_t i1 = min(i0 + kTile, g.Tq);
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTile) {
+    // a tile of dropped blocks only: skipped by the whole block (uniform)
+    if (g.block_mask && !tile_blocks_kept(g, i0, i1, j0, min(j0 + kTile, g.Tk))) continue;
     __syncthreads();  // every warp is done with the previous tile (and Qs is complete)
     load_tile<LL>(Ks, K, g.kt, j0, g.Tk, g.D);
     load_tile<LB>(Vs, V, g.vt, j0, g.Tk, g.Dv);
@@ -297,6 +317,7 @@ __global__ void __launch_bounds__(kThreads)
     // gave this kernel 208 registers instead of 168 for D 33..64 (ptxas, sm_90), one block less per SM.
     const int64_t ilast = min(i0 + kTile, g.Tq) - 1;
     if (key_range(g, b, i0).lo >= j1 || key_range(g, b, ilast).hi <= j0) continue;
+    if (g.block_mask && !tile_blocks_kept(g, i0, ilast + 1, j0, j1)) continue;  // dropped blocks only
     __syncthreads();  // every warp is done with the previous query tile (and Ks, Vs are complete)
     load_tile<LL>(Qs, Q, g.qt, i0, g.Tq, g.D);
     load_tile<LL>(dOs, dO, g.Dv, i0, g.Tq, g.Dv);
@@ -327,7 +348,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < kRows; ++r) {
       const int64_t j = j0 + warp * kRows + r;
       float pm, ds;
-      pair_grads(g, row_ok && sees(g, b, range, j), s[r], dp[r], li, di, bh, i, j, pm, ds);
+      pair_grads(g, row_ok && sees(g, b, i, range, j), s[r], dp[r], li, di, bh, i, j, pm, ds);
       Ps[(warp * kRows + r) * kTile + lane] = pm;
       dSs[(warp * kRows + r) * kTile + lane] = ds;
     }
@@ -408,7 +429,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int c = 0; c < C; ++c) dQ[r][c] = 0.f;
+  const int64_t i1 = min(i0 + kTile, g.Tq);
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTile) {
+    if (g.block_mask && !tile_blocks_kept(g, i0, i1, j0, min(j0 + kTile, g.Tk))) continue;  // as in the forward
     __syncthreads();  // every warp is done with the previous key tile (and Qs, dOs, Ls, Ds are complete)
     load_tile<LL>(Ks, K, g.kt, j0, g.Tk, g.D);
     load_tile<LL>(Vs, V, g.vt, j0, g.Tk, g.Dv);
@@ -482,7 +505,7 @@ __global__ void attention_forward_naive_kernel(T* out, T* lse, const T* q, const
     T m = -T(INFINITY), l = 0;
     const KeyRange r = key_range(g, b, i);
     for (int64_t j = r.lo; j < r.hi; ++j) {
-      if (!sees(g, b, r, j)) continue;
+      if (!sees(g, b, i, r, j)) continue;
       T s = 0;
       for (int64_t d = 0; d < g.D; ++d) s += Qi[d] * K[j * g.kt + d];
       s *= T(g.scale);
@@ -515,7 +538,7 @@ __global__ void attention_backward_q_naive_kernel(T* dq, const T* dout, const T*
     T* dQi = dq + w * g.D;
     const KeyRange r = key_range(g, b, i);
     for (int64_t j = r.lo; j < r.hi; ++j) {
-      if (!sees(g, b, r, j)) continue;
+      if (!sees(g, b, i, r, j)) continue;
       T s = 0, dp = 0;
       for (int64_t d = 0; d < g.D; ++d) s += Qi[d] * K[j * g.kt + d];
       for (int64_t c = 0; c < g.Dv; ++c) dp += dOi[c] * V[j * g.vt + c];
@@ -581,7 +604,7 @@ struct DeviceCopy {
   }
 };
 
-Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask) {
+Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask, DeviceCopy& block_mask) {
   Geo e{};
   e.BH = g.BH, e.H = g.H, e.Tq = g.Tq, e.Tk = g.Tk, e.D = g.D, e.Dv = g.Dv;
   e.causal = g.causal, e.window = g.window;
@@ -596,6 +619,8 @@ Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask) 
   const int64_t B = g.H > 0 ? g.BH / g.H : 0;
   e.lengths = lengths.of(g.lengths, size_t(B));
   e.key_mask = key_mask.of(g.key_mask, size_t(B * g.Tk));
+  e.block_mask = block_mask.of(g.block_mask, size_t(g.block_rows * g.block_cols));
+  e.block_cols = g.block_cols, e.block_size = g.block_size;
   e.dropout = g.dropout, e.keep = g.dropout > 0 ? dropout_scale<double>(g.dropout) : 1.0;
   e.seed = g.seed, e.offset = g.offset;
   return e;
@@ -639,8 +664,8 @@ void backward_tiled(float* dq, float* dk, float* dv, const float* dout, const fl
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionGeom& g) {
   if (g.BH == 0 || g.Tq == 0) return;
-  DeviceCopy lengths, key_mask;
-  const Geo e = make_geo(g, lengths, key_mask);
+  DeviceCopy lengths, key_mask, block_mask;
+  const Geo e = make_geo(g, lengths, key_mask, block_mask);
   if constexpr (std::is_same_v<T, float>) {
     const int C = chunks(g);
     if (C == 1) return forward_tiled<1>(out, lse, q, k, v, e);
@@ -655,8 +680,8 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionGeom& g) {
   if (g.BH == 0 || g.Tq == 0 || g.Tk == 0) return;  // no pair (i, j): every gradient gets + 0
-  DeviceCopy lengths, key_mask;
-  const Geo e = make_geo(g, lengths, key_mask);
+  DeviceCopy lengths, key_mask, block_mask;
+  const Geo e = make_geo(g, lengths, key_mask, block_mask);
   // D_i = dO_i . O_i, one number per query row, in a scratch buffer
   const int64_t rows = g.BH * g.Tq;
   const int device = current_device();
