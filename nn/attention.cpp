@@ -84,6 +84,7 @@ AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
   o.key_padding_lengths = options.key_padding_lengths;
   o.key_padding_mask = options.key_padding_mask;
   o.window = options.window;
+  o.block_mask = options.block_mask, o.block_size = options.block_size;
   o.dropout = is_training() ? dropout : 0.0;
   o.generator = options.generator ? options.generator : gen;
   AttentionCapture* capture = detail::t_attention_capture;
@@ -91,7 +92,8 @@ AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
   SdpaResult r = scaled_dot_product_attention(q, k, v, o);  // (B, H, Tq, hs)
   if (capture)
     capture->add({this, r.weights.detach(),
-                  {options.causal, options.window, options.key_padding_lengths, options.key_padding_mask}});
+                  {options.causal, options.window, options.key_padding_lengths, options.key_padding_mask,
+                   options.block_mask, options.block_size}});
   // (B, H, Tq, hs) -> (B, Tq, H, hs) -> (B, Tq, d): the heads side by side, then the output projection
   const int64_t B = r.out.size(0), Tq = r.out.size(2);
   Tensor y = r.out.transpose(1, 2).reshape({B, Tq, d_model});

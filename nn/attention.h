@@ -70,6 +70,9 @@ struct AttentionOptions {
   bool need_weights = false;   // also return the per-head weights (B, H, Tq, Tk)
   KVCache* cache = nullptr;    // self-attention only: append this call's k, v and attend over all
   Generator* generator = nullptr;  // for dropout; null: the module's (see MultiHeadAttention)
+  Tensor block_mask;           // b8 (ceil(Tq/bs), ceil(Tk/bs)): a block-sparse pattern, true = kept
+                               //   (nn/sparse_patterns.h builds them; see SdpaOptions)
+  int64_t block_size = 0;      // bs >= 1 with block_mask
 };
 
 // Which keys each query could see: the masking part of AttentionOptions, kept with captured
@@ -79,6 +82,8 @@ struct AttentionMask {
   int64_t window = -1;
   Tensor key_padding_lengths;  // i64 (B), or undefined
   Tensor key_padding_mask;     // b8 (B, Tk), true = ignored, or undefined
+  Tensor block_mask;           // b8 (ceil(Tq/bs), ceil(Tk/bs)), true = kept, or undefined
+  int64_t block_size = 0;      // bs with block_mask
 };
 
 struct AttentionResult {

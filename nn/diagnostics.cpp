@@ -51,14 +51,29 @@ LayerAttentionStats attention_stats(const Tensor& weights, const AttentionMask& 
           weights.shape(), layer, mask.key_padding_mask.dtype(), mask.key_padding_mask.shape());
     km = mask.key_padding_mask.to(Device::cpu()).contiguous().to_vector<uint8_t>();
   }
-  // visible(b, i, j): the rule of scaled_dot_product_attention (causal and window bottom-right
-  // aligned), the one the CPU and GPU kernels use (core/kernels/attention_mask.h)
-  std::unique_ptr<bool[]> hidden;
-  if (!km.empty()) {
-    hidden.reset(new bool[km.size()]);
-    for (size_t i = 0; i < km.size(); ++i) hidden[i] = km[i] != 0;
+  std::vector<uint8_t> bm;
+  int64_t block_cols = 0;
+  if (mask.block_mask.defined()) {
+    const int64_t bs = mask.block_size;
+    check(bs >= 1, "attention_stats: block_size must be >= 1 with a block_mask for '{}', got {}", layer, bs);
+    const Shape want{(Tq + bs - 1) / bs, (Tk + bs - 1) / bs};
+    check(mask.block_mask.dtype() == DType::b8 && mask.block_mask.shape() == want,
+          "attention_stats: block_mask must be b8 {} (block_size {}) for weights {} of '{}', got {} {}", want, bs,
+          weights.shape(), layer, mask.block_mask.dtype(), mask.block_mask.shape());
+    bm = mask.block_mask.to(Device::cpu()).contiguous().to_vector<uint8_t>();
+    block_cols = want[1];
   }
-  const Visibility rule{Tq, Tk, mask.causal, mask.window, len.empty() ? nullptr : len.data(), hidden.get()};
+  // visible(b, i, j): the rule of scaled_dot_product_attention (causal and window bottom-right
+  // aligned, block mask), the one the CPU and GPU kernels use (core/kernels/attention_mask.h)
+  auto bools = [](const std::vector<uint8_t>& x) {
+    std::unique_ptr<bool[]> r;
+    if (!x.empty()) r.reset(new bool[x.size()]);
+    for (size_t i = 0; i < x.size(); ++i) r[i] = x[i] != 0;
+    return r;
+  };
+  const std::unique_ptr<bool[]> hidden = bools(km), kept = bools(bm);
+  const Visibility rule{Tq,          Tk,         mask.causal, mask.window, len.empty() ? nullptr : len.data(),
+                        hidden.get(), kept.get(), block_cols,  bm.empty() ? 1 : mask.block_size};
   auto padded = [&](int64_t b, int64_t j) {
     return (!len.empty() && j >= len[size_t(b)]) || key_masked(rule, b, j);
   };
