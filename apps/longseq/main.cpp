@@ -4,7 +4,8 @@
 //   --task pixels    Fashion-MNIST (or --dataset mnist | cifar10) read as 784 (1024) pixel tokens
 //   --task listops   LRA's ListOps, generated from --data-seed, 500-2000 tokens, values 0-9
 //   --task text      which of 8 groups of books a 2048-byte passage of the King James Bible is from
-// --attention full | window (--window w) | linformer (--k) | compressed (--stride) | axial (the
+// --attention full | window (--window w) | sparse (--sparse local-global | strided, --block,
+// --window-blocks, --global-blocks, --stride-blocks) | linformer (--k) | compressed (--stride) | axial (the
 // pixels' grid, or a passage folded into rows of --axial-width bytes; not for ListOps, whose
 // expressions vary in length).
 // The model (apps/longseq/model.h): token + learned position embeddings, --layers pre-LN blocks,
@@ -53,6 +54,11 @@ int64_t axial_width_for(int64_t n) {
 
 std::string method_text(const LongSeqConfig& c) {
   if (c.attention == "window") return fmt::format(" (+-{} tokens)", c.window);
+  if (c.attention == "sparse" && c.sparse == "strided")
+    return fmt::format(" (strided, blocks of {}, stride {} blocks)", c.block, c.stride_blocks);
+  if (c.attention == "sparse")
+    return fmt::format(" (local-global, blocks of {}, +-{} blocks, {} global)", c.block, c.window_blocks,
+                       c.global_blocks);
   if (c.attention == "linformer") return fmt::format(" (k {})", c.k);
   if (c.attention == "compressed") return fmt::format(" (stride {})", c.stride);
   if (c.attention == "axial") return fmt::format(" ({} x {} grid)", c.grid_h, c.grid_w);
@@ -225,6 +231,19 @@ int main(int argc, char** argv) {
   cli.add_option("--window", cfg.window, "--attention window: each token sees the tokens within +-this many")
       ->capture_default_str()
       ->check(non_negative());
+  cli.add_option("--sparse", cfg.sparse, "--attention sparse: the pattern, local-global or strided")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"local-global", "strided"}));
+  cli.add_option("--block", cfg.block, "--attention sparse: tokens per block")->capture_default_str()->check(positive());
+  cli.add_option("--window-blocks", cfg.window_blocks, "--sparse local-global: blocks on each side of the diagonal")
+      ->capture_default_str()
+      ->check(non_negative());
+  cli.add_option("--global-blocks", cfg.global_blocks, "--sparse local-global: leading blocks that are global")
+      ->capture_default_str()
+      ->check(non_negative());
+  cli.add_option("--stride-blocks", cfg.stride_blocks, "--sparse strided: the stride in blocks")
+      ->capture_default_str()
+      ->check(positive());
   cli.add_option("--k", cfg.k, "--attention linformer: the projected length of keys and values")
       ->capture_default_str()
       ->check(positive());

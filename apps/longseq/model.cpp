@@ -10,7 +10,7 @@
 namespace ag::apps::longseq {
 
 const std::vector<std::string>& attention_methods() {
-  static const std::vector<std::string> names = {"full", "window", "linformer", "compressed", "axial"};
+  static const std::vector<std::string> names = {"full", "window", "sparse", "linformer", "compressed", "axial"};
   return names;
 }
 
@@ -27,6 +27,11 @@ void check_config(const LongSeqConfig& c) {
   check(std::find(m.begin(), m.end(), c.attention) != m.end(), "longseq: unknown attention method '{}' (expected {})",
         c.attention, fmt::join(m, ", "));
   check(c.window >= 0, "longseq: window {} must be >= 0", c.window);
+  check(c.sparse == "local-global" || c.sparse == "strided",
+        "longseq: unknown sparse pattern '{}' (expected local-global or strided)", c.sparse);
+  check(c.block >= 1 && c.stride_blocks >= 1 && c.window_blocks >= 0 && c.global_blocks >= 0,
+        "longseq: sparse block {} and stride_blocks {} must be >= 1, window_blocks {} and global_blocks {} >= 0",
+        c.block, c.stride_blocks, c.window_blocks, c.global_blocks);
   check(c.k >= 1 && c.stride >= 1, "longseq: k {} and stride {} must be at least 1", c.k, c.stride);
   if (c.attention == "axial")
     check(c.grid_h >= 1 && c.grid_w >= 1 && c.grid_h * c.grid_w == c.max_len,
@@ -34,7 +39,7 @@ void check_config(const LongSeqConfig& c) {
           c.grid_h, c.grid_w);
 }
 
-LongSeqBlock::LongSeqBlock(const LongSeqConfig& c, Generator* gen) : method(c.attention), window(c.window) {
+LongSeqBlock::LongSeqBlock(const LongSeqConfig& c, Generator* gen) : method(c.attention), window(c.window), cfg(c) {
   ln1 = register_module("ln1", std::make_shared<nn::LayerNorm>(c.d_model));
   if (method == "linformer")
     linformer = register_module("attn", std::make_shared<nn::LinformerAttention>(c.d_model, c.n_heads, c.max_len, c.k,
@@ -52,12 +57,22 @@ LongSeqBlock::LongSeqBlock(const LongSeqConfig& c, Generator* gen) : method(c.at
   mlp = register_module("mlp", std::make_shared<nn::MLP>(c.d_model, c.mlp_hidden, c.dropout, DType::f32, gen));
 }
 
+const Tensor& LongSeqBlock::block_mask(int64_t T, Device device) {
+  const int64_t n = (T + cfg.block - 1) / cfg.block;
+  if (!mask_.defined() || mask_.size(0) != n || mask_.device() != device)
+    mask_ = cfg.sparse == "strided" ? nn::strided_block_mask(T, cfg.block, cfg.stride_blocks, device)
+                                    : nn::local_global_block_mask(T, cfg.block, cfg.window_blocks,
+                                                                  cfg.global_blocks, device);
+  return mask_;
+}
+
 Tensor LongSeqBlock::forward(const Tensor& x, const Tensor& lengths) {
   nn::ModuleScope scope(this);
   nn::AttentionOptions o;
   o.key_padding_lengths = lengths;
   o.need_weights = need_weights;
   if (method == "window") o.window = window;
+  if (method == "sparse") o.block_mask = block_mask(x.size(1), x.device()), o.block_size = cfg.block;
   const Tensor xn = ln1->forward(x);
   nn::AttentionResult a;
   if (axial) {  // the classifier checked that no token is padding

@@ -11,6 +11,11 @@
 //   full     nn::MultiHeadAttention over all T keys (the fused kernel: O(T) memory, T^2 time)
 //   window      the same with SdpaOptions::window = w: each token sees the tokens within +-w
 //               (the fused kernel skips the tiles outside the band: O(T w) time)
+//   sparse      the same with a block-sparse pattern (nn/sparse_patterns.h) of `block`-token blocks:
+//               local-global (a band of +-window_blocks blocks and the first global_blocks blocks
+//               global, Longformer/BigBird) or strided (Sparse Transformer: blocks within
+//               stride_blocks of the diagonal and every stride_blocks-th one); the fused kernel
+//               skips the dropped blocks' tiles, so the cost grows with the kept blocks
 //   linformer   nn::LinformerAttention: keys and values projected along the sequence to k rows
 //               (O(T k) time and memory)
 //   compressed  nn::MemoryCompressedAttention: keys and values compressed by a Linear over blocks of
@@ -29,10 +34,11 @@
 #include "nn/mlp.h"
 #include "nn/norm.h"
 #include "nn/sequential.h"
+#include "nn/sparse_patterns.h"
 
 namespace ag::apps::longseq {
 
-// {"full", "window", "linformer", "compressed", "axial"}
+// {"full", "window", "sparse", "linformer", "compressed", "axial"}
 const std::vector<std::string>& attention_methods();
 
 struct LongSeqConfig {
@@ -41,20 +47,26 @@ struct LongSeqConfig {
   double dropout = 0.0;
   std::string attention = "full";
   int64_t window = 64;   // window: keys within +-window of the query
+  std::string sparse = "local-global";  // sparse: local-global | strided
+  int64_t block = 32;                   // sparse: tokens per block
+  int64_t window_blocks = 1, global_blocks = 1;  // sparse local-global
+  int64_t stride_blocks = 4;            // sparse strided
   int64_t k = 128;       // linformer: the projected length
   int64_t stride = 4;    // compressed: positions per compressed key
   int64_t grid_h = 0, grid_w = 0;  // axial: the grid (grid_h * grid_w = max_len)
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LongSeqConfig, vocab, max_len, classes, d_model, n_heads, n_layers,
-                                                mlp_hidden, dropout, attention, window, k, stride, grid_h, grid_w)
+                                                mlp_hidden, dropout, attention, window, sparse, block, window_blocks,
+                                                global_blocks, stride_blocks, k, stride, grid_h, grid_w)
 // The checks of a config: ag::Error naming the field and value (a size below 1, heads not dividing
-// d_model, an unknown attention method, window < 0, k or stride < 1, an axial grid that does not
-// hold max_len tokens).
+// d_model, an unknown attention method or sparse pattern, window, window_blocks or global_blocks
+// < 0, block, stride_blocks, k or stride < 1, an axial grid that does not hold max_len tokens).
 void check_config(const LongSeqConfig& c);
 
 struct LongSeqBlock : nn::Module {
   std::string method;
   int64_t window;
+  LongSeqConfig cfg;
   std::shared_ptr<nn::LayerNorm> ln1, ln2;
   // the attention, registered as "attn": one of these, by method
   std::shared_ptr<nn::MultiHeadAttention> attn;                // full, window
@@ -68,7 +80,12 @@ struct LongSeqBlock : nn::Module {
   Tensor attn_weights;
 
   LongSeqBlock(const LongSeqConfig& c, Generator* gen);
+  // sparse: the block mask of a sequence of T tokens on `device` (made once per T and device)
+  const Tensor& block_mask(int64_t T, Device device);
   Tensor forward(const Tensor& x, const Tensor& lengths);  // x (B, T, d), lengths i64 (B) or undefined
+
+ private:
+  Tensor mask_;
 };
 
 struct LongSeqClassifier : nn::Module {

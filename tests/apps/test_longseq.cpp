@@ -166,6 +166,32 @@ TEST_CASE("longseq: the model ignores padding, and a window as wide as the seque
   AG_CHECK_ERROR(LongSeqClassifier(c), "unknown attention method 'linear'");
 }
 
+TEST_CASE("longseq: sparse attention with every block kept is full attention; with few blocks it is not") {
+  LongSeqConfig c;
+  c.vocab = 20, c.max_len = 12, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
+  const Tensor lengths = from_vector<int64_t>({7, 12}, {2});
+  std::vector<int64_t> tok(24);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = int64_t(1 + i % 19);
+  const Tensor tokens = from_vector<int64_t>(tok, {2, 12});
+  Generator g1(6);
+  const Tensor full = LongSeqClassifier(c, &g1).forward(tokens, lengths);
+  c.attention = "sparse", c.block = 4, c.window_blocks = 2, c.global_blocks = 0;  // 3 blocks, band +-2: all
+  Generator g2(6);
+  LongSeqClassifier all(c, &g2);
+  check_close(all.forward(tokens, lengths), full, 1e-6, 1e-6);
+  CHECK(all.blocks->size() == 2);
+  CHECK((*all.blocks)[0].block_mask(12, Device::cpu()).shape() == Shape{3, 3});
+  c.window_blocks = 0;  // the diagonal blocks alone
+  Generator g3(6);
+  LongSeqClassifier diag(c, &g3);
+  CHECK(max(abs(diag.forward(tokens, lengths) - full)).item<double>() > 1e-4);
+  c.sparse = "strided", c.stride_blocks = 1;  // stride 1 keeps every block
+  Generator g4(6);
+  check_close(LongSeqClassifier(c, &g4).forward(tokens, lengths), full, 1e-6, 1e-6);
+  c.sparse = "dilated";
+  AG_CHECK_ERROR(LongSeqClassifier(c), "unknown sparse pattern 'dilated'");
+}
+
 TEST_CASE("longseq: linformer and compressed attention ignore padding too; axial needs a full grid") {
   LongSeqConfig c;
   c.vocab = 20, c.max_len = 12, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
