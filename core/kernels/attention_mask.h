@@ -100,8 +100,7 @@ AG_HD inline bool block_kept(const Visibility& m, int64_t i, int64_t j) {
 // Whether query i of batch element b sees key j, its row range r = key_range(m, b, i) given: the
 // element rule (in r, not key_masked, block_kept).
 AG_HD inline bool sees(const Visibility& m, int64_t b, int64_t i, KeyRange r, int64_t j) {
-  return j >= r.lo && j < r.hi && !(m.key_mask && m.key_mask[b * m.Tk + j]) &&
-         !(m.block_mask && !m.block_mask[(i / m.block_size) * m.block_cols + j / m.block_size]);
+  return j >= r.lo && j < r.hi && !key_masked(m, b, j) && block_kept(m, i, j);
 }
 // The element rule: may query i of batch element b see key j?
 AG_HD inline bool visible(const Visibility& m, int64_t b, int64_t i, int64_t j) {
