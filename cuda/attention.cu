@@ -126,7 +126,7 @@ __device__ inline bool tile_blocks_kept(const Geo& g, int64_t i0, int64_t i1, in
 // measured 1.66x slower on an H200). The forward reads a copy made here; the backward kernels
 // clear the field of their parameter in place instead: the same effect, in the form that gets
 // each the fewest registers (sm_90, D 64: forward 128 with the copy, 148 in place; backward
-// 148 in place, 156-238 with the copy).
+// 148 in place, 156 and 158 with the copy).
 template <bool Blocks>
 __device__ inline Geo blocks_only_if(const Geo& g) {
   Geo c = g;
