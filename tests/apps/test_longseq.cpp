@@ -120,7 +120,7 @@ TEST_CASE("longseq: pixel sequences keep the grid, and the validation images com
   AG_CHECK_ERROR(pixel_splits("fashion-mnist", dir.dir.string(), 40), "--val-size 40");
 }
 
-TEST_CASE("longseq: a batch pads to its longest sequence; block means pool a map") {
+TEST_CASE("longseq: a batch pads to its longest sequence, and block means pool a map") {
   SeqDataset ds;
   ds.max_len = 6, ds.vocab = 16, ds.num_classes = 10;
   ds.add(std::vector<uint16_t>{1, 2, 3}, 4);
@@ -166,7 +166,7 @@ TEST_CASE("longseq: the model ignores padding, and a window as wide as the seque
   AG_CHECK_ERROR(LongSeqClassifier(c), "unknown attention method 'linear'");
 }
 
-TEST_CASE("longseq: sparse attention with every block kept is full attention; with few blocks it is not") {
+TEST_CASE("longseq: sparse attention with every block kept is full attention, with few blocks it is not") {
   LongSeqConfig c;
   c.vocab = 20, c.max_len = 12, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
   const Tensor lengths = from_vector<int64_t>({7, 12}, {2});
@@ -192,7 +192,7 @@ TEST_CASE("longseq: sparse attention with every block kept is full attention; wi
   AG_CHECK_ERROR(LongSeqClassifier(c), "unknown sparse pattern 'dilated'");
 }
 
-TEST_CASE("longseq: linformer and compressed attention ignore padding too; axial needs a full grid") {
+TEST_CASE("longseq: linformer and compressed attention ignore padding too, and axial needs a full grid") {
   LongSeqConfig c;
   c.vocab = 20, c.max_len = 12, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
   c.k = 5, c.stride = 3;

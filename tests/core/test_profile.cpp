@@ -54,7 +54,7 @@ TEST_CASE("profile: each kernel call is counted under its name, and the times ad
   CHECK(r.calls == 6);
 }
 
-TEST_CASE("profile: timing stops at report(); one profiler at a time; a dropped profiler stops too") {
+TEST_CASE("profile: timing stops at report(), one profiler runs at a time, and a dropped one stops too") {
   Tensor x = ones({8}), y = ones({8});
   {
     KernelProfiler prof;
