@@ -57,9 +57,11 @@
 // every optimizer moment is finite, so a run that went non-finite never replaces a good one.
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -179,6 +181,21 @@ Precision training_precision(const RunOptions& o);
 // a job of one). Every rank must call it, the same number of times.
 std::vector<int64_t> eval_part(int64_t n, int rank, int world);
 void sum_over_ranks(std::vector<double>& values, ConfusionMatrix* cm = nullptr);
+
+// A classifier's evaluation on items [0, n) of a split, `batch` items per forward, in eval mode
+// and without recording (the model's mode is restored): `logits_labels(indices)` runs the model on
+// those items and returns their logits (B, K) and labels (B). With `sharded`, each rank evaluates
+// its eval_part and the sums are added over the ranks (every rank must call it). Returns the mean
+// cross-entropy, the accuracy and `confusion` filled with every item.
+struct ClassifierEval {
+  double loss = 0;      // mean cross-entropy (no label smoothing)
+  double accuracy = 0;  // fraction of argmax == label
+  int64_t samples = 0;
+  std::optional<ConfusionMatrix> confusion;  // rows: true class, columns: predicted
+};
+ClassifierEval evaluate_classifier(
+    nn::Module& model, int64_t n, int64_t batch, bool sharded, ConfusionMatrix confusion,
+    const std::function<std::pair<Tensor, Tensor>(std::span<const int64_t>)>& logits_labels);
 
 // Where the apps cache data they make from Debian's packages (the text of bible-kjv):
 // $HOME/.cache/attograd, or ./.cache/attograd without $HOME.

@@ -389,29 +389,12 @@ std::unique_ptr<data::DataLoader<SeqBatch>> make_train_loader(const SeqDataset& 
 }
 
 EvalResult evaluate(LongSeqClassifier& model, const SeqDataset& ds, int64_t batch, int64_t limit, bool sharded) {
-  check(batch >= 1, "longseq: evaluation batch must be >= 1, got {}", batch);
   const int64_t n = limit > 0 ? std::min(limit, ds.size()) : ds.size();
-  check(n >= 1, "longseq: nothing to evaluate: the split is empty");
-  const bool was_training = model.is_training();
-  model.eval();
-  NoGradGuard no_grad;
-  EvalResult r;
-  r.confusion = ConfusionMatrix(ds.class_names);
-  std::vector<double> loss_sum = {0.0};
-  const std::vector<int64_t> part = sharded ? eval_part(n, dist::rank(), dist::world_size()) : eval_part(n, 0, 1);
-  for (size_t b0 = 0; b0 < part.size(); b0 += size_t(batch)) {
-    const std::vector<int64_t> idx(part.begin() + long(b0), part.begin() + long(std::min(part.size(), b0 + size_t(batch))));
-    const SeqBatch b = make_batch(ds, idx);
-    const Tensor logits = model.forward(b.tokens, b.lengths);
-    loss_sum[0] += cross_entropy(logits, b.labels.to(logits.device()), "sum").item<double>();
-    r.confusion->add(b.labels.to_vector<int64_t>(), argmax(logits, 1).to_vector<int64_t>());
-  }
-  if (sharded) sum_over_ranks(loss_sum, &*r.confusion);
-  model.train(was_training);
-  r.samples = n;
-  r.loss = loss_sum[0] / double(n);
-  r.accuracy = r.confusion->accuracy();
-  return r;
+  return evaluate_classifier(model, n, batch, sharded, ConfusionMatrix(ds.class_names),
+                             [&](std::span<const int64_t> indices) {
+                               const SeqBatch b = make_batch(ds, indices);
+                               return std::pair{model.forward(b.tokens, b.lengths), b.labels};
+                             });
 }
 
 Tensor block_means(const Tensor& weights, int64_t cells) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "apps/common/report.h"
+#include "apps/common/run.h"
 #include "apps/longseq/model.h"
 #include "data/loader.h"
 
@@ -125,14 +126,10 @@ std::unique_ptr<data::DataLoader<SeqBatch>> make_train_loader(const SeqDataset& 
                                                               int64_t start_step, int prefetch = 2,
                                                               int shard_rank = 0, int shard_count = 1);
 
-struct EvalResult {
-  double loss = 0, accuracy = 0;
-  int64_t samples = 0;
-  std::optional<ConfusionMatrix> confusion;
-};
+using EvalResult = ClassifierEval;  // apps/common/run.h
 // The model on the first `limit` sequences of `ds` (0: all), `batch` at a time, in eval mode and
 // without recording (the mode is restored); `sharded`: each rank evaluates its eval_part and the
-// sums are added over the ranks.
+// sums are added over the ranks (apps/common/run.h evaluate_classifier).
 EvalResult evaluate(LongSeqClassifier& model, const SeqDataset& ds, int64_t batch, int64_t limit = 0,
                     bool sharded = false);
 

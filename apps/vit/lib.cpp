@@ -167,27 +167,12 @@ EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normal
   check(batch >= 1, "vit: evaluation batch must be >= 1, got {}", batch);
   const int64_t n = limit > 0 ? std::min(limit, ds.size()) : ds.size();
   check(n >= 1, "vit: nothing to evaluate: the dataset is empty");
-  const bool was_training = model.is_training();
-  model.eval();
-  NoGradGuard no_grad;
-  EvalResult r;
-  r.confusion = int64_t(ds.class_names.size()) == ds.num_classes ? ConfusionMatrix(ds.class_names)
-                                                                  : ConfusionMatrix(ds.num_classes);
-  std::vector<double> loss_sum = {0.0};
-  const std::vector<int64_t> part = sharded ? eval_part(n, dist::rank(), dist::world_size()) : eval_part(n, 0, 1);
-  for (size_t b0 = 0; b0 < part.size(); b0 += size_t(batch)) {
-    const std::vector<int64_t> indices(part.begin() + b0, part.begin() + std::min(part.size(), b0 + size_t(batch)));
-    data::Batch b = data::make_batch(ds, indices, norm);
-    Tensor logits = model.forward(b.images);
-    loss_sum[0] += cross_entropy(logits, b.labels.to(logits.device()), "sum").item<double>();
-    r.confusion->add(b.labels.to_vector<int64_t>(), argmax(logits, 1).to_vector<int64_t>());
-  }
-  if (sharded) sum_over_ranks(loss_sum, &*r.confusion);
-  model.train(was_training);
-  r.samples = n;
-  r.loss = loss_sum[0] / double(n);
-  r.accuracy = r.confusion->accuracy();
-  return r;
+  ConfusionMatrix cm = int64_t(ds.class_names.size()) == ds.num_classes ? ConfusionMatrix(ds.class_names)
+                                                                         : ConfusionMatrix(ds.num_classes);
+  return evaluate_classifier(model, n, batch, sharded, std::move(cm), [&](std::span<const int64_t> indices) {
+    const data::Batch b = data::make_batch(ds, indices, norm);
+    return std::pair{model.forward(b.images), b.labels};
+  });
 }
 
 // ---- attention ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common/report.h"
+#include "apps/common/run.h"
 #include "apps/vit/model.h"
 #include "data/images.h"
 #include "data/loader.h"
@@ -86,16 +87,11 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
 // models with it and then call Run::optimizer_step (clip, the non-finite check, opt.step()).
 double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing);
 
-struct EvalResult {
-  double loss = 0;      // mean cross-entropy (no label smoothing)
-  double accuracy = 0;  // fraction of argmax == label
-  int64_t samples = 0;
-  std::optional<ConfusionMatrix> confusion;  // rows: true class, columns: predicted
-};
+using EvalResult = ClassifierEval;  // apps/common/run.h
 // The model on the first `limit` images of `ds` (0: all), `batch` at a time, in eval mode and
 // without recording; the model's mode is restored afterwards. `sharded`: in a data-parallel job
 // each rank evaluates its eval_part of the images and every rank returns the whole result (every
-// rank must call it; apps/common/run.h).
+// rank must call it; apps/common/run.h evaluate_classifier).
 EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm, int64_t batch,
                     int64_t limit = 0, bool sharded = false);
 
