@@ -39,7 +39,8 @@ void check_config(const LongSeqConfig& c) {
           c.grid_h, c.grid_w);
 }
 
-LongSeqBlock::LongSeqBlock(const LongSeqConfig& c, Generator* gen) : method(c.attention), window(c.window), cfg(c) {
+LongSeqBlock::LongSeqBlock(const LongSeqConfig& c, Generator* gen) : cfg(c) {
+  const std::string& method = c.attention;
   ln1 = register_module("ln1", std::make_shared<nn::LayerNorm>(c.d_model));
   if (method == "linformer")
     linformer = register_module("attn", std::make_shared<nn::LinformerAttention>(c.d_model, c.n_heads, c.max_len, c.k,
@@ -71,8 +72,8 @@ Tensor LongSeqBlock::forward(const Tensor& x, const Tensor& lengths) {
   nn::AttentionOptions o;
   o.key_padding_lengths = lengths;
   o.need_weights = need_weights;
-  if (method == "window") o.window = window;
-  if (method == "sparse") o.block_mask = block_mask(x.size(1), x.device()), o.block_size = cfg.block;
+  if (cfg.attention == "window") o.window = cfg.window;
+  if (cfg.attention == "sparse") o.block_mask = block_mask(x.size(1), x.device()), o.block_size = cfg.block;
   const Tensor xn = ln1->forward(x);
   nn::AttentionResult a;
   if (axial) {  // the classifier checked that no token is padding

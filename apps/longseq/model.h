@@ -64,9 +64,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LongSeqConfig, vocab, max_len, c
 void check_config(const LongSeqConfig& c);
 
 struct LongSeqBlock : nn::Module {
-  std::string method;
-  int64_t window;
-  LongSeqConfig cfg;
+  LongSeqConfig cfg;  // the attention method and its settings
   std::shared_ptr<nn::LayerNorm> ln1, ln2;
   // the attention, registered as "attn": one of these, by method
   std::shared_ptr<nn::MultiHeadAttention> attn;                // full, window
