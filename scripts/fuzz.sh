@@ -42,10 +42,9 @@ done
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found: scripts/install-deps.sh --fuzz" >&2; exit 2; }
 if [[ ! -f $build/CMakeCache.txt ]]; then
-  launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # through ccache when installed (CMakeLists.txt, ATTOGRAD_CCACHE)
   CC=clang CXX=clang++ cmake -S . -B "$build" -DATTOGRAD_FUZZ=ON -DATTOGRAD_CUDA=OFF -DATTOGRAD_TESTS=OFF \
-    -DATTOGRAD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >"$build.configure.log" 2>&1 ||
+    -DATTOGRAD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.configure.log" 2>&1 ||
     { cat "$build.configure.log" >&2; exit 1; }
 fi
 cmake --build "$build" -j"${FUZZ_JOBS:-2}" --target "${targets[@]/#/fuzz_}" >"$build/fuzz-build.log" 2>&1 ||
