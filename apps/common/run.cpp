@@ -37,6 +37,11 @@ double now_seconds() {
 }
 
 // "val_accuracy" -> ("accuracy", "val"): the chart and the series of a logged scalar.
+// Whether a metric gets a chart in curves.svg: everything but the bookkeeping.
+bool drawn(const std::string& name) {
+  return name != "step" && name != "time" && name != "skipped_steps" && name != "rss_mb";
+}
+
 std::pair<std::string, std::string> chart_and_series(const std::string& name) {
   for (const char* split : {"train_", "val_", "test_"}) {
     const std::string p = split;
@@ -133,6 +138,11 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
   cli.add_option("--eval-every", o.eval_every, "steps between evaluations (0: ten per run)")
       ->capture_default_str()
       ->check(non_negative());
+  cli.add_option("--log-every", o.log_every,
+                 "steps between training log lines (train loss, lr, gradient norm, throughput) in metrics.jsonl, "
+                 "TensorBoard and curves.svg (0: about 200 per run)")
+      ->capture_default_str()
+      ->check(non_negative());
   cli.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: at every evaluation)")
       ->capture_default_str()
       ->check(non_negative());
@@ -171,6 +181,7 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
               max_threads(), omp_get_num_procs());
   usage_check(o.eval_every >= 0, "{}: --eval-every {}: expected >= 0 (0: ten evaluations per run)", app,
               o.eval_every);
+  usage_check(o.log_every >= 0, "{}: --log-every {}: expected >= 0 (0: about 200 lines per run)", app, o.log_every);
   usage_check(o.checkpoint_every >= 0, "{}: --checkpoint-every {}: expected >= 0 (0: at every evaluation)", app,
               o.checkpoint_every);
   usage_check(o.stop_at >= 0 && o.stop_at <= o.steps,
@@ -238,6 +249,7 @@ void apply_run_options(RunOptions& o, const std::string& app) {
   set_autocast_precision(training_precision(o));
   if (o.out_dir.empty()) o.out_dir = "runs/" + app;
   if (o.eval_every <= 0) o.eval_every = std::max<int64_t>(1, o.steps / 10);
+  if (o.log_every <= 0) o.log_every = std::max<int64_t>(1, o.steps / 200);
   if (o.checkpoint_every <= 0) o.checkpoint_every = o.eval_every;
   if (o.checkpoint.empty()) o.checkpoint = o.out_dir + "/checkpoint.safetensors";
 }
@@ -397,7 +409,7 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
   check(!dir_.empty(), "{}: no run directory (call apply_run_options first)", app_);
   if (o.precision == "fp16") scaler_.emplace();
   for (const char* key : {"config", "steps", "run.loss_sum", "run.loss_count", "run.skipped", "run.skips_in_a_row",
-                          "run.loss_scale", "run.loss_scale_tracker", "run.loss_scale_skips"})
+                          "run.loss_scale", "run.loss_scale_tracker", "run.loss_scale_skips", "run.log"})
     check(extra_.count(key) == 0, "{}: '{}' is reserved in the checkpoint metadata", app_, key);
   if (dist::is_main()) {
     std::error_code ec;
@@ -451,6 +463,12 @@ int64_t Run::resume() {
       skipped_ = std::stoll(entry("run.skipped"));
       skips_in_a_row_ = std::stoll(entry("run.skips_in_a_row"));
       scale_skips_ = std::stoll(entry("run.loss_scale_skips"));
+      if (c.extra.count("run.log")) {  // the training log line's partial interval
+        const auto j = nlohmann::json::parse(c.extra.at("run.log"));
+        log_.loss_sum = j.at("loss_sum").get<double>(), log_.loss_count = j.at("loss_count").get<int64_t>();
+        log_.grad_norm_sum = j.at("grad_norm_sum").get<double>();
+        log_.grad_norm_count = j.at("grad_norm_count").get<int64_t>();
+      }
       // an fp16 run's loss scale where it was (a checkpoint of another precision: the initial scale)
       if (scaler_ && c.extra.count("run.loss_scale"))
         scaler_->load_state(std::stod(entry("run.loss_scale")), std::stoll(entry("run.loss_scale_tracker")));
@@ -468,7 +486,7 @@ int64_t Run::resume() {
           j["step"].get<int64_t>() > first_step_)
         continue;
       for (const auto& [name, value] : j.items())
-        if (name != "step" && name != "time" && value.is_number()) {
+        if (drawn(name) && value.is_number()) {
           auto [chart, series] = chart_and_series(name);
           curves_.add(chart, series, double(j["step"].get<int64_t>()), value.get<double>());
         }
@@ -551,21 +569,45 @@ void Run::step_done(int64_t step, double loss, int64_t samples, int64_t tokens) 
   last_step_time_ = t;
   last_step_ = step;
   samples_ += samples, tokens_ += tokens;
-  if (std::isfinite(loss)) loss_sum_ += loss, ++loss_count_;  // a skipped step's NaN would poison the mean
+  if (std::isfinite(loss)) {  // a skipped step's NaN would poison the means
+    loss_sum_ += loss, ++loss_count_;
+    log_.loss_sum += loss, ++log_.loss_count;
+  }
+  if (std::isfinite(last_grad_norm_)) log_.grad_norm_sum += last_grad_norm_, ++log_.grad_norm_count;
+  log_.samples += samples, log_.tokens += tokens;
   if (bar_)
     bar_->update(step, {{"loss", loss_count_ > 0 ? loss_sum_ / double(loss_count_) : loss}, {"lr", opt_.lr()}});
+  if (step % o_.log_every == 0 || step == o_.steps) log_train(step);
+}
+
+void Run::log_train(int64_t step) {
+  const double seconds = train_seconds_ - log_train_start_;
+  Scalars s;
+  if (log_.loss_count > 0) s.emplace_back("train_loss", log_.loss_sum / double(log_.loss_count));
+  s.emplace_back("lr", opt_.lr());
+  if (log_.grad_norm_count > 0) s.emplace_back("grad_norm", log_.grad_norm_sum / double(log_.grad_norm_count));
+  if (seconds > 0) {
+    s.emplace_back("samples_per_s", double(log_.samples) / seconds);
+    if (log_.tokens > 0) s.emplace_back("tokens_per_s", double(log_.tokens) / seconds);
+  }
+  log_ = {};
+  log_train_start_ = train_seconds_;
+  if (!dist::is_main()) return;
+  check(metrics_ != nullptr, "{}: step_done before resume()", app_);
+  metrics_->log(step, s);
+  for (const auto& [name, value] : s) {
+    auto [chart, series] = chart_and_series(name);
+    curves_.add(chart, series, double(step), value);
+  }
+  curves_.write(path("curves.svg"));
 }
 
 bool Run::eval_due(int64_t step) const { return step % o_.eval_every == 0 || step == o_.steps; }
 bool Run::checkpoint_due(int64_t step) const { return step % o_.checkpoint_every == 0 || step == o_.steps; }
 
 void Run::log_eval(int64_t step, const Scalars& scalars) {
-  Scalars all;
-  if (loss_count_ > 0) all.emplace_back("train_loss", loss_sum_ / double(loss_count_));
-  all.insert(all.end(), scalars.begin(), scalars.end());
-  all.emplace_back("lr", opt_.lr());
+  Scalars all = scalars;
   all.emplace_back("skipped_steps", double(skipped_));
-  const size_t shown = all.size();  // rss_mb goes to the metrics only
   all.emplace_back("rss_mb", double(current_rss_bytes()) / (1 << 20));
   check(metrics_ != nullptr || !dist::is_main(), "{}: log_eval before resume()", app_);
   if (!dist::is_main()) {  // rank 0 logs; the others only start the next average as it does
@@ -574,15 +616,17 @@ void Run::log_eval(int64_t step, const Scalars& scalars) {
     return;
   }
   metrics_->log(step, all);
+  // the printed line: the training loss since the previous evaluation, the evaluation, the lr
   std::string line = fmt::format("step {}/{}:", step, o_.steps);
-  for (size_t i = 0; i < shown; ++i) {
-    const auto& [name, value] = all[i];
-    if (name == "skipped_steps" && skipped_ == 0) continue;
-    line += fmt::format(" {} {:.4g}", name, value);
-    if (name == "lr" || name == "skipped_steps") continue;
-    auto [chart, series] = chart_and_series(name);
-    curves_.add(chart, series, double(step), value);
-  }
+  if (loss_count_ > 0) line += fmt::format(" train_loss {:.4g}", loss_sum_ / double(loss_count_));
+  for (const auto& [name, value] : scalars) line += fmt::format(" {} {:.4g}", name, value);
+  line += fmt::format(" lr {:.4g}", opt_.lr());
+  if (skipped_ > 0) line += fmt::format(" skipped_steps {}", skipped_);
+  for (const auto& [name, value] : all)
+    if (drawn(name)) {
+      auto [chart, series] = chart_and_series(name);
+      curves_.add(chart, series, double(step), value);
+    }
   curves_.write(path("curves.svg"));
   print(line);
   loss_sum_ = 0, loss_count_ = 0;
@@ -610,6 +654,11 @@ bool Run::save(int64_t step) {
   meta["run.loss_count"] = std::to_string(loss_count_);
   meta["run.skipped"] = std::to_string(skipped_);
   meta["run.skips_in_a_row"] = std::to_string(skips_in_a_row_);
+  meta["run.log"] = nlohmann::json{{"loss_sum", log_.loss_sum},
+                                   {"loss_count", log_.loss_count},
+                                   {"grad_norm_sum", log_.grad_norm_sum},
+                                   {"grad_norm_count", log_.grad_norm_count}}
+                        .dump();
   if (scaler_) {
     meta["run.loss_scale"] = fmt::format("{:.17g}", scaler_->get_scale());
     meta["run.loss_scale_tracker"] = std::to_string(scaler_->growth_tracker());

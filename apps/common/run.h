@@ -8,9 +8,12 @@
 //   Run                one training run in its run directory:
 //
 //     <out>/checkpoint.safetensors   model + AdamW state + step + RNG + config (+ tokenizer), atomic
-//     <out>/metrics.jsonl            one line per evaluation (and per log interval of train loss)
+//     <out>/metrics.jsonl            one line every --log-every steps (train_loss, lr, grad_norm,
+//                                    samples_per_s, tokens_per_s) and one per evaluation (val_*,
+//                                    test_*, skipped_steps, rss_mb)
 //     <out>/events.out.tfevents.*    the same scalars for `tensorboard --logdir <out>`
-//     <out>/curves.svg               train / validation loss and accuracy over steps
+//     <out>/curves.svg               the training loss, lr, gradient norm and throughput over steps,
+//                                    the evaluations' losses and accuracies beside them
 //     <out>/report.json              the final report (also printed)
 //
 // A training loop on it:
@@ -132,6 +135,7 @@ struct RunOptions {
   std::string out_dir;         // run directory; default runs/<app>
   bool resume = false;         // continue from <out>/checkpoint.safetensors
   int64_t eval_every = 0;      // steps between evaluations (0: 10 per run)
+  int64_t log_every = 0;       // steps between training log lines (0: about 200 per run)
   int64_t checkpoint_every = 0;  // steps between checkpoints (0: at each evaluation)
   std::string data_dir;        // where the data is (each app has its default)
   bool eval_only = false;      // evaluate --checkpoint and exit
@@ -274,15 +278,20 @@ class Run {
   int64_t skipped_steps() const { return skipped_; }
 
   // After the update that made `step` steps: advances the progress bar (loss, lr, smoothed
-  // throughput) and averages the training loss for the next log line. `samples` and `tokens` are
-  // the global batch's (reduce_step's).
+  // throughput) and averages the training loss for the next lines. `samples` and `tokens` are the
+  // global batch's (reduce_step's). Every --log-every steps (and at the last) it logs, to
+  // metrics.jsonl, tfevents and curves.svg, the means since the previous such line of the finite
+  // training losses ("train_loss") and of the finite gradient norms before clipping
+  // ("grad_norm"), the learning rate ("lr") and the training throughput over that interval
+  // ("samples_per_s", and "tokens_per_s" when the app counts tokens; evaluation and checkpoint
+  // time left out).
   void step_done(int64_t step, double loss, int64_t samples, int64_t tokens = 0);
   bool eval_due(int64_t step) const;
   bool checkpoint_due(int64_t step) const;
-  // Logs scalars (e.g. {"val_loss", ..}, {"val_accuracy", ..}) with the mean finite training loss
-  // since the last call, the learning rate, the skipped steps so far and the current RSS
-  // ("rss_mb"), to metrics.jsonl and tfevents (curves.svg gets the losses and accuracies); prints
-  // one line.
+  // Logs scalars (e.g. {"val_loss", ..}, {"val_accuracy", ..}) with the skipped steps so far and
+  // the current RSS ("rss_mb") to metrics.jsonl and tfevents (curves.svg gets the losses and
+  // accuracies); prints one line, which also shows the mean finite training loss since the
+  // previous evaluation and the learning rate (the training curve itself is step_done's).
   void log_eval(int64_t step, const Scalars& scalars);
   // Writes the checkpoint atomically (model, optimizer, step, RNG, config, extra, and the partial
   // training-loss average and skip counts, so a resumed run logs what an unbroken one would).
@@ -316,8 +325,16 @@ class Run {
   std::unique_ptr<ProgressBar> bar_;
   TrainingCurves curves_;
   double start_time_, train_seconds_ = 0, last_step_time_ = 0;
-  double loss_sum_ = 0;
+  double loss_sum_ = 0;  // since the last evaluation line (printed with it)
   int64_t loss_count_ = 0, first_step_ = 0, last_step_ = 0, samples_ = 0, tokens_ = 0;
+  // since the last training log line (step_done): the checkpoint carries them, so that a resumed
+  // run logs the numbers an unbroken one would; the throughput restarts at the resume
+  struct LogInterval {
+    double loss_sum = 0, grad_norm_sum = 0;
+    int64_t loss_count = 0, grad_norm_count = 0, samples = 0, tokens = 0;
+  } log_;
+  double log_train_start_ = 0;  // train_seconds_ at the last training log line
+  void log_train(int64_t step);
   double last_grad_norm_ = 0;
   int64_t skipped_ = 0, skips_in_a_row_ = 0, last_saved_step_ = -1;
   std::optional<optim::GradScaler> scaler_;  // --precision fp16

@@ -43,7 +43,8 @@ void follows_fp32(const std::string& app, const std::string& precision) {
   run_app(apps.command(app, "fp32", kSteps, kEvery, 1), apps.logs(), "fp32");
   const Child low = run_app(apps.command(app, "low", kSteps, kEvery, 1, {"--precision", precision}), apps.logs(), "low");
   const std::string a = apps.tmp.file("fp32") + "/metrics.jsonl", b = apps.tmp.file("low") + "/metrics.jsonl";
-  REQUIRE(read_metrics(a).size() == size_t(kSteps / kEvery));
+  REQUIRE(read_metrics(a, "eval").size() == size_t(kSteps / kEvery));
+  REQUIRE(read_metrics(a, "train").size() == size_t(kSteps / kEvery));
   check_close_losses(b, a, 1e-6, 2e-3);
   const std::vector<double> la = losses(a), lb = losses(b);
   REQUIRE(la.size() == lb.size());

@@ -259,11 +259,16 @@ TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") 
   }
   REQUIRE(resumed.size() == straight.size());
   for (size_t i = 0; i < straight.size(); ++i) CHECK(resumed[i] == straight[i]);  // bitwise
-  // metrics.jsonl: evaluations at 2 and 4 (first process), 6 (resumed)
+  // metrics.jsonl: evaluations at 2 and 4 (first process), 6 (resumed); a training line at every
+  // step (--log-every's default for 6 steps: 1)
   std::ifstream in(dir + "/metrics.jsonl");
-  std::vector<int64_t> steps;
-  for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
-  CHECK(steps == std::vector<int64_t>{2, 4, 6});
+  std::vector<int64_t> evals, trains;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    (j.contains("skipped_steps") ? evals : trains).push_back(j["step"].get<int64_t>());
+  }
+  CHECK(evals == std::vector<int64_t>{2, 4, 6});
+  CHECK(trains == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
   CHECK(std::filesystem::exists(dir + "/curves.svg"));
   const CheckpointInfo info = read_checkpoint_info(dir + "/checkpoint.safetensors");
   CHECK(info.step == 6);
@@ -303,7 +308,9 @@ struct TinyRun {
   TinyRun(const std::string& dir, std::vector<std::string> args = {}) {
     Generator data(9);
     x = randn({8, 3}, DType::f32, &data), y = randn({8, 2}, DType::f32, &data);
-    std::vector<std::string> all = {"--steps", "6", "--out", dir, "--eval-every", "2", "--quiet"};
+    std::vector<std::string> all = {"--out", dir, "--quiet"};
+    for (const char* flag : {"--steps", "--eval-every"})  // defaults 6 and 2, unless `args` has the flag
+      if (std::find(args.begin(), args.end(), flag) == args.end()) all.insert(all.end(), {flag, flag[2] == 's' ? "6" : "2"});
     all.insert(all.end(), args.begin(), args.end());
     o = parse(all);
     run = std::make_unique<Run>("demo", o, lin, opt, gen, nlohmann::json{{"width", 3}});
@@ -326,10 +333,17 @@ struct TinyRun {
   }
 };
 
-std::vector<nlohmann::json> metrics_lines(const std::string& dir) {
+// The lines of <dir>/metrics.jsonl of one kind: "train" (step_done's, every --log-every steps) or
+// "eval" (log_eval's); "" for all of them.
+std::vector<nlohmann::json> metrics_lines(const std::string& dir, const std::string& kind = "") {
   std::ifstream in(dir + "/metrics.jsonl");
   std::vector<nlohmann::json> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    const bool train = j.contains("lr"), eval = j.contains("skipped_steps");
+    REQUIRE(train != eval);  // every line is one of the two kinds
+    if (kind.empty() || (kind == "train") == train) lines.push_back(std::move(j));
+  }
   return lines;
 }
 
@@ -337,7 +351,7 @@ std::vector<nlohmann::json> metrics_lines(const std::string& dir) {
 
 TEST_CASE("run: a NaN loss or an infinite gradient norm skips the update and is counted") {
   TempDir tmp("run_skip");
-  TinyRun t(tmp.file("r"));
+  TinyRun t(tmp.file("r"), {"--log-every", "4"});
   const double loss1 = t.backward();
   CHECK(t.run->optimizer_step(1, loss1));  // a healthy step updates
   t.run->step_done(1, loss1, 8);
@@ -369,11 +383,14 @@ TEST_CASE("run: a NaN loss or an infinite gradient norm skips the update and is 
   t.run->step_done(4, loss4, 8);
   CHECK(t.params() != params);
   t.run->log_eval(4, {});
-  // metrics.jsonl: the skips so far, and the mean training loss over the finite steps 1, 3, 4
-  const auto lines = metrics_lines(tmp.file("r"));
-  REQUIRE(lines.size() == 1);
-  CHECK(lines[0]["skipped_steps"] == 2);
-  CHECK(lines[0]["train_loss"].get<double>() == doctest::Approx((loss1 + loss3 + loss4) / 3));
+  // metrics.jsonl: the mean training loss over the finite steps 1, 3, 4 (the training line of
+  // step 4), and the skips so far (the evaluation line)
+  const auto train = metrics_lines(tmp.file("r"), "train"), eval = metrics_lines(tmp.file("r"), "eval");
+  REQUIRE(train.size() == 1);
+  REQUIRE(eval.size() == 1);
+  CHECK(train[0]["step"] == 4);
+  CHECK(train[0]["train_loss"].get<double>() == doctest::Approx((loss1 + loss3 + loss4) / 3));
+  CHECK(eval[0]["skipped_steps"] == 2);
   RunReport report;
   t.run->finish(report);
   CHECK(report.skipped_steps == 2);
@@ -448,6 +465,51 @@ TEST_CASE("run: save refuses a non-finite model and keeps the previous checkpoin
   CHECK(read_bytes(ckpt) == good);
 }
 
+TEST_CASE("run: a training line every --log-every steps, about 200 per run by default, with the means of its interval") {
+  TempDir tmp("run_log_every");
+  TinyRun t(tmp.file("r"), {"--steps", "400", "--eval-every", "100"});
+  REQUIRE(t.o.log_every == 2);  // 400 / 200
+  std::vector<double> losses, norms, lrs;
+  for (int64_t step = 0; step < t.o.steps; ++step) {
+    make_schedule(t.o)->set_lr(t.opt, step);
+    const double loss = t.backward();
+    REQUIRE(t.run->optimizer_step(step + 1, loss));
+    losses.push_back(loss), norms.push_back(t.run->last_grad_norm()), lrs.push_back(t.opt.lr());
+    t.run->step_done(step + 1, loss, 8, 24);
+    if (t.run->eval_due(step + 1)) t.run->log_eval(step + 1, {{"val_loss", 0.5}});
+  }
+  const auto train = metrics_lines(tmp.file("r"), "train"), eval = metrics_lines(tmp.file("r"), "eval");
+  REQUIRE(train.size() == 200);
+  REQUIRE(eval.size() == 4);
+  for (size_t i = 0; i < train.size(); ++i) {
+    INFO("training line " << i);
+    const nlohmann::json& j = train[i];
+    CHECK(j["step"] == int64_t(2 * i + 2));
+    // the means of the two steps of the interval, as the hand computes them
+    CHECK(j["train_loss"].get<double>() == doctest::Approx((losses[2 * i] + losses[2 * i + 1]) / 2).epsilon(1e-12));
+    CHECK(j["grad_norm"].get<double>() == doctest::Approx((norms[2 * i] + norms[2 * i + 1]) / 2).epsilon(1e-12));
+    CHECK(j["lr"].get<double>() == lrs[2 * i + 1]);  // the lr of the interval's last step
+    CHECK(j["samples_per_s"].get<double>() > 0);
+    CHECK(j["tokens_per_s"].get<double>() == doctest::Approx(3 * j["samples_per_s"].get<double>()));
+    CHECK_FALSE(j.contains("val_loss"));
+  }
+  CHECK(eval[0]["val_loss"] == 0.5);
+  CHECK_FALSE(eval[0].contains("train_loss"));
+  // curves.svg: a chart for the loss (train and val), the lr, the gradient norm and the throughput
+  const std::string svg = read_bytes(tmp.file("r/curves.svg"));
+  for (const char* title : {">loss<", ">lr<", ">grad_norm<", ">samples_per_s<", ">tokens_per_s<"})
+    CHECK_MESSAGE(svg.find(title) != std::string::npos, title);
+  // TensorBoard holds the same 200 training points
+  const std::string events = [&] {
+    for (const auto& e : std::filesystem::directory_iterator(tmp.file("r")))
+      if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) return e.path().string();
+    return std::string();
+  }();
+  int64_t grad_norms = 0;
+  for (const TfScalar& sc : read_tfevents(events).scalars) grad_norms += sc.tag == "grad_norm";
+  CHECK(grad_norms == 200);
+}
+
 TEST_CASE("run: all_finite and current_rss_bytes") {
   CHECK(all_finite({tensor({1.f, -2.f}), tensor<double>({3.0, 1e300}), Tensor()}));
   CHECK_FALSE(all_finite({tensor({1.f, std::numeric_limits<float>::infinity()})}));
@@ -481,21 +543,30 @@ TEST_CASE("run: --stop-at stops after that step as Ctrl-C would, the resumed run
     t.run->finish(report);
     return std::make_pair(step, report.interrupted);
   };
-  CHECK(losses_and_metrics("straight", {}, 0) == std::make_pair(int64_t(6), false));
-  CHECK(losses_and_metrics("to_the_end", {"--stop-at", "6"}, 0) == std::make_pair(int64_t(6), false));  // = --steps
-  // stop after step 3, between the evaluations at 2 and 4: the half-averaged training loss of
-  // step 3 travels in the checkpoint
-  CHECK(losses_and_metrics("split", {"--stop-at", "3"}, 0) == std::make_pair(int64_t(3), true));
+  CHECK(losses_and_metrics("straight", {"--log-every", "2"}, 0) == std::make_pair(int64_t(6), false));
+  CHECK(losses_and_metrics("to_the_end", {"--log-every", "2", "--stop-at", "6"}, 0) ==
+        std::make_pair(int64_t(6), false));  // = --steps
+  // stop after step 3, between the training lines of steps 2 and 4: the half-averaged training
+  // loss and gradient norm of step 3 travel in the checkpoint
+  CHECK(losses_and_metrics("split", {"--log-every", "2", "--stop-at", "3"}, 0) == std::make_pair(int64_t(3), true));
   CHECK(read_checkpoint_info(tmp.file("split/checkpoint.safetensors")).step == 3);
-  CHECK(losses_and_metrics("split", {"--resume"}, 3) == std::make_pair(int64_t(6), false));
-  const auto a = metrics_lines(tmp.file("straight")), b = metrics_lines(tmp.file("split"));
+  CHECK(losses_and_metrics("split", {"--log-every", "2", "--resume"}, 3) == std::make_pair(int64_t(6), false));
+  const auto a = metrics_lines(tmp.file("straight"), "train"), b = metrics_lines(tmp.file("split"), "train");
   REQUIRE(a.size() == 3);
   REQUIRE(b.size() == 3);
   for (size_t i = 0; i < a.size(); ++i) {
     CHECK(a[i]["step"] == b[i]["step"]);
     CHECK(a[i]["train_loss"].get<double>() == b[i]["train_loss"].get<double>());  // bitwise
-    CHECK(b[i]["rss_mb"].get<double>() > 1.0);  // every line has the resident memory
-    CHECK(b[i]["skipped_steps"] == 0);
+    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+    CHECK(a[i]["lr"].get<double>() == b[i]["lr"].get<double>());
+  }
+  const auto ea = metrics_lines(tmp.file("straight"), "eval"), eb = metrics_lines(tmp.file("split"), "eval");
+  REQUIRE(ea.size() == 3);
+  REQUIRE(eb.size() == 3);
+  for (size_t i = 0; i < ea.size(); ++i) {
+    CHECK(ea[i]["step"] == eb[i]["step"]);
+    CHECK(eb[i]["rss_mb"].get<double>() > 1.0);  // every evaluation line has the resident memory
+    CHECK(eb[i]["skipped_steps"] == 0);
   }
   CHECK(read_bytes(tmp.file("straight/checkpoint.safetensors")).size() > 0);
 }
@@ -516,7 +587,7 @@ TEST_CASE("run: option values out of range are usage errors naming the option an
     add_run_options(cli, o);
     return parse_command_line(cli, int(argv.size()), argv.data(), "demo");
   };
-  for (const char* flag : {"--eval-every", "--checkpoint-every", "--stop-at", "--max-skips", "--threads", "--clip",
+  for (const char* flag : {"--eval-every", "--log-every", "--checkpoint-every", "--stop-at", "--max-skips", "--threads", "--clip",
                            "--weight-decay", "--min-lr"})
     CHECK_MESSAGE(cli_code({"demo", flag, "-1"}) == kExitUsage, flag);
   CHECK(cli_code({"demo", "--batch", "0"}) == kExitUsage);
@@ -541,6 +612,8 @@ TEST_CASE("run: option values out of range are usage errors naming the option an
   check_one(o, "--stop-at", "-1");
   o = ok, o.eval_every = -2;
   check_one(o, "--eval-every", "-2");
+  o = ok, o.log_every = -5;
+  check_one(o, "--log-every", "-5");
   o = ok, o.checkpoint_every = -3;
   check_one(o, "--checkpoint-every", "-3");
   o = ok, o.max_skips = -1;

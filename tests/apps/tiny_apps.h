@@ -92,8 +92,8 @@ struct Apps {
   }
   std::string logs() const { return tmp.dir.string(); }
 
-  // `app` for `steps` steps in run directory `out`, evaluating (and logging) every `eval_every`
-  // steps, at `threads` threads, with `dropout` and a batch of `batch` (0: vit 8, textclf 8, gpt
+  // `app` for `steps` steps in run directory `out`, evaluating and logging the training loss every
+  // `eval_every` steps, at `threads` threads, with `dropout` and a batch of `batch` (0: vit 8, textclf 8, gpt
   // 4); then `more` arguments.
   std::vector<std::string> command(const std::string& app, const std::string& out, int64_t steps, int64_t eval_every,
                                    int threads, std::vector<std::string> more = {}, double dropout = 0.1,
@@ -101,7 +101,8 @@ struct Apps {
     std::vector<std::string> a = {std::string(ATTOGRAD_APP_DIR) + "/" + app};
     auto add = [&](std::initializer_list<std::string> xs) { a.insert(a.end(), xs); };
     if (batch == 0) batch = app == "gpt" ? 4 : 8;
-    add({"--steps", std::to_string(steps), "--eval-every", std::to_string(eval_every), "--threads",
+    add({"--steps", std::to_string(steps), "--eval-every", std::to_string(eval_every), "--log-every",
+       std::to_string(eval_every), "--threads",
          std::to_string(threads), "--out", tmp.file(out), "--dropout", fmt::format("{}", dropout), "--quiet",
          "--d-model", "16", "--heads", "2", "--layers", "1", "--mlp", "32", "--batch", std::to_string(batch)});
     if (app == "vit")  // augmentation on: its crop and flip draws must resume too
@@ -118,12 +119,18 @@ struct Apps {
   std::string checkpoint(const std::string& out) const { return tmp.file(out) + "/checkpoint.safetensors"; }
 };
 
-// metrics.jsonl, one JSON object per line.
-inline std::vector<nlohmann::json> read_metrics(const std::string& path) {
+// metrics.jsonl, one JSON object per line; with `kind` "train" only the training lines (every
+// --log-every steps: train_loss, lr, grad_norm, throughput), with "eval" only the evaluation lines.
+inline std::vector<nlohmann::json> read_metrics(const std::string& path, const std::string& kind = "") {
   std::vector<nlohmann::json> lines;
   std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line);
+    const bool train = j.contains("lr"), eval = j.contains("skipped_steps");
+    REQUIRE(train != eval);  // every line is one of the two kinds
+    if (kind.empty() || (kind == "train") == train) lines.push_back(std::move(j));
+  }
   return lines;
 }
 

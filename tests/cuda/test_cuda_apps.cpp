@@ -36,7 +36,7 @@ std::vector<std::string> device_command(const Apps& apps, const std::string& app
   std::vector<std::string> cmd;
   if (app == "gpt")  // the app's default model and batch, on the synthetic text
     cmd = {std::string(ATTOGRAD_APP_DIR) + "/gpt", "--steps", std::to_string(kSteps), "--eval-every",
-           std::to_string(kEvery), "--out", apps.tmp.file(out), "--quiet", "--text-file", apps.tmp.file("text.txt"),
+           std::to_string(kEvery), "--log-every", std::to_string(kEvery), "--out", apps.tmp.file(out), "--quiet", "--text-file", apps.tmp.file("text.txt"),
            "--eval-windows", "16", "--sample-tokens", "0", "--threads", "2"};
   else
     cmd = apps.command(app, out, kSteps, kEvery, 2);  // --threads 2 among them (an option given twice is refused)
@@ -53,7 +53,7 @@ void same_curve_on_gpu(const std::string& app, const std::string& precision = "f
   run_app(cpu_cmd, apps.logs(), "cpu");
   run_app(gpu_cmd, apps.logs(), "gpu");
   const std::string cpu = apps.tmp.file("cpu") + "/metrics.jsonl", gpu = apps.tmp.file("gpu") + "/metrics.jsonl";
-  REQUIRE(read_metrics(cpu).size() == size_t(kSteps / kEvery));
+  REQUIRE(read_metrics(cpu, "eval").size() == size_t(kSteps / kEvery));
   // the train loss and the evaluation's, every line. bf16: both devices multiply the same rounded
   // operands, but an f32 difference in summation order can round an activation to the neighbouring
   // bf16 value (2^-8 apart) in the next product, so the curves may part a little more than in fp32

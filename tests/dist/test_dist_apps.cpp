@@ -81,7 +81,7 @@ void trains_as_one_process(const std::string& app, int64_t B) {
     CHECK(rows == 1 + wrong);  // the header, then one row per error (the baseline is off)
   }
   // and the training did something (or the comparison would be empty of meaning)
-  const std::vector<nlohmann::json> m = read_metrics(apps.tmp.file("one") + "/metrics.jsonl");
+  const std::vector<nlohmann::json> m = read_metrics(apps.tmp.file("one") + "/metrics.jsonl", "train");
   CHECK(m.back().at("train_loss").get<double>() < m.front().at("train_loss").get<double>());
 
   // 2 ranks -> 1 process -> 2 ranks, in one run directory, the global batch 2B throughout
@@ -140,7 +140,7 @@ TEST_CASE("dist apps: SIGTERM to one rank stops both after the same step, rank 0
   const std::string metrics = apps.tmp.file("run") + "/metrics.jsonl";
   Child c = spawn_app(Job::mpirun(2, apps.command("gpt", "run", steps, 20, 1, {}, 0.0, 4)), apps.logs(), "job", job.env);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (count_lines(metrics) < 2 && std::chrono::steady_clock::now() < deadline && ::waitpid(c.pid, nullptr, WNOHANG) == 0)
+  while (count_lines(metrics) < 4 && std::chrono::steady_clock::now() < deadline && ::waitpid(c.pid, nullptr, WNOHANG) == 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const pid_t rank1 = rank_pid(c.pid, 1);
   REQUIRE(rank1 > 0);
