@@ -14,11 +14,15 @@
 //   training FLOP/s = 3 x forward FLOPs per sample x samples per second
 //     (forward FLOPs by nn::summarize's convention; backward counted as twice the forward)
 //   peak FLOP/s     = what this CPU does with nothing but fused multiply-adds at the vector width
-//     this build compiles for, on the threads the run uses: measured at start by a short loop
-//     (measure_peak_flops), or given with --peak-gflops (a datasheet's number, say). On
-//     --device cuda nothing is measured: MFU appears only with --peak-gflops (the GPU's datasheet).
+//     this build compiles for (512-bit with AVX-512, else 256-bit), on the threads the run uses:
+//     measured at start by a short loop (measure_peak_flops: the best of 5 trials), and kept per
+//     machine (machine_peak_flops: the best figure ever measured for this CPU model, vector width
+//     and thread count, in <cache dir>/peak_flops.json), since a loop timed while another process
+//     holds a core measures a fraction of the peak; or given with --peak-gflops (a datasheet's
+//     number, say). On --device cuda nothing is measured: MFU appears only with --peak-gflops.
 // So 100% would mean every cycle of every core doing a full-width FMA on model math. Matmuls
-// reach well under that on small shapes; the softmax, norms and the optimizer none of it.
+// reach well under that on small shapes; the softmax, norms and the optimizer none of it. A figure
+// above 100% is impossible: the report then says the peak was wrong instead of printing it.
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
@@ -42,9 +46,20 @@ struct DiagnoseOptions {
 void add_diagnose_options(CLI::App& cli, DiagnoseOptions& d);
 
 // The CPU's peak FLOP/s for fp32 fused multiply-adds on `threads` threads (0: the library's
-// thread count): a loop of independent vector FMAs, no memory traffic, timed for about
-// `seconds`; each FMA counts 2 FLOPs per lane.
-double measure_peak_flops(int threads = 0, double seconds = 0.1);
+// thread count): a loop of independent vector FMAs, no memory traffic, timed `trials` times for
+// about `seconds` each; the best trial. Each FMA counts 2 FLOPs per lane.
+double measure_peak_flops(int threads = 0, double seconds = 0.05, int trials = 5);
+
+// What the FMA loop runs on here: "<CPU model name>, <lanes> fp32 lanes, <threads> threads" (the
+// key of the per-machine cache).
+std::string peak_flops_key(int threads);
+// The best of `measured` and the figure `cache_file` (JSON: key -> FLOP/s) holds for `key`; a
+// better `measured` is written back (atomically). A missing, unreadable or malformed cache file
+// counts as empty and is replaced; one that cannot be written is left alone (the result stands).
+double best_peak_flops(const std::string& cache_file, const std::string& key, double measured);
+// measure_peak_flops on the library's threads, then best_peak_flops in
+// <default_cache_dir()>/peak_flops.json. `source` (may be null) gets how it was found.
+double machine_peak_flops(std::string* source = nullptr);
 
 struct ComputeProfile {
   nn::ModelSummary summary;

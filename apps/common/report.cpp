@@ -232,7 +232,12 @@ std::string RunReport::to_text() const {
     rows.emplace_back("training FLOP/s", format_count(training_flops_per_second()) +
                                              (per_token ? " (3 x forward, real tokens)" : " (3 x forward)"));
   }
-  if (mfu() > 0)
+  if (mfu() > 1)  // impossible: the peak is wrong, and so would be any figure printed against it
+    rows.emplace_back("MFU", fmt::format("not known: the training FLOP/s are {:.0f}% of the {}FLOP/s peak ({}), "
+                                         "above 100%, so that peak was measured low (another process on the "
+                                         "cores?); --peak-gflops gives the right one",
+                                         100 * mfu(), format_count(peak_flops), peak_source));
+  else if (mfu() > 0)
     rows.emplace_back("MFU", fmt::format("{:.1f}% of a {}FLOP/s peak ({})", 100 * mfu(), format_count(peak_flops),
                                          peak_source));
   if (skipped_steps > 0) rows.emplace_back("skipped steps", fmt::format("{} (non-finite loss or gradient norm)", skipped_steps));
@@ -272,7 +277,11 @@ nlohmann::json RunReport::to_json() const {
   if (peak_flops > 0) {
     j["peak_flops"] = peak_flops;
     j["peak_source"] = peak_source;
-    j["mfu"] = mfu();
+    // above 1 the peak was wrong: no MFU, and the ratio kept apart for whoever investigates
+    if (mfu() > 1)
+      j["mfu"] = nullptr, j["mfu_above_peak"] = mfu();
+    else
+      j["mfu"] = mfu();
   }
   if (accuracy) j["accuracy"] = *accuracy;
   if (confusion) j["confusion"] = confusion->to_json();

@@ -106,6 +106,8 @@ struct RunReport {
   // be off by the ratio of lengths; only the real (unpadded) tokens count as useful work.
   double training_flops_per_second() const;
   // Model FLOPs utilisation: training_flops_per_second() / peak_flops; 0 when either is unknown.
+  // Above 1 it is a measurement error (the peak was measured low): to_text says so instead of a
+  // percentage, and to_json writes "mfu": null with the ratio as "mfu_above_peak".
   double mfu() const;
 
   std::string to_text() const;        // aligned "name: value" lines, then the confusion table

@@ -113,6 +113,33 @@ TEST_CASE("diagnose: MFU in the report is 3 x forward FLOPs x samples/s over the
   CHECK(r.to_json().at("forward_flops_per_token") == 2e4);
   // a CPU of this century does more than 0.1 GFLOP/s of FMAs on one thread
   CHECK(measure_peak_flops(1, 0.01) > 1e8);
+  // above 100% the peak was wrong (measured while another process held a core): said, not shown
+  r.peak_flops = 3e7;  // the training FLOP/s are 6e7: 200%
+  const std::string wrong = r.to_text();
+  CHECK(wrong.find("MFU: not known: the training FLOP/s are 200% of the 30.0MFLOP/s peak") != std::string::npos);
+  CHECK(wrong.find("--peak-gflops") != std::string::npos);
+  CHECK(r.to_json().at("mfu").is_null());
+  CHECK(r.to_json().at("mfu_above_peak").get<double>() == doctest::Approx(2.0));
+}
+
+TEST_CASE("diagnose: the FMA peak is the best this machine has measured, kept in a cache file") {
+  TempDir tmp("peak_cache");
+  const std::string file = tmp.file("sub/peak_flops.json");  // the folder is made when missing
+  const std::string key = peak_flops_key(2);
+  CHECK(key.find("fp32 lanes, 2 threads") != std::string::npos);
+  CHECK(best_peak_flops(file, key, 100e9) == 100e9);  // nothing cached yet: the measurement
+  CHECK(best_peak_flops(file, key, 50e9) == 100e9);   // a trial slowed by another process: the cache
+  CHECK(best_peak_flops(file, "other CPU", 10e9) == 10e9);  // per key
+  CHECK(best_peak_flops(file, key, 120e9) == 120e9);  // a better one replaces it
+  const nlohmann::json j = nlohmann::json::parse(read_bytes(file));
+  CHECK(j.at(key) == 120e9);
+  CHECK(j.at("other CPU") == 10e9);
+  write_bytes(file, "{not json");  // a damaged file counts as empty and is replaced
+  CHECK(best_peak_flops(file, key, 70e9) == 70e9);
+  CHECK(nlohmann::json::parse(read_bytes(file)).at(key) == 70e9);
+  write_bytes(file, "{\"" + key + "\": \"fast\"}");  // a value that is no number: ignored
+  CHECK(best_peak_flops(file, key, 60e9) == 60e9);
+  CHECK(best_peak_flops(file, key, std::nan("")) == 60e9);  // a NaN measurement never enters the file
 }
 
 TEST_CASE("diagnose: the attention report as JSON") {
