@@ -139,6 +139,37 @@ ImageDataset concat(const std::vector<ImageDataset>& parts) {
   return out;
 }
 
+HeldOut hold_out(const ImageDataset& ds, int64_t n, uint64_t seed) {
+  check(n >= 0 && n < ds.size(), "hold_out: {} images held out of {} would leave {} to train on", n, ds.size(),
+        ds.size() - n);
+  // Fisher-Yates from a splitmix64 stream: the same permutation for the same seed everywhere
+  std::vector<int64_t> order(size_t(ds.size()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  uint64_t state = seed;
+  auto next = [&state] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[size_t(next() % (i + 1))]);
+  std::vector<char> is_held(order.size(), 0);
+  for (size_t k = order.size() - size_t(n); k < order.size(); ++k) is_held[size_t(order[k])] = 1;
+  HeldOut out;
+  for (ImageDataset* p : {&out.rest, &out.held}) {
+    p->channels = ds.channels, p->height = ds.height, p->width = ds.width;
+    p->num_classes = ds.num_classes, p->class_names = ds.class_names;
+  }
+  const size_t bytes = size_t(ds.image_size());
+  for (int64_t i = 0; i < ds.size(); ++i) {  // both in the original order
+    ImageDataset& p = is_held[size_t(i)] ? out.held : out.rest;
+    p.images.insert(p.images.end(), ds.image(i), ds.image(i) + bytes);
+    p.labels.push_back(ds.labels[size_t(i)]);
+    ++p.n;
+  }
+  return out;
+}
+
 // ---- the standard datasets ---------------------------------------------------------------------
 
 ImageSplits load_fashion_mnist(const std::string& dir) {

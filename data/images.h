@@ -67,6 +67,15 @@ ImageDataset read_cifar10_batch(const std::string& path);
 // Concatenates datasets of the same image shape and classes (e.g. CIFAR's five training batches).
 ImageDataset concat(const std::vector<ImageDataset>& parts);
 
+// A validation split held out of a training set: the last `n` images of a permutation of `ds`
+// drawn from `seed` (the same images for the same seed and size, on every machine) form `held`,
+// the others, in their original order, `rest`. Raises ag::Error when n < 0 or n >= ds.size() (no
+// training image would be left).
+struct HeldOut {
+  ImageDataset rest, held;
+};
+HeldOut hold_out(const ImageDataset& ds, int64_t n, uint64_t seed);
+
 // ---- the standard datasets ---------------------------------------------------------------------
 
 // Where Debian's dataset-fashion-mnist package installs the files.

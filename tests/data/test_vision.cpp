@@ -172,6 +172,46 @@ TEST_CASE("idx: images and labels as one dataset") {
   AG_CHECK_ERROR(load_idx_dataset(tmp.file("im0"), tmp.file("lb"), {"a", "b", "c"}), "im0", "image size 0x2");
 }
 
+TEST_CASE("hold_out: a fixed part of a training set for validation, the rest in order") {
+  ImageDataset ds;
+  ds.n = 50, ds.channels = 1, ds.height = 1, ds.width = 2, ds.num_classes = 5, ds.class_names = {"a", "b", "c", "d", "e"};
+  for (int i = 0; i < 50; ++i) {
+    ds.images.push_back(uint8_t(i)), ds.images.push_back(uint8_t(100 + i));  // image i is (i, 100 + i)
+    ds.labels.push_back(i % 5);
+  }
+  const HeldOut h = hold_out(ds, 12, 7);
+  REQUIRE(h.held.size() == 12);
+  REQUIRE(h.rest.size() == 38);
+  for (const ImageDataset* p : {&h.held, &h.rest}) {
+    CHECK(p->images.size() == size_t(p->n) * 2);
+    CHECK(p->labels.size() == size_t(p->n));
+    CHECK(p->class_names == ds.class_names);
+    CHECK(p->width == 2);
+  }
+  // every image once, in one part or the other, with its own label and bytes, in the original order
+  std::vector<int> seen(50, 0);
+  for (const ImageDataset* p : {&h.held, &h.rest}) {
+    int previous = -1;
+    for (int64_t k = 0; k < p->size(); ++k) {
+      const int i = p->image(k)[0];
+      CHECK(int(p->image(k)[1]) == 100 + i);
+      CHECK(p->labels[size_t(k)] == i % 5);
+      CHECK(i > previous);
+      previous = i, ++seen[size_t(i)];
+    }
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 50);
+  // the same seed holds out the same images; another seed others; not simply the first or last 12
+  CHECK(hold_out(ds, 12, 7).held.images == h.held.images);
+  CHECK(hold_out(ds, 12, 8).held.images != h.held.images);
+  std::vector<int> held;
+  for (int64_t k = 0; k < 12; ++k) held.push_back(h.held.image(k)[0]);
+  CHECK(held.back() - held.front() > 12);
+  CHECK(hold_out(ds, 0, 7).rest.images == ds.images);
+  AG_CHECK_ERROR(hold_out(ds, 50, 7), "hold_out", "50 images held out of 50", "0 to train on");
+  AG_CHECK_ERROR(hold_out(ds, -1, 7), "hold_out", "-1");
+}
+
 TEST_CASE("load_fashion_mnist: a synthetic folder, and a missing one") {
   TempDir tmp("fmnist");
   write_mnist_folder(tmp.dir.string(), 20, 10, 4, 3);
