@@ -207,7 +207,7 @@ double RunReport::mfu() const { return peak_flops > 0 ? training_flops_per_secon
 std::string RunReport::to_text() const {
   std::vector<std::pair<std::string, std::string>> rows;
   rows.reserve(17 + extra.size());  // also keeps GCC 12 from a false -Warray-bounds in the growth path
-  rows.emplace_back("app", app + (interrupted ? " (interrupted)" : ""));
+  rows.emplace_back("app", app + (interrupted ? " (interrupted)" : early_stopped ? " (stopped early: --patience)" : ""));
   rows.emplace_back("device", device + (precision == "fp32" ? std::string(", fp32")
                                                             : ", " + precision + " autocast (matmul, linear, attention)"));
   if (loss_scale > 0)
@@ -216,6 +216,7 @@ std::string RunReport::to_text() const {
   rows.emplace_back("wall time", format_duration(wall_seconds));
   rows.emplace_back("training time", format_duration(train_seconds));
   rows.emplace_back("steps", fmt::format("{}", steps));
+  if (best_step >= 0) rows.emplace_back("best model", fmt::format("step {} (by validation; tested)", best_step));
   rows.emplace_back("parameters", fmt::format("{} ({})", parameters, format_count(double(parameters))));
   rows.emplace_back("samples", format_count(samples));
   rows.emplace_back("throughput", format_rate(samples_per_second(), "samples"));
@@ -257,6 +258,7 @@ nlohmann::json RunReport::to_json() const {
                       {"device", device},
                       {"precision", precision},
                       {"interrupted", interrupted},
+                      {"early_stopped", early_stopped},
                       {"wall_seconds", wall_seconds},
                       {"train_seconds", train_seconds},
                       {"steps", steps},
@@ -269,6 +271,7 @@ nlohmann::json RunReport::to_json() const {
                       {"peak_tensor_bytes", peak_tensor_bytes},
                       {"skipped_steps", skipped_steps}};
   if (loss_scale > 0) j["loss_scale"] = loss_scale, j["loss_scale_skips"] = loss_scale_skips;
+  if (best_step >= 0) j["best_step"] = best_step;
   if (forward_flops_per_sample > 0) {
     j["forward_flops_per_sample"] = forward_flops_per_sample;
     if (forward_flops_per_token > 0) j["forward_flops_per_token"] = forward_flops_per_token;

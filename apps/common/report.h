@@ -81,6 +81,8 @@ struct RunReport {
   int64_t peak_rss_bytes = 0;          // peak_rss_bytes(): the whole process
   int64_t peak_tensor_bytes = 0;       // alloc_stats().peak_bytes_in_use: tensors only (0: not shown)
   bool interrupted = false;          // stopped by Ctrl-C / SIGTERM / --stop-at before the last step
+  bool early_stopped = false;        // ended by --patience (no better validation metric)
+  int64_t best_step = -1;            // the step of best.safetensors, the model tested (-1: none)
   int64_t skipped_steps = 0;         // updates skipped for a non-finite loss or gradient norm
   double loss_scale = 0;             // --precision fp16: the final loss scale (0: no scaling)
   int64_t loss_scale_skips = 0;      // fp16: updates skipped for a gradient overflow (scale halved)

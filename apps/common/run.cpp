@@ -155,6 +155,12 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
                  "with --resume (0: off)")
       ->capture_default_str()
       ->check(non_negative());
+  cli.add_option("--patience", o.patience,
+                 "stop after this many evaluations without a better validation metric; the best model is kept "
+                 "in best.safetensors and tested at the end (0: never stop early; -1: 5 for a small training "
+                 "set, else 0)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
   cli.add_option("--max-skips", o.max_skips,
                  "stop (exit 1) after this many steps in a row with a non-finite loss or gradient norm, whose "
                  "updates are skipped (0: never)")
@@ -187,6 +193,8 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
   usage_check(o.stop_at >= 0 && o.stop_at <= o.steps,
               "{}: --stop-at {} is outside [0, --steps {}] (0: off; the run stops after that step, resumable)", app,
               o.stop_at, o.steps);
+  usage_check(o.patience >= -1, "{}: --patience {}: expected >= 0 (0: never stop early; -1: by the data size)", app,
+              o.patience);
   usage_check(o.max_skips >= 0, "{}: --max-skips {}: expected >= 0 (0: never stop)", app, o.max_skips);
   Device device = Device::cpu();
   try {
@@ -248,6 +256,8 @@ void apply_run_options(RunOptions& o, const std::string& app) {
   // this thread's autocast precision for the whole run: training, evaluation and sampling alike
   set_autocast_precision(training_precision(o));
   if (o.out_dir.empty()) o.out_dir = "runs/" + app;
+  o.eval_every_auto |= o.eval_every <= 0, o.log_every_auto |= o.log_every <= 0;
+  o.checkpoint_every_auto |= o.checkpoint_every <= 0;
   if (o.eval_every <= 0) o.eval_every = std::max<int64_t>(1, o.steps / 10);
   if (o.log_every <= 0) o.log_every = std::max<int64_t>(1, o.steps / 200);
   if (o.checkpoint_every <= 0) o.checkpoint_every = o.eval_every;
@@ -262,6 +272,24 @@ Device training_device(const RunOptions& o) {
 
 Precision training_precision(const RunOptions& o) {
   return o.precision == "bf16" ? Precision::bf16 : o.precision == "fp16" ? Precision::fp16 : Precision::fp32;
+}
+
+std::string resolve_patience(RunOptions& o, bool small_data, const std::string& why) {
+  if (o.patience >= 0) return "";
+  o.patience = small_data ? 5 : 0;
+  return small_data ? fmt::format("--patience 5: {}, so the run stops after 5 evaluations without a better "
+                                  "validation metric (--patience 0: never)",
+                                  why)
+                    : fmt::format("--patience 0: {}; the best model by validation is still the one tested", why);
+}
+
+void set_steps(RunOptions& o, int64_t steps) {
+  usage_check(steps >= 1, "--steps {}: expected at least 1", steps);
+  o.steps = steps;
+  if (o.eval_every_auto) o.eval_every = std::max<int64_t>(1, o.steps / 10);
+  if (o.log_every_auto) o.log_every = std::max<int64_t>(1, o.steps / 200);
+  if (o.checkpoint_every_auto) o.checkpoint_every = o.eval_every;
+  o.stop_at = std::min(o.stop_at, o.steps);
 }
 
 int64_t global_batch(const RunOptions& o) { return int64_t(dist::world_size()) * o.batch; }
@@ -409,7 +437,8 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
   check(!dir_.empty(), "{}: no run directory (call apply_run_options first)", app_);
   if (o.precision == "fp16") scaler_.emplace();
   for (const char* key : {"config", "steps", "run.loss_sum", "run.loss_count", "run.skipped", "run.skips_in_a_row",
-                          "run.loss_scale", "run.loss_scale_tracker", "run.loss_scale_skips", "run.log"})
+                          "run.loss_scale", "run.loss_scale_tracker", "run.loss_scale_skips", "run.log",
+                          "run.best"})
     check(extra_.count(key) == 0, "{}: '{}' is reserved in the checkpoint metadata", app_, key);
   if (dist::is_main()) {
     std::error_code ec;
@@ -463,6 +492,11 @@ int64_t Run::resume() {
       skipped_ = std::stoll(entry("run.skipped"));
       skips_in_a_row_ = std::stoll(entry("run.skips_in_a_row"));
       scale_skips_ = std::stoll(entry("run.loss_scale_skips"));
+      if (c.extra.count("run.best")) {  // model selection so far
+        const auto j = nlohmann::json::parse(c.extra.at("run.best"));
+        best_.step = j.at("step").get<int64_t>(), best_.evals_since = j.at("evals_since").get<int64_t>();
+        best_.value = j.at("value").get<double>(), best_.tie = j.at("tie").get<double>();
+      }
       if (c.extra.count("run.log")) {  // the training log line's partial interval
         const auto j = nlohmann::json::parse(c.extra.at("run.log"));
         log_.loss_sum = j.at("loss_sum").get<double>(), log_.loss_count = j.at("loss_count").get<int64_t>();
@@ -508,7 +542,23 @@ bool Run::stop_requested() const {
   // a signal on one rank stops all of them after the same step: under mpirun only the signal that
   // reduce_step shared counts. --stop-at equal to --steps is the normal end of the run, not a stop.
   const bool signalled = dist::world_size() > 1 ? agreed_signal_ != 0 : apps::stop_requested();
-  return signalled || (o_.stop_at > 0 && o_.stop_at < o_.steps && last_step_ >= o_.stop_at);
+  return signalled || early_stop_ || (o_.stop_at > 0 && o_.stop_at < o_.steps && last_step_ >= o_.stop_at);
+}
+
+void Run::select_by(std::string metric, bool higher_is_better, std::string tie_breaker) {
+  select_metric_ = std::move(metric), select_higher_ = higher_is_better, select_tie_ = std::move(tie_breaker);
+}
+
+int64_t Run::load_best() {
+  const std::string file = path("best.safetensors");
+  if (best_.step < 0 || !fs::exists(file)) {
+    print(fmt::format("{}: testing the model of step {} (no best.safetensors from this run)", app_, last_step_));
+    return -1;
+  }
+  training::load_checkpoint(file, model_, nullptr, nullptr);  // every rank: they evaluate alike
+  print(fmt::format("{}: testing the best model by validation: step {} ({} {:.4g}), from {}", app_, best_.step,
+                    select_metric_, best_.value, file));
+  return best_.step;
 }
 
 Run::StepTotals Run::reduce_step(double loss, int64_t samples, int64_t tokens) {
@@ -606,6 +656,33 @@ bool Run::eval_due(int64_t step) const { return step % o_.eval_every == 0 || ste
 bool Run::checkpoint_due(int64_t step) const { return step % o_.checkpoint_every == 0 || step == o_.steps; }
 
 void Run::log_eval(int64_t step, const Scalars& scalars) {
+  // model selection, on every rank alike (their evaluations agree)
+  std::string selection;
+  if (!select_metric_.empty()) {
+    auto find = [&](const std::string& name) -> std::optional<double> {
+      for (const auto& [n, v] : scalars)
+        if (n == name) return v;
+      return std::nullopt;
+    };
+    if (const auto v = find(select_metric_); v && std::isfinite(*v)) {
+      const double tie = select_tie_.empty() ? 0.0 : find(select_tie_).value_or(0.0);
+      const bool better = best_.step < 0 || (select_higher_ ? *v > best_.value : *v < best_.value) ||
+                          (*v == best_.value && std::isfinite(tie) && tie < best_.tie);
+      if (better) {
+        best_ = {step, *v, tie, 0};
+        if (dist::is_main()) write_checkpoint(path("best.safetensors"), step);
+        selection = " (best so far: best.safetensors)";
+      } else {
+        ++best_.evals_since;
+        selection = fmt::format(" (best {:.4g} at step {})", best_.value, best_.step);
+        if (o_.patience > 0 && best_.evals_since >= o_.patience && step < o_.steps) {
+          early_stop_ = true;
+          selection += fmt::format(": no better {} in {} evaluations, stopping early (--patience {})", select_metric_,
+                                   best_.evals_since, o_.patience);
+        }
+      }
+    }
+  }
   Scalars all = scalars;
   all.emplace_back("skipped_steps", double(skipped_));
   all.emplace_back("rss_mb", double(current_rss_bytes()) / (1 << 20));
@@ -622,6 +699,7 @@ void Run::log_eval(int64_t step, const Scalars& scalars) {
   for (const auto& [name, value] : scalars) line += fmt::format(" {} {:.4g}", name, value);
   line += fmt::format(" lr {:.4g}", opt_.lr());
   if (skipped_ > 0) line += fmt::format(" skipped_steps {}", skipped_);
+  line += selection;
   for (const auto& [name, value] : all)
     if (drawn(name)) {
       auto [chart, series] = chart_and_series(name);
@@ -647,6 +725,13 @@ bool Run::save(int64_t step) {
     last_saved_step_ = step;
     return true;
   }
+  write_checkpoint(path("checkpoint.safetensors"), step);
+  last_saved_step_ = step;
+  last_step_time_ = now_seconds();
+  return true;
+}
+
+void Run::write_checkpoint(const std::string& file, int64_t step) {
   std::map<std::string, std::string> meta = extra_;
   meta["config"] = config_.dump();
   meta["steps"] = std::to_string(o_.steps);
@@ -664,10 +749,13 @@ bool Run::save(int64_t step) {
     meta["run.loss_scale_tracker"] = std::to_string(scaler_->growth_tracker());
     meta["run.loss_scale_skips"] = std::to_string(scale_skips_);
   }
-  training::save_checkpoint(path("checkpoint.safetensors"), model_, opt_, step, gen_, meta);
-  last_saved_step_ = step;
+  meta["run.best"] = nlohmann::json{{"step", best_.step},
+                                    {"value", best_.value},
+                                    {"tie", best_.tie},
+                                    {"evals_since", best_.evals_since}}
+                         .dump();
+  training::save_checkpoint(file, model_, opt_, step, gen_, meta);
   last_step_time_ = now_seconds();
-  return true;
 }
 
 void Run::print(const std::string& line) {
@@ -696,14 +784,21 @@ void Run::finish(RunReport& report) {
     report.loss_scale = scaler_->get_scale();
     report.loss_scale_skips = scale_skips_;
   }
-  const bool stopped = stop_requested() && last_step_ < o_.steps;
+  const bool stopped = stop_requested() && !early_stop_ && last_step_ < o_.steps;
   report.interrupted = stopped;
+  if (best_.step >= 0) report.best_step = best_.step;
+  report.early_stopped = early_stop_;
   if (!dist::is_main()) return;  // rank 0 reports for the job
   fmt::print("{}", report.to_text());
   nlohmann::json j = report.to_json();
   j["config"] = config_;
   write_file_atomic(path("report.json"), j.dump(2) + "\n");
-  fmt::print("run directory: {} (curves.svg, metrics.jsonl, TensorBoard events, report.json, checkpoint)\n", dir_);
+  fmt::print("run directory: {} (curves.svg, metrics.jsonl, TensorBoard events, report.json, checkpoint{})\n", dir_,
+             best_.step >= 0 ? ", best.safetensors" : "");
+  if (early_stop_)
+    fmt::print("stopped early after step {} of {}: no better {} in {} evaluations (--patience {}); best.safetensors "
+               "holds step {}, the model tested\n",
+               last_step_, o_.steps, select_metric_, best_.evals_since, o_.patience, best_.step);
   if (stopped) {
     const int sig = dist::world_size() > 1 ? agreed_signal_ : apps::stop_signal();
     const std::string why = sig != 0 ? (sig == SIGINT ? "Ctrl-C" : "SIGTERM") : fmt::format("--stop-at {}", o_.stop_at);

@@ -8,6 +8,7 @@
 //   Run                one training run in its run directory:
 //
 //     <out>/checkpoint.safetensors   model + AdamW state + step + RNG + config (+ tokenizer), atomic
+//     <out>/best.safetensors         the same, at the evaluation with the best validation metric
 //     <out>/metrics.jsonl            one line every --log-every steps (train_loss, lr, grad_norm,
 //                                    samples_per_s, tokens_per_s) and one per evaluation (val_*,
 //                                    test_*, skipped_steps, rss_mb)
@@ -25,11 +26,19 @@
 //     ... forward, zero_grad, backward ...
 //     run.optimizer_step(step + 1, loss);            // clip, health check, opt.step() or a skip
 //     run.step_done(step + 1, loss, batch_samples, batch_tokens);   // progress bar, throughput
-//     if (run.eval_due(step + 1)) run.log_eval(step + 1, evaluate(...));
+//     if (run.eval_due(step + 1)) run.log_eval(step + 1, evaluate(validation split));
 //     if (run.checkpoint_due(step + 1)) run.save(step + 1);
 //   }
 //   run.save(step);   // also after Ctrl-C: nothing trained is lost
+//   run.load_best();  // the model of the best validation metric (run.select_by), for the test set
 //   run.finish(report);   // after a stop: prints the command line that resumes
+//
+// Model selection never looks at the test set: the apps evaluate a validation split held out of
+// the training data during training, and the test split once, at the end, on the best model.
+// run.select_by("val_accuracy", true, "val_loss") before resume(): each log_eval holding that
+// metric compares it with the best so far (on a tie, the tie-breaker decides, lower is better); a
+// better one writes <out>/best.safetensors. With --patience P > 0, P evaluations in a row without a
+// better one end the run early: saved and reported as a finished run, not an interruption.
 //
 // Data parallelism (dist/dist.h). Started by `mpirun -np N`, every app trains one model on N
 // processes with no other change to its command line; alone, N = 1 and everything below is a no-op.
@@ -143,8 +152,16 @@ struct RunOptions {
   bool quiet = false;          // no progress bar
   int64_t stop_at = 0;         // stop after this step as Ctrl-C would: save, report, exit 0 (0: off)
   int64_t max_skips = 10;      // stop (exit 1) after this many non-finite steps in a row (0: never)
+  int64_t patience = -1;       // stop after this many evaluations without a better validation metric
+                               // (0: never; -1: the app decides from its data, resolve_patience)
   std::vector<std::string> command_line;  // argv as given: the resume hint repeats it + --resume
+  // which cadences apply_run_options derived from --steps (they were 0), so set_steps redoes them
+  bool eval_every_auto = false, log_every_auto = false, checkpoint_every_auto = false;
 };
+
+// Changes --steps after apply_run_options (an app's default that depends on its data) and derives
+// again the cadences that were derived from it (--eval-every, --log-every, --checkpoint-every 0).
+void set_steps(RunOptions& o, int64_t steps);
 
 // Registers every RunOptions field as --steps, --batch, --lr, ..., showing the defaults the
 // app set in `o` beforehand; the app adds its own model and data options next to them.
@@ -157,6 +174,11 @@ void add_run_options(CLI::App& cli, RunOptions& o);
 // (--detect-anomaly) and this thread's autocast precision (--precision), fills the defaults that
 // depend on others (out_dir, eval_every, checkpoint path).
 void apply_run_options(RunOptions& o, const std::string& app);
+
+// --patience -1 (the default): `small_data` decides, 5 evaluations for a small training set (where
+// a model memorises before the schedule ends), 0 (off) otherwise. Returns the line that says what
+// was chosen and why ("" when --patience was given).
+std::string resolve_patience(RunOptions& o, bool small_data, const std::string& why);
 
 // The global batch of a data-parallel job: world_size() x the per-rank --batch.
 int64_t global_batch(const RunOptions& o);
@@ -243,9 +265,25 @@ class Run {
   // With --resume and a checkpoint in the run dir: loads model, optimizer, RNG and returns its
   // step (the metrics files are appended to). Otherwise 0.
   int64_t resume();
-  // Ctrl-C or SIGTERM arrived, or --stop-at's step (when before the last) is done. Under mpirun a
-  // signal counts once reduce_step has shared it, so every rank stops after the same step.
+  // Ctrl-C or SIGTERM arrived, --stop-at's step (when before the last) is done, or --patience
+  // evaluations passed without a better validation metric. Under mpirun a signal counts once
+  // reduce_step has shared it, so every rank stops after the same step (the evaluations, and so an
+  // early stop, are the same on every rank).
   bool stop_requested() const;
+
+  // Model selection (see the top of this file). Call before resume().
+  void select_by(std::string metric, bool higher_is_better, std::string tie_breaker = "");
+  struct Best {
+    int64_t step = -1;  // -1: no evaluation yet
+    double value = 0, tie = 0;
+    int64_t evals_since = 0;  // evaluations since the best one
+  };
+  const Best& best() const { return best_; }
+  bool early_stopped() const { return early_stop_; }
+  // Loads the model weights of best.safetensors (when this run has written one) and returns its
+  // step; else leaves the model as it is and returns -1. Prints one line saying which model the
+  // final evaluation sees.
+  int64_t load_best();
 
   // What one step trained on, over all ranks.
   struct StepTotals {
@@ -337,6 +375,11 @@ class Run {
   void log_train(int64_t step);
   double last_grad_norm_ = 0;
   int64_t skipped_ = 0, skips_in_a_row_ = 0, last_saved_step_ = -1;
+  void write_checkpoint(const std::string& file, int64_t step);
+  std::string select_metric_, select_tie_;
+  bool select_higher_ = true;
+  Best best_;
+  bool early_stop_ = false;
   std::optional<optim::GradScaler> scaler_;  // --precision fp16
   int64_t scale_skips_ = 0;                   // updates skipped for an fp16 gradient overflow
 };

@@ -222,7 +222,16 @@ int main(int argc, char** argv) {
         {"model", gpt_config_to_json(cfg)},
         {"data", {{"dataset", dataset}, {"text_file", text_file}, {"valid_fraction", 0.1}}},
         {"train", {{"batch", global_batch(o)}, {"seed", o.seed}}}};  // N x --batch under mpirun
+    // a text the schedule would read more than 20 times over is memorised before the end: stop when
+    // the validation loss stops improving
+    const double epochs = double(o.steps) * double(global_batch(o)) * double(T) / double(d.train.size());
+    const std::string patience_line = resolve_patience(
+        o, epochs > 20,
+        fmt::format("{} training characters, read {:.1f} times by {} steps of {} x {}{}", d.train.size(), epochs,
+                    o.steps, global_batch(o), T, epochs > 20 ? " (> 20: a small text)" : ""));
     Run run("gpt", o, model, opt, gen, config, {{"tokenizer", d.tokenizer.to_json()}});
+    run.select_by("val_loss", false);
+    if (!patience_line.empty()) run.print("gpt: " + patience_line);
     auto sched = make_schedule(o);
     const int64_t V = cfg.vocab, N = o.batch * T;
     std::string compute_text;
@@ -256,14 +265,18 @@ int main(int argc, char** argv) {
       if (run.checkpoint_due(step + 1)) run.save(step + 1);
     }
     if (!run.checkpoint_due(step)) run.save(step);  // after Ctrl-C; a finished run just saved
-    // the final model's loss (after Ctrl-C the last evaluation's, unless there was none)
-    if (val_step != step && (std::isnan(val) || !run.stop_requested()))
+    // the best model by validation loss is the one sampled and reported
+    if (const int64_t best = run.load_best(); best >= 0) {
+      val = run.best().value, val_step = best;
+    } else if (val_step != step && (std::isnan(val) || !run.stop_requested())) {
+      // no evaluation yet: the final model's loss (after Ctrl-C the last evaluation's, unless none)
       val = lm_loss(model, d.valid, val_starts, T, o.batch, /*sharded=*/true), val_step = step;
+    }
 
     // ---- sample, plot, report ----
     RunReport report;
     report.extra = {{"val_loss", val}, {"val_bits_per_char", val / std::log(2.0)}, {"val_loss_step", double(val_step)}};
-    if (!run.stop_requested() && s.tokens > 0 && dist::is_main())  // rank 0 samples
+    if ((!run.stop_requested() || run.early_stopped()) && s.tokens > 0 && dist::is_main())  // rank 0 samples
       report.extra.emplace_back("generation_tokens_per_s",
                                 sample_and_plot(model, d.tokenizer, s, sample_seed, run.dir()));
     compute.fill(report);

@@ -128,9 +128,13 @@ int evaluate_checkpoint(const RunOptions& o, const AppOptions& a) {
   return 0;
 }
 
-int train(const RunOptions& o, LongSeqConfig cfg, const TaskOptions& t, const AppOptions& a,
-          const DiagnoseOptions& dg) {
+int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOptions& a, const DiagnoseOptions& dg) {
   const SeqSplits data = load_task(t, dist::is_main() ? o.out_dir : "");
+  constexpr int64_t kSmallTrainSet = 20000;  // below it, stop when validation stops improving
+  const std::string patience_line = resolve_patience(
+      o, data.train.size() < kSmallTrainSet,
+      fmt::format("{} training sequences{}", data.train.size(),
+                  data.train.size() < kSmallTrainSet ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : ""));
   cfg.vocab = data.train.vocab;
   cfg.max_len = data.train.max_len;
   cfg.classes = data.train.num_classes;
@@ -153,6 +157,8 @@ int train(const RunOptions& o, LongSeqConfig cfg, const TaskOptions& t, const Ap
   nlohmann::json config = run_config(cfg, t);
   config["train"] = {{"batch", global_batch(o)}, {"seed", o.seed}};
   Run run("longseq", o, model, opt, gen, config);
+  run.select_by("val_accuracy", true, "val_loss");
+  if (!patience_line.empty()) run.print("longseq: " + patience_line);
   run.print(fmt::format("longseq: {}{} ({} train / {} validation / {} test sequences, up to {} tokens, {} classes), "
                         "{} attention{}, d_model {}, {} heads, {} layers, MLP {}",
                         t.task, t.task == "pixels" ? " " + t.dataset : "", data.train.size(), data.val.size(),
@@ -191,19 +197,22 @@ int train(const RunOptions& o, LongSeqConfig cfg, const TaskOptions& t, const Ap
     if (run.checkpoint_due(step + 1)) run.save(step + 1);
   }
   run.save(step);
+  run.load_best();  // the model of the best validation accuracy
   const EvalResult test = evaluate(model, data.test, a.eval_batch, 0, /*sharded=*/true);
 
   RunReport report;
   report.accuracy = test.accuracy;
   report.confusion = test.confusion;
   report.extra = {{"test_loss", test.loss}, {"test_sequences", double(test.samples)}};
-  if (last_val.samples > 0) report.extra.push_back({"val_accuracy", last_val.accuracy});
+  if (run.best().step >= 0) report.extra.push_back({"val_accuracy", run.best().value});
   compute.fill(report);
   run.finish(report);
   if (!dist::is_main()) return 0;
   write_heatmap(model, data.val, a.heatmap_seqs, run.dir());
-  fmt::print("test accuracy {:.2f}% after {} steps ({} attention, {})\n", 100 * test.accuracy, step, cfg.attention,
-             t.task);
+  fmt::print("test accuracy {:.2f}% ({} after {} steps; {} attention, {})\n", 100 * test.accuracy,
+             run.best().step >= 0 ? fmt::format("the best model by validation, step {}", run.best().step)
+                                  : std::string("the last model"),
+             step, cfg.attention, t.task);
   return 0;
 }
 

@@ -102,6 +102,9 @@ void diagnose(TextClassifier& model, const EncodedSet& test, int64_t batch, int6
 
 }  // namespace
 
+// Below this many training texts the run stops early when validation stops improving (--patience).
+constexpr int64_t kSmallTrainSet = 20000;
+
 int main(int argc, char** argv) {
   CLI::App cli{"textclf: an attention text classifier (default: language identification on Debian's fortunes)"};
   RunOptions o;
@@ -306,7 +309,14 @@ int main(int argc, char** argv) {
     std::optional<std::pair<EvalResult, EvalResult>> nb;  // validation, test
     if (want_baseline && dist::is_main()) nb = naive_bayes_baseline(split, settings.nb_alpha);  // rank 0 reports it
 
+    // a small set is memorised long before the schedule ends: stop when validation stops improving
+    const std::string patience_line = resolve_patience(
+        o, train.size() < kSmallTrainSet,
+        fmt::format("{} training texts{}", train.size(),
+                    train.size() < kSmallTrainSet ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : ""));
     Run run("textclf", o, model, opt, gen, config, {{"tokenizer", tok.to_json()}});
+    run.select_by("val_accuracy", true, "val_loss");
+    if (!patience_line.empty()) run.print("textclf: " + patience_line);
     std::vector<int64_t> lengths;
     for (const auto& ids : train.ids) lengths.push_back(int64_t(ids.size()));
     BucketSampler sampler(lengths, global_batch(o), settings.bucket_window, o.seed);  // N x --batch under mpirun
@@ -352,6 +362,7 @@ int main(int argc, char** argv) {
       }
     }
     run.save(step);
+    run.load_best();  // the model of the best validation accuracy
 
     // ---- the final evaluation: the whole validation and test splits ---------------------------
     t0 = std::chrono::steady_clock::now();

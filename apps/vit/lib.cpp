@@ -25,7 +25,7 @@ nlohmann::json vit_config_to_json(const VitRunConfig& c) {
           {"patch", m.patch},           {"classes", m.classes},       {"d_model", m.d_model},
           {"n_heads", m.n_heads},       {"n_layers", m.n_layers},     {"mlp_hidden", m.mlp_hidden},
           {"dropout", m.dropout},       {"label_smoothing", c.label_smoothing},
-          {"crop_pad", c.augment.pad},  {"flip", c.augment.flip}};
+          {"crop_pad", c.augment.pad},  {"flip", c.augment.flip},       {"val_size", c.val_size}};
 }
 
 namespace {
@@ -60,6 +60,7 @@ VitRunConfig vit_config_from_json(const nlohmann::json& j) {
   c.label_smoothing = config_value<double>(j, "label_smoothing");
   c.augment.pad = config_value<int>(j, "crop_pad");
   c.augment.flip = config_value<bool>(j, "flip");
+  c.val_size = j.is_object() && j.contains("val_size") ? config_value<int64_t>(j, "val_size") : 0;
   return c;
 }
 
@@ -98,7 +99,12 @@ void validate_vit_config(const VitRunConfig& c) {
               c.label_smoothing);
 }
 
-VitData load_vit_data(const std::string& dataset, const std::string& dir) {
+int64_t resolve_val_size(int64_t val_size, int64_t train_images) {
+  if (val_size >= 0) return val_size;
+  return std::clamp<int64_t>(train_images / 10, 1, std::min<int64_t>(5000, std::max<int64_t>(1, train_images - 1)));
+}
+
+VitData load_vit_data(const std::string& dataset, const std::string& dir, int64_t val_size) {
   const std::string d = dir.empty() ? default_data_dir(dataset) : dir;
   VitData v;
   if (dataset == "fashion-mnist")
@@ -109,8 +115,16 @@ VitData load_vit_data(const std::string& dataset, const std::string& dir) {
     v.splits = data::load_cifar10(d);
   else
     default_data_dir(dataset);  // raises the unknown-dataset error
+  val_size = resolve_val_size(val_size, v.splits.train.size());
+  check(val_size < v.splits.train.size(), "vit: --val-size {} leaves no training image (the set has {})", val_size,
+        v.splits.train.size());
+  if (val_size > 0) {
+    data::HeldOut h = data::hold_out(v.splits.train, val_size, 20201108);  // fixed: the same split every run
+    v.splits.train = std::move(h.rest);
+    v.val = std::move(h.held);
+  }
   // The training set's own statistics (for the real datasets these are the published constants
-  // up to rounding); the test set is normalised with the same numbers.
+  // up to rounding); the validation and test sets are normalised with the same numbers.
   v.norm = data::channel_stats(v.splits.train);
   return v;
 }

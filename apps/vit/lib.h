@@ -34,7 +34,14 @@ struct VitRunConfig {
   std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | cifar10
   double label_smoothing = 0.1;           // of the training loss (the test loss uses none)
   data::Augment augment;                  // training only: random crop (pad) and flip
+  // training images held out for validation (model selection and early stopping; the test set is
+  // only evaluated at the end): -1 picks 10% of the training set, at most 5000 (resolve_val_size);
+  // 0 validates on nothing (then the last model is tested). Checkpoints written before the split
+  // existed read as 0.
+  int64_t val_size = -1;
 };
+// --val-size -1: 10% of `train_images`, at least 1 and at most 5000 (and fewer than the set).
+int64_t resolve_val_size(int64_t val_size, int64_t train_images);
 nlohmann::json vit_config_to_json(const VitRunConfig& c);
 // The inverse of vit_config_to_json; an ag::Error names a missing or mistyped key.
 VitRunConfig vit_config_from_json(const nlohmann::json& j);
@@ -55,13 +62,15 @@ int64_t vit_image_size(const std::string& dataset);
 void validate_vit_config(const VitRunConfig& c);
 
 struct VitData {
-  data::ImageSplits splits;   // train, test
+  data::ImageSplits splits;   // train (without the validation images), test
+  data::ImageDataset val;     // held out of the training files (data::hold_out, a fixed seed)
   data::Normalization norm;   // the training set's per-channel statistics
 };
-// Reads the dataset's files from `dir` (default_data_dir when empty). Raises data::DatasetNotFound
-// (saying which package or download to get) when they are missing, ag::Error for an unknown
-// dataset name or non-square images.
-VitData load_vit_data(const std::string& dataset, const std::string& dir = "");
+// Reads the dataset's files from `dir` (default_data_dir when empty) and holds `val_size` training
+// images out for validation (resolve_val_size for -1). Raises data::DatasetNotFound (saying which
+// package or download to get) when they are missing, ag::Error for an unknown dataset name,
+// non-square images or a --val-size that leaves no training image.
+VitData load_vit_data(const std::string& dataset, const std::string& dir = "", int64_t val_size = 0);
 // Sets the model's image_size, channels and classes from the images of `ds`.
 void fit_model_to_data(ViTConfig& model, const data::ImageDataset& ds);
 

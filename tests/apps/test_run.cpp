@@ -510,6 +510,90 @@ TEST_CASE("run: a training line every --log-every steps, about 200 per run by de
   CHECK(grad_norms == 200);
 }
 
+TEST_CASE("run: the best model by validation goes to best.safetensors, --patience stops early, load_best restores it") {
+  TempDir tmp("run_best");
+  TinyRun t(tmp.file("r"), {"--steps", "20", "--eval-every", "2", "--patience", "2"});
+  t.run->select_by("val_accuracy", true, "val_loss");
+  // (accuracy, loss) at steps 2, 4, 6, 8: 4 is better than 2 by the tie-breaker, 6 worse, 8 ties
+  // 4's accuracy with a higher loss: 2 evaluations without a better one
+  const std::vector<std::pair<double, double>> evals = {{0.5, 1.0}, {0.5, 0.9}, {0.4, 0.8}, {0.5, 0.95}};
+  std::vector<std::vector<float>> params_at_4;
+  int64_t step = 0;
+  for (; step < t.o.steps && !t.run->stop_requested(); ++step) {
+    const double loss = t.backward();
+    REQUIRE(t.run->optimizer_step(step + 1, loss));
+    t.run->step_done(step + 1, loss, 8);
+    if (t.run->eval_due(step + 1)) {
+      const auto [acc, vloss] = evals.at(size_t(step / 2));
+      t.run->log_eval(step + 1, {{"val_loss", vloss}, {"val_accuracy", acc}});
+      if (step + 1 == 4) params_at_4 = t.params();
+    }
+    if (t.run->checkpoint_due(step + 1)) t.run->save(step + 1);
+  }
+  CHECK(step == 8);  // stopped after the evaluation of step 8
+  CHECK(t.run->early_stopped());
+  CHECK(t.run->best().step == 4);
+  CHECK(t.run->best().value == 0.5);
+  CHECK(t.run->best().tie == 0.9);
+  CHECK(t.run->best().evals_since == 2);
+  CHECK(read_checkpoint_info(tmp.file("r/best.safetensors")).step == 4);
+  t.run->save(step);
+  CHECK(t.params() != params_at_4);
+  CHECK(t.run->load_best() == 4);
+  CHECK(t.params() == params_at_4);  // bitwise: the weights of step 4
+  RunReport report;
+  t.run->finish(report);
+  CHECK_FALSE(report.interrupted);  // an early stop is an end, not an interruption
+  CHECK(report.early_stopped);
+  CHECK(report.best_step == 4);
+  const auto j = nlohmann::json::parse(read_bytes(tmp.file("r/report.json")));
+  CHECK(j.at("best_step") == 4);
+  CHECK(j.at("early_stopped") == true);
+
+  // the selection state travels in the checkpoint: a resumed run knows step 4 was the best
+  TinyRun again(tmp.file("r"), {"--steps", "20", "--eval-every", "2", "--patience", "3", "--resume"});
+  again.run->select_by("val_accuracy", true, "val_loss");
+  CHECK(again.first_step == 8);
+  CHECK(again.run->best().step == 4);
+  CHECK(again.run->best().evals_since == 2);
+  CHECK_FALSE(again.run->early_stopped());
+  // without a metric (or with --patience 0) nothing is selected and nothing stops
+  TinyRun plain(tmp.file("p"), {"--patience", "0"});
+  plain.run->select_by("val_accuracy", true);
+  for (int64_t s = 1; s <= 6; ++s) {
+    plain.run->optimizer_step(s, plain.backward());
+    plain.run->step_done(s, 1.0, 8);
+    if (plain.run->eval_due(s)) plain.run->log_eval(s, {{"val_accuracy", 1.0 / double(s)}});  // only worse
+  }
+  CHECK_FALSE(plain.run->stop_requested());
+  CHECK(plain.run->best().step == 2);
+  CHECK(plain.run->best().evals_since == 2);
+}
+
+TEST_CASE("run: --patience -1 is decided by the data size, and said") {
+  RunOptions o;
+  o.patience = -1;
+  CHECK(resolve_patience(o, true, "800 texts").find("--patience 5: 800 texts") == 0);
+  CHECK(o.patience == 5);
+  o.patience = -1;
+  CHECK(resolve_patience(o, false, "60000 images").find("--patience 0: 60000 images") == 0);
+  CHECK(o.patience == 0);
+  o.patience = 3;  // given: it stands, and nothing is said
+  CHECK(resolve_patience(o, true, "800 texts").empty());
+  CHECK(o.patience == 3);
+  // set_steps derives the cadences that were derived from --steps again, and keeps given ones
+  RunOptions d = parse({"--steps", "1000"});
+  set_steps(d, 400);
+  CHECK(d.eval_every == 40);
+  CHECK(d.log_every == 2);
+  CHECK(d.checkpoint_every == 40);
+  RunOptions g = parse({"--steps", "1000", "--eval-every", "7"});
+  set_steps(g, 400);
+  CHECK(g.eval_every == 7);
+  CHECK(g.checkpoint_every == 7);
+  CHECK(g.log_every == 2);
+}
+
 TEST_CASE("run: all_finite and current_rss_bytes") {
   CHECK(all_finite({tensor({1.f, -2.f}), tensor<double>({3.0, 1e300}), Tensor()}));
   CHECK_FALSE(all_finite({tensor({1.f, std::numeric_limits<float>::infinity()})}));

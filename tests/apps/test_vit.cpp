@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -313,6 +314,61 @@ TEST_CASE("vit: the command line is checked before any data is read") {
   check_usage_error([&] { validate_vit_config(c); }, {"--label-smoothing 1"});
   CHECK(vit_image_size("mnist") == 28);
   CHECK(vit_image_size("cifar10") == 32);
+}
+
+TEST_CASE("vit: a small training set gets a validation split, data-size defaults said in one line each, and the best model tested") {
+  TempDir dir("vit_small");
+  write_synthetic_fashion(dir, 256, 64);
+  auto run = [&](const std::string& name, const std::string& more) {
+    const std::string out = dir.file(name), log = dir.file(name + ".txt");
+    const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/vit' --patch 4 --d-model 16 --heads 2 --layers 1 " +
+                            "--mlp 32 --threads 1 --quiet --out '" + out + "' --data-dir '" + dir.dir.string() + "' " +
+                            more + " > '" + log + "' 2>&1";
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    return read_bytes(log);
+  };
+  // 256 training images, 10% (25) held out: 231 to train on, a small set
+  const std::string text = run("auto", "--batch 32");
+  INFO(text);
+  CHECK(text.find("(231 train / 25 validation / 64 test images of 1x8x8)") != std::string::npos);
+  // 40 epochs of 231 images at batch 32 = ceil(9240 / 32) = 289 steps instead of the default 6000
+  CHECK(text.find("vit: --steps 289: 40 epochs of 231 training images (< 20000: a small set) at batch 32") !=
+        std::string::npos);
+  CHECK(text.find("vit: --crop-pad 2: 231 training images") != std::string::npos);
+  CHECK(text.find("vit: --dropout 0.1: 231 training images") != std::string::npos);
+  CHECK(text.find("vit: --patience 5: 231 training images") != std::string::npos);
+  CHECK(text.find("testing the best model by validation: step ") != std::string::npos);
+  const auto report = nlohmann::json::parse(read_bytes(dir.file("auto/report.json")));
+  const int64_t best = report.at("best_step").get<int64_t>();
+  CHECK(best > 0);
+  CHECK(read_checkpoint_info(dir.file("auto/best.safetensors")).step == best);
+  const nlohmann::json cfg = report.at("config");
+  CHECK(cfg.at("val_size") == 25);
+  CHECK(cfg.at("crop_pad") == 2);
+  CHECK(cfg.at("dropout") == 0.1);
+  // during training the validation split is evaluated, never the test set
+  std::ifstream metrics(dir.file("auto/metrics.jsonl"));
+  int evals = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    CHECK_FALSE(j.contains("test_accuracy"));
+    evals += j.contains("val_accuracy");
+  }
+  CHECK(evals >= 1);
+  // any explicit flag wins, and is not announced
+  const std::string given = run("given", "--batch 32 --steps 20 --crop-pad 0 --dropout 0 --patience 0 --val-size 50");
+  CHECK(given.find("(206 train / 50 validation / 64 test images") != std::string::npos);
+  for (const char* flag : {"vit: --steps", "vit: --crop-pad", "vit: --dropout", "vit: --patience"})
+    CHECK_MESSAGE(given.find(flag) == std::string::npos, flag);
+  const nlohmann::json given_cfg = nlohmann::json::parse(read_bytes(dir.file("given/report.json"))).at("config");
+  CHECK(given_cfg.at("crop_pad") == 0);
+  CHECK(given_cfg.at("dropout") == 0.0);
+  // --val-size 0: nothing to select by; the last model is tested
+  const std::string none = run("none", "--batch 32 --steps 10 --val-size 0");
+  CHECK(none.find("testing the model of step 10 (no best.safetensors") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.file("none/best.safetensors")));
 }
 
 TEST_CASE("vit: the binary exits 2 with one line for --heads 3, before any work") {

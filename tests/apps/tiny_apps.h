@@ -93,7 +93,7 @@ struct Apps {
   std::string logs() const { return tmp.dir.string(); }
 
   // `app` for `steps` steps in run directory `out`, evaluating and logging the training loss every
-  // `eval_every` steps, at `threads` threads, with `dropout` and a batch of `batch` (0: vit 8, textclf 8, gpt
+  // `eval_every` steps (never stopping early: --patience 0), at `threads` threads, with `dropout` and a batch of `batch` (0: vit 8, textclf 8, gpt
   // 4); then `more` arguments.
   std::vector<std::string> command(const std::string& app, const std::string& out, int64_t steps, int64_t eval_every,
                                    int threads, std::vector<std::string> more = {}, double dropout = 0.1,
@@ -102,7 +102,7 @@ struct Apps {
     auto add = [&](std::initializer_list<std::string> xs) { a.insert(a.end(), xs); };
     if (batch == 0) batch = app == "gpt" ? 4 : 8;
     add({"--steps", std::to_string(steps), "--eval-every", std::to_string(eval_every), "--log-every",
-       std::to_string(eval_every), "--threads",
+       std::to_string(eval_every), "--patience", "0", "--threads",
          std::to_string(threads), "--out", tmp.file(out), "--dropout", fmt::format("{}", dropout), "--quiet",
          "--d-model", "16", "--heads", "2", "--layers", "1", "--mlp", "32", "--batch", std::to_string(batch)});
     if (app == "vit")  // augmentation on: its crop and flip draws must resume too
