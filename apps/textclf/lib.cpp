@@ -3,6 +3,7 @@
 #include "apps/textclf/lib.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -275,11 +276,11 @@ void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const
   usage_check(t.ngram_buckets == -1 || (t.ngram_buckets >= 0 && t.ngram_buckets <= (int64_t(1) << 26)),
               "textclf: --ngram-buckets {}: expected 0..{} (0: off)", t.ngram_buckets, int64_t(1) << 26);
   const std::string tok = resolve_tokenizer(d);
-  usage_check(t.ngram_buckets <= 0 || tok == "word",
+  usage_check(t.ngram_buckets <= 0 || tok != "char",
               "textclf: --ngram-buckets {}: subword n-grams need the word tokenizer (this run uses {}); pass "
               "--ngram-buckets 0 or leave it out",
               t.ngram_buckets, tok);
-  usage_check(!d.layout || tok == "word",
+  usage_check(!d.layout || tok != "char",
               "textclf: --layout-tokens: newline and tab tokens need the word tokenizer (this run uses {})", tok);
   parse_ngram_range(t.ngram_range);
   usage_check(mc.ngrams_per_token >= 1, "textclf: --ngrams-per-token {}: expected at least 1", mc.ngrams_per_token);
@@ -290,10 +291,33 @@ void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const
 std::string resolve_tokenizer(const DataOptions& d) {
   check(d.dataset == "fortunes" || d.dataset == "imdb" || d.dataset == "tsv",
         "textclf: unknown dataset '{}' (expected fortunes, imdb or tsv)", d.dataset);
-  if (d.tokenizer == "auto") return d.dataset == "tsv" ? "char" : "word";
+  if (d.tokenizer == "auto") return d.dataset == "tsv" ? "" : "word";
   check(d.tokenizer == "char" || d.tokenizer == "word", "textclf: unknown tokenizer '{}' (expected char, word or auto)",
         d.tokenizer);
   return d.tokenizer;
+}
+
+std::string choose_tsv_tokenizer(const std::vector<std::string>& texts, std::string* why) {
+  int64_t worded = 0, words = 0, word_bytes = 0;
+  for (const std::string& t : texts) {
+    int64_t n = 0;
+    for (size_t i = 0; i < t.size();) {
+      while (i < t.size() && std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+      const size_t start = i;
+      while (i < t.size() && !std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+      if (i > start) ++n, word_bytes += int64_t(i - start);
+    }
+    words += n, worded += n >= 3;
+  }
+  const double share = texts.empty() ? 0 : double(worded) / double(texts.size());
+  const double mean_len = words > 0 ? double(word_bytes) / double(words) : 0;
+  const bool natural = share >= 0.8 && mean_len <= 20;
+  if (why)
+    *why = fmt::format("--tokenizer {}: {:.0f}% of the {} training texts hold 3 or more words, {:.1f} bytes long on "
+                       "average: {}",
+                       natural ? "word" : "char", 100 * share, texts.size(), mean_len,
+                       natural ? "natural language written with spaces" : "not text of words separated by spaces");
+  return natural ? "word" : "char";
 }
 
 std::string missing_data(const DataOptions& d) {

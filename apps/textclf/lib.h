@@ -118,15 +118,21 @@ struct DataOptions {
   std::string root;                  // fortunes: data::kFortuneRoot; imdb: the aclImdb folder
   std::string tsv_file, tsv_test;
   uint64_t split_seed = 1;
-  std::string tokenizer = "auto";    // char | word | auto (word for fortunes and imdb, char for tsv)
+  std::string tokenizer = "auto";    // char | word | auto (word for fortunes and imdb; for tsv, by its texts)
   int64_t max_len = 128;             // tokens per text; longer texts keep their beginning
   int min_freq = 2, max_words = 30000;  // word tokenizer
   bool layout = false;                  // word tokenizer: newline and tab tokens (data::word_split)
 };
 nlohmann::json data_to_json(const DataOptions& d);
 DataOptions data_from_json(const nlohmann::json& j);  // ag::Error "textclf config: ..." when malformed
-// "char" or "word": what `auto` means for the dataset; ag::Error on an unknown value.
+// "char" or "word": what `auto` means for the dataset, "" for a TSV file before its texts are read
+// (choose_tsv_tokenizer decides then); ag::Error on an unknown value.
 std::string resolve_tokenizer(const DataOptions& d);
+// --tokenizer auto on a TSV file: "word" when its training texts read as natural language written
+// with spaces (at least 80% of them hold 3 or more space-separated words, on average at most 20
+// bytes long), else "char" (codes, names, languages without spaces, where words would be too rare).
+// `why` (may be null) gets the line that says which and why.
+std::string choose_tsv_tokenizer(const std::vector<std::string>& texts, std::string* why = nullptr);
 // Empty when the data is there; otherwise what to install or where to put it (the app exits 2).
 std::string missing_data(const DataOptions& d);
 // The subword n-gram buckets of a word model unless --ngram-buckets says otherwise.

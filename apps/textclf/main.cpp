@@ -185,8 +185,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(positive());
   cli.add_option("--baseline", baseline,
-                 "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes when "
-                 "training; --eval-only: on only)")
+                 "also measure the character n-gram naive Bayes baseline: on, off, or auto (on for fortunes and TSV "
+                 "files when training, a yardstick for a user's own data; --eval-only: on only)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cli.add_option("--ngram-buckets", settings.ngram_buckets,
@@ -245,6 +245,18 @@ int main(int argc, char** argv) {
     t0 = std::chrono::steady_clock::now();
     std::vector<std::string> train_texts;
     for (const auto& ex : split.train.examples) train_texts.push_back(ex.text);
+    std::vector<std::string> chosen;  // the defaults that depend on the data, one line each
+    if (!o.eval_only && d.tokenizer == "auto" && d.dataset == "tsv") {
+      std::string why;
+      d.tokenizer = choose_tsv_tokenizer(train_texts, &why);
+      chosen.push_back(why);
+      try {  // --ngram-buckets and --layout-tokens need words: checked again now that the kind is known
+        validate_config(d, mc, settings);
+      } catch (const UsageError& e) {
+        apps::print_usage_error("textclf", e.what());
+        return kExitUsage;
+      }
+    }
     const std::string tok_kind = resolve_tokenizer(d);
     TextTokenizer tok = saved_tok ? *saved_tok
                         : tok_kind == "char" ? TextTokenizer::build_char(train_texts)
@@ -274,6 +286,11 @@ int main(int argc, char** argv) {
       mc.max_len = d.max_len;
       mc.classes = int64_t(classes.size());
       mc.dropout = cli.get_option("--dropout")->count() > 0 ? o.dropout : tok_kind == "word" ? kWordDropout : 0.0;
+      if (cli.get_option("--dropout")->count() == 0)
+        chosen.push_back(tok_kind == "word" ? fmt::format("--dropout {}: word models with subword n-grams fit their "
+                                                          "training set, and dropout holds them back",
+                                                          kWordDropout)
+                                            : "--dropout 0: character models underfit, dropout would not help");
     }
     TextClassifier model(mc, &gen);  // initialised on the CPU (the same numbers on every device)
     model.to(training_device(o));     // --device; the optimizer's state is made beside each parameter
@@ -305,18 +322,29 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    const bool want_baseline = baseline == "on" || (baseline == "auto" && d.dataset == "fortunes");
+    const bool want_baseline =
+        baseline == "on" || (baseline == "auto" && (d.dataset == "fortunes" || d.dataset == "tsv"));
     std::optional<std::pair<EvalResult, EvalResult>> nb;  // validation, test
     if (want_baseline && dist::is_main()) nb = naive_bayes_baseline(split, settings.nb_alpha);  // rank 0 reports it
 
-    // a small set is memorised long before the schedule ends: stop when validation stops improving
-    const std::string patience_line = resolve_patience(
-        o, train.size() < kSmallTrainSet,
-        fmt::format("{} training texts{}", train.size(),
-                    train.size() < kSmallTrainSet ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : ""));
+    // a small set is memorised long before the default schedule ends: at most 20 epochs, and a
+    // stop when validation stops improving
+    const bool small = train.size() < kSmallTrainSet;
+    const std::string size = fmt::format("{} training texts{}", train.size(),
+                                         small ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : "");
+    if (small && cli.get_option("--steps")->count() == 0) {
+      const int64_t epochs20 = std::max<int64_t>(1, (20 * train.size() + global_batch(o) - 1) / global_batch(o));
+      if (epochs20 < o.steps) {
+        chosen.push_back(fmt::format("--steps {}: 20 epochs of {} at batch {} (the default {} would be {:.0f} epochs)",
+                                     epochs20, size, global_batch(o), o.steps,
+                                     double(o.steps) * double(global_batch(o)) / double(train.size())));
+        set_steps(o, epochs20);
+      }
+    }
+    if (const std::string p = resolve_patience(o, small, size); !p.empty()) chosen.push_back(p);
     Run run("textclf", o, model, opt, gen, config, {{"tokenizer", tok.to_json()}});
     run.select_by("val_accuracy", true, "val_loss");
-    if (!patience_line.empty()) run.print("textclf: " + patience_line);
+    for (const std::string& line : chosen) run.print("textclf: " + line);
     std::vector<int64_t> lengths;
     for (const auto& ids : train.ids) lengths.push_back(int64_t(ids.size()));
     BucketSampler sampler(lengths, global_batch(o), settings.bucket_window, o.seed);  // N x --batch under mpirun

@@ -3,6 +3,8 @@
 // and a batch, length bucketing (deterministic, a partition, less padding), the prefetching
 // loader's resume, evaluation, heatmaps, and tiny training runs on a synthetic TSV whose accuracy
 // rises (one where only the n-grams can tell the classes apart).
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -326,12 +328,94 @@ TEST_CASE("textclf: missing fortune packages are named") {
   CHECK(missing_fortune_packages(tmp.dir.string()).empty());
 }
 
+TEST_CASE("textclf: a TSV file of natural language gets the word tokenizer, other text the char one") {
+  std::string why;
+  const std::vector<std::string> sentences = {"The cat sat on the mat.", "Computers are fast but dumb.",
+                                              "Two words", "A fool and his money are soon parted.",
+                                              "Never trust a computer you cannot throw out of a window."};
+  CHECK(choose_tsv_tokenizer(sentences, &why) == "word");  // 4 of 5 hold 3+ words: 80%
+  CHECK(why.find("--tokenizer word: 80% of the 5 training texts hold 3 or more words") == 0);
+  CHECK(why.find("natural language written with spaces") != std::string::npos);
+  const std::vector<std::string> codes = {"AX-1734", "BQ-2231 C", "ZZ-0001", "KL-9 9 9", "MM-1"};
+  CHECK(choose_tsv_tokenizer(codes, &why) == "char");  // 1 of 5
+  CHECK(why.find("--tokenizer char: 20% of the 5 training texts") == 0);
+  // no spaces at all (Chinese, Japanese): char
+  CHECK(choose_tsv_tokenizer({"\u4eca\u65e5\u306f\u826f\u3044\u5929\u6c17\u3067\u3059\u306d"}) == "char");
+  // "words" of 40 bytes are not words: char
+  CHECK(choose_tsv_tokenizer({std::string(40, 'a') + " " + std::string(40, 'b') + " " + std::string(40, 'c')}) ==
+        "char");
+  CHECK(choose_tsv_tokenizer({}) == "char");
+}
+
+TEST_CASE("textclf: a small TSV set gets its defaults from its texts, each said in one line, and the best model tested") {
+  TempDir tmp("textclf_small");
+  // 600 short sentences of two topics (words from two overlapping vocabularies), and the same
+  // labels on texts without spaces
+  const char* a_words[] = {"cat", "dog", "mat", "sat", "the", "on", "a", "fur", "paw", "purr"};
+  const char* b_words[] = {"disk", "byte", "code", "the", "on", "a", "bug", "chip", "ram", "cpu"};
+  std::string words, glued;
+  for (uint32_t i = 0; i < 600; ++i) {
+    const bool b = i % 2 == 1;
+    std::string text, nospace;
+    for (uint32_t k = 0; k < 4 + (i * 7919u) % 5; ++k) {
+      const char* w = (b ? b_words : a_words)[(i * 31u + k * 17u) % 10];
+      if (k > 0) text += ' ';
+      text += w, nospace += w;
+    }
+    words += std::string(b ? "tech" : "pets") + "\t" + text + "\n";
+    glued += std::string(b ? "tech" : "pets") + "\t" + nospace + "\n";
+  }
+  ag::test::write_bytes(tmp.file("words.tsv"), words);
+  ag::test::write_bytes(tmp.file("glued.tsv"), glued);
+  auto run = [&](const std::string& name, const std::string& tsv, const std::string& more) {
+    const std::string log = tmp.file(name + ".txt");
+    const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/textclf' --dataset tsv --tsv-file '" + tsv +
+                            "' --d-model 16 --heads 2 --layers 1 --mlp 32 --ngram-buckets 0 --threads 1 --quiet " +
+                            "--eval-every 10 --out '" + tmp.file(name) + "' " + more + " > '" + log + "' 2>&1";
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    return ag::test::read_bytes(log);
+  };
+  // 80% of 600 = 480 training texts: 20 epochs at batch 64 = ceil(9600 / 64) = 150 steps
+  const std::string text = run("words", tmp.file("words.tsv"), "");
+  INFO(text);
+  CHECK(text.find("textclf: --tokenizer word: 100% of the 480 training texts hold 3 or more words") !=
+        std::string::npos);
+  CHECK(text.find("textclf: --dropout 0.1: word models") != std::string::npos);
+  CHECK(text.find("textclf: --steps 150: 20 epochs of 480 training texts (< 20000: a small set) at batch 64") !=
+        std::string::npos);
+  CHECK(text.find("textclf: --patience 5: 480 training texts") != std::string::npos);
+  CHECK(text.find("baseline: character 1-5-gram naive Bayes") != std::string::npos);  // the yardstick, on by default
+  CHECK(text.find("testing the best model by validation: step ") != std::string::npos);
+  const auto report = nlohmann::json::parse(ag::test::read_bytes(tmp.file("words/report.json")));
+  CHECK(report.at("config").at("data").at("tokenizer") == "word");
+  CHECK(report.at("accuracy").get<double>() > 0.9);  // the topics share only "the", "on" and "a"
+  // no spaces: characters; and flags given on the command line win, unannounced
+  const std::string g = run("glued", tmp.file("glued.tsv"), "--steps 20 --dropout 0 --patience 0");
+  INFO(g);
+  CHECK(g.find("textclf: --tokenizer char: 0% of the 480 training texts hold 3 or more words") != std::string::npos);
+  for (const char* flag : {"textclf: --steps", "textclf: --dropout", "textclf: --patience"})
+    CHECK_MESSAGE(g.find(flag) == std::string::npos, flag);
+  // --ngram-buckets needs words: refused (exit 2, one line) once the texts say they are not words
+  const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/textclf' --dataset tsv --tsv-file '" +
+                          tmp.file("glued.tsv") + "' --ngram-buckets 64 --steps 2 --quiet --out '" + tmp.file("bad") +
+                          "' > /dev/null 2> '" + tmp.file("bad.txt") + "'";
+  const int status = std::system(cmd.c_str());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == kExitUsage);
+  const std::string err = ag::test::read_bytes(tmp.file("bad.txt"));
+  CHECK(err.find("textclf: --ngram-buckets 64: subword n-grams need the word tokenizer (this run uses char)") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(tmp.file("bad/checkpoint.safetensors")));
+}
+
 TEST_CASE("textclf: data options pick the tokenizer, name missing data and split a TSV") {
   TempDir tmp("textclf_data");
   DataOptions d;
   CHECK(resolve_tokenizer(d) == "word");  // fortunes
   d.dataset = "tsv";
-  CHECK(resolve_tokenizer(d) == "char");
+  CHECK(resolve_tokenizer(d) == "");  // decided by the texts: choose_tsv_tokenizer
   d.dataset = "imdb";
   CHECK(resolve_tokenizer(d) == "word");
   d.tokenizer = "char";
@@ -543,11 +627,14 @@ TEST_CASE("textclf: the command line is checked before any data is read") {
   check_usage_error(with_settings([](auto& t) { t.ngram_range = "5-2"; }), {"--ngrams 5-2", "MIN <= MAX"});
   check_usage_error(with_settings([](auto& t) { t.ngram_range = "0-3"; }), {"--ngrams 0-3"});
   check_usage_error(with_settings([](auto& t) { t.nb_alpha = 0; }), {"--nb-alpha 0"});
-  // n-grams need the word tokenizer: a TSV's auto tokenizer is char
+  // n-grams need the word tokenizer: refused with char; a TSV's auto tokenizer is decided by its
+  // texts (checked again then, the case above the data options'), so it passes here
   DataOptions tsv = d0;
   tsv.dataset = "tsv", tsv.tsv_file = "x.tsv";
   TrainSettings buckets = t0;
   buckets.ngram_buckets = 1024;
+  CHECK_NOTHROW(validate_config(tsv, m0, buckets));
+  tsv.tokenizer = "char";
   check_usage_error([&] { validate_config(tsv, m0, buckets); }, {"--ngram-buckets 1024", "char"});
   tsv.tokenizer = "word";
   CHECK_NOTHROW(validate_config(tsv, m0, buckets));
