@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
   cli.add_option("--tsv-file", d.tsv_file, "label<TAB>text file for --dataset tsv (split 80/10/10 unless --tsv-test)");
   cli.add_option("--tsv-test", d.tsv_test, "a separate test TSV for --dataset tsv");
   cli.add_option("--split-seed", d.split_seed, "seed of the train/validation/test split")->capture_default_str();
-  cli.add_option("--tokenizer", d.tokenizer, "char, word, or auto (word for fortunes and imdb, char for tsv)")
+  cli.add_option("--tokenizer", d.tokenizer, "char, word, or auto (word for fortunes and imdb; for tsv, word when its texts are natural language written "
+                 "with spaces, else char)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "char", "word"}));
   cli.add_option("--max-len", d.max_len, "tokens per text (longer texts keep their beginning)")
