@@ -551,11 +551,14 @@ void Run::select_by(std::string metric, bool higher_is_better, std::string tie_b
 
 int64_t Run::load_best() {
   const std::string file = path("best.safetensors");
-  if (best_.step < 0 || !fs::exists(file)) {
+  // best_ is the same on every rank (their evaluations agree); alone, a deleted file is only said
+  if (best_.step < 0 || (dist::world_size() == 1 && !fs::exists(file))) {
     print(fmt::format("{}: testing the model of step {} (no best.safetensors from this run)", app_, last_step_));
     return -1;
   }
-  training::load_checkpoint(file, model_, nullptr, nullptr);  // every rank: they evaluate alike
+  // rank 0 wrote the file; a rank on another host may not see it: rank 0's weights are broadcast
+  if (dist::is_main() || fs::exists(file)) training::load_checkpoint(file, model_, nullptr, nullptr);
+  dist::broadcast(model_.parameters());
   print(fmt::format("{}: testing the best model by validation: step {} ({} {:.4g}), from {}", app_, best_.step,
                     select_metric_, best_.value, file));
   return best_.step;
