@@ -36,11 +36,20 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// "val_accuracy" -> ("accuracy", "val"): the chart and the series of a logged scalar.
 // Whether a metric gets a chart in curves.svg: everything but the bookkeeping.
+// The cadences left to --steps (their option was 0): ten evaluations, about 200 training lines,
+// a checkpoint at every evaluation.
+void derive_cadences(RunOptions& o) {
+  if (o.eval_every_auto) o.eval_every = std::max<int64_t>(1, o.steps / 10);
+  if (o.log_every_auto) o.log_every = std::max<int64_t>(1, o.steps / 200);
+  if (o.checkpoint_every_auto) o.checkpoint_every = o.eval_every;
+}
+
 bool drawn(const std::string& name) {
   return name != "step" && name != "time" && name != "skipped_steps" && name != "rss_mb";
 }
+
+// "val_accuracy" -> ("accuracy", "val"): the chart and the series of a logged scalar.
 
 std::pair<std::string, std::string> chart_and_series(const std::string& name) {
   for (const char* split : {"train_", "val_", "test_"}) {
@@ -258,9 +267,7 @@ void apply_run_options(RunOptions& o, const std::string& app) {
   if (o.out_dir.empty()) o.out_dir = "runs/" + app;
   o.eval_every_auto |= o.eval_every <= 0, o.log_every_auto |= o.log_every <= 0;
   o.checkpoint_every_auto |= o.checkpoint_every <= 0;
-  if (o.eval_every <= 0) o.eval_every = std::max<int64_t>(1, o.steps / 10);
-  if (o.log_every <= 0) o.log_every = std::max<int64_t>(1, o.steps / 200);
-  if (o.checkpoint_every <= 0) o.checkpoint_every = o.eval_every;
+  derive_cadences(o);
   if (o.checkpoint.empty()) o.checkpoint = o.out_dir + "/checkpoint.safetensors";
 }
 
@@ -286,9 +293,7 @@ std::string resolve_patience(RunOptions& o, bool small_data, const std::string& 
 void set_steps(RunOptions& o, int64_t steps) {
   usage_check(steps >= 1, "--steps {}: expected at least 1", steps);
   o.steps = steps;
-  if (o.eval_every_auto) o.eval_every = std::max<int64_t>(1, o.steps / 10);
-  if (o.log_every_auto) o.log_every = std::max<int64_t>(1, o.steps / 200);
-  if (o.checkpoint_every_auto) o.checkpoint_every = o.eval_every;
+  derive_cadences(o);
   o.stop_at = std::min(o.stop_at, o.steps);
 }
 
@@ -728,9 +733,8 @@ bool Run::save(int64_t step) {
     last_saved_step_ = step;
     return true;
   }
-  write_checkpoint(path("checkpoint.safetensors"), step);
+  write_checkpoint(path("checkpoint.safetensors"), step);  // restarts the step clock after the write
   last_saved_step_ = step;
-  last_step_time_ = now_seconds();
   return true;
 }
 

@@ -179,6 +179,9 @@ void apply_run_options(RunOptions& o, const std::string& app);
 // a model memorises before the schedule ends), 0 (off) otherwise. Returns the line that says what
 // was chosen and why ("" when --patience was given).
 std::string resolve_patience(RunOptions& o, bool small_data, const std::string& why);
+// Below this many training samples the apps count a set as small (vit, textclf, longseq): it is
+// memorised long before their default schedules end, so their data-size defaults apply.
+constexpr int64_t kSmallTrainSet = 20000;
 
 // The global batch of a data-parallel job: world_size() x the per-rank --batch.
 int64_t global_batch(const RunOptions& o);

@@ -130,7 +130,6 @@ int evaluate_checkpoint(const RunOptions& o, const AppOptions& a) {
 
 int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOptions& a, const DiagnoseOptions& dg) {
   const SeqSplits data = load_task(t, dist::is_main() ? o.out_dir : "");
-  constexpr int64_t kSmallTrainSet = 20000;  // below it, stop when validation stops improving
   const std::string patience_line = resolve_patience(
       o, data.train.size() < kSmallTrainSet,
       fmt::format("{} training sequences{}", data.train.size(),

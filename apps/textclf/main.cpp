@@ -102,9 +102,6 @@ void diagnose(TextClassifier& model, const EncodedSet& test, int64_t batch, int6
 
 }  // namespace
 
-// Below this many training texts the run stops early when validation stops improving (--patience).
-constexpr int64_t kSmallTrainSet = 20000;
-
 int main(int argc, char** argv) {
   CLI::App cli{"textclf: an attention text classifier (default: language identification on Debian's fortunes)"};
   RunOptions o;
