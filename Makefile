@@ -55,10 +55,16 @@ fuzz:
 	@scripts/install-deps.sh --fuzz
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
-# Regenerates docs/ops.md from the spec comments of autograd/ops.h and the code docs/extending.md
-# quotes from examples/extending (make test checks both are current).
+# Regenerates docs/ops.md from the spec comments of autograd/ops.h, the code docs/extending.md
+# quotes from examples/extending, the exact pictures of docs/img/ (build/docpics: masks, positions,
+# a tape; make test checks these three are current), then the pictures that come from runs:
+# walkthrough's scaling.svg and the apps' attention heatmaps after a default run of each (about
+# five minutes on 2 cores; DOCS_APPS=0 skips the apps).
+DOCS_APPS ?= 1
 docs: configure
-	@cmake --build $(BUILD) --target opsdoc snippets && ./$(BUILD)/opsdoc && ./$(BUILD)/snippets docs/extending.md
+	@cmake --build $(BUILD) -j $(JOBS) --target opsdoc snippets docpics walkthrough $(if $(filter 1,$(DOCS_APPS)),vit textclf gpt)
+	@./$(BUILD)/opsdoc && ./$(BUILD)/snippets docs/extending.md && ./$(BUILD)/docpics
+	@scripts/docs-pictures.sh $(BUILD) $(if $(filter 1,$(DOCS_APPS)),,--no-apps)
 
 bench: build
 	@scripts/bench.sh $(BUILD)

@@ -431,37 +431,59 @@ std::string print_graph(const Tensor& root, const LeafNames& names) {
   return s;
 }
 
-std::string graph_to_dot(const Tensor& root, const LeafNames& names) {
+std::vector<GraphEntry> graph_entries(const Tensor& root, const LeafNames& names) {
   std::vector<Node*> tape = reachable_nodes(root);
-  std::reverse(tape.begin(), tape.end());
+  std::reverse(tape.begin(), tape.end());  // inputs first
   const auto leaf_name = leaf_names(names);
-  std::string s = "digraph tape {\n  rankdir=BT;\n  node [shape=box, fontname=monospace];\n";
-  std::unordered_set<const TensorImpl*> leaves_drawn;
+  std::vector<GraphEntry> out;
+  std::unordered_map<const void*, size_t> index;  // Node* or TensorImpl* -> entry
   for (Node* n : tape) {
-    std::string norm;
-    if (n->debug.backward_ran)
-      norm = n->debug.grad_norm >= 0 ? fmt::format("\\n|grad| {:.6g}", n->debug.grad_norm) : "\\n|grad| ?";
     const Node::Recorded& r = n->recorded;
-    s += fmt::format("  n{} [label=\"{} #{}\\n{} {} {}{}\"];\n", n->seq, n->op, n->seq, r.out_shape, r.out_dtype,
-                     r.out_device, norm);
+    GraphEntry node{.op = n->op, .seq = static_cast<int64_t>(n->seq), .shape = r.out_shape, .dtype = r.out_dtype,
+                    .device = r.out_device, .has_grad = n->debug.backward_ran, .grad_norm = n->debug.grad_norm,
+                    .inputs = {}};
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (e.node) {
-        s += fmt::format("  n{} -> n{};\n", e.node->seq, n->seq);
+        node.inputs.push_back(index.at(e.node.get()));
       } else if (e.leaf) {
         const TensorImpl* leaf = e.leaf.get();
-        const std::string id = fmt::format("leaf{}", fmt::ptr(leaf));
-        if (leaves_drawn.insert(leaf).second) {
-          auto it = leaf_name.find(leaf);
-          std::string grad;
-          if (leaf->grad) grad = fmt::format("\\n|.grad| {:.6g}", std::sqrt(scan(Tensor(leaf->grad)).sumsq));
-          s += fmt::format("  {} [label=\"{}\\n{} {} {}{}\", shape=ellipse];\n", id,
-                           it != leaf_name.end() ? it->second : std::string("leaf"), r.in_shapes[i], leaf->dtype,
-                           leaf->storage->device, grad);
+        auto [it, fresh] = index.emplace(leaf, out.size());
+        if (fresh) {
+          auto name = leaf_name.find(leaf);
+          GraphEntry l{.leaf = true, .op = name != leaf_name.end() ? name->second : std::string("leaf"),
+                       .shape = r.in_shapes[i], .dtype = leaf->dtype, .device = leaf->storage->device, .inputs = {}};
+          if (leaf->grad) l.has_grad = true, l.grad_norm = std::sqrt(scan(Tensor(leaf->grad)).sumsq);
+          out.push_back(std::move(l));
         }
-        s += fmt::format("  {} -> n{};\n", id, n->seq);
+        node.inputs.push_back(it->second);
       }
     }
+    index.emplace(n, out.size());
+    out.push_back(std::move(node));
+  }
+  return out;
+}
+
+std::vector<std::string> graph_label(const GraphEntry& e) {
+  std::vector<std::string> l;
+  l.push_back(e.leaf ? e.op : fmt::format("{} #{}", e.op, e.seq));
+  l.push_back(fmt::format("{} {} {}", e.shape, e.dtype, e.device));
+  if (e.leaf && e.has_grad) l.push_back(fmt::format("|.grad| {:.6g}", e.grad_norm));
+  if (!e.leaf && e.has_grad) l.push_back(e.grad_norm >= 0 ? fmt::format("|grad| {:.6g}", e.grad_norm) : "|grad| ?");
+  return l;
+}
+
+std::string graph_to_dot(const Tensor& root, const LeafNames& names) {
+  const std::vector<GraphEntry> g = graph_entries(root, names);
+  auto id = [&](size_t i) { return g[i].leaf ? fmt::format("leaf{}", i) : fmt::format("n{}", g[i].seq); };
+  std::string s = "digraph tape {\n  rankdir=BT;\n  node [shape=box, fontname=monospace];\n";
+  for (size_t i = 0; i < g.size(); ++i) {
+    const std::vector<std::string> label = graph_label(g[i]);
+    std::string text = label[0];
+    for (size_t k = 1; k < label.size(); ++k) text += "\\n" + label[k];
+    s += fmt::format("  {} [label=\"{}\"{}];\n", id(i), text, g[i].leaf ? ", shape=ellipse" : "");
+    for (size_t in : g[i].inputs) s += fmt::format("  {} -> {};\n", id(in), id(i));
   }
   return s + "}\n";
 }

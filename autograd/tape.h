@@ -262,4 +262,26 @@ inline std::string graph_to_string(const Tensor& root) { return print_graph(root
 // the norm of its .grad), an edge from each input to its consumer.
 std::string graph_to_dot(const Tensor& root, const LeafNames& names = {});
 
+// The same graph as data, for a program that draws it (graph_to_dot and the apps' svg_graph):
+// one entry per node and per leaf, every entry after the entries of its inputs. Constant inputs
+// (no grad needed) are left out.
+struct GraphEntry {
+  bool leaf = false;
+  std::string op;          // node: the op ("matmul"); leaf: its name from `names`, or "leaf"
+  int64_t seq = -1;        // node: its sequence number; leaf: -1
+  Shape shape;             // node: its output's; leaf: its own
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+  // node: whether a backward ran it, and the norm of the gradient of its output (-1 when norms
+  // were not tracked); leaf: whether it has a .grad, and that gradient's norm
+  bool has_grad = false;
+  double grad_norm = -1;
+  std::vector<size_t> inputs;  // indices of the entries it reads, in argument order
+};
+std::vector<GraphEntry> graph_entries(const Tensor& root, const LeafNames& names = {});
+// An entry's label, one line each: {"mul #12", "[4] f32 cpu", "|grad| 2.5"} for a node ("|grad| ?"
+// when the norm was not tracked, no third line before a backward), {"w", "[4] f32 cpu",
+// "|.grad| 2.5"} for a leaf (no third line without a .grad).
+std::vector<std::string> graph_label(const GraphEntry& e);
+
 }  // namespace ag

@@ -555,4 +555,133 @@ std::string svg_image_overlay(const Image& image, const std::vector<double>& gri
   return svg;
 }
 
+// ---- a computation graph -------------------------------------------------------------------
+
+std::string svg_graph(const std::vector<GraphBox>& boxes, const std::string& title) {
+  const size_t n = boxes.size();
+  std::vector<std::vector<size_t>> consumers(n);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t in : boxes[i].inputs) {
+      check(in < i, "svg_graph: box {} reads box {}, which is not an earlier box", i, in);
+      consumers[in].push_back(i);
+    }
+  // Layers: ops one above their highest input; leaves one below their lowest consumer.
+  std::vector<int> layer(n, 0);
+  for (size_t i = 0; i < n; ++i)
+    if (!boxes[i].leaf)
+      for (size_t in : boxes[i].inputs) layer[i] = std::max(layer[i], layer[in] + 1);
+  for (size_t i = 0; i < n; ++i)
+    if (boxes[i].leaf && !consumers[i].empty()) {
+      int lowest = std::numeric_limits<int>::max();
+      for (size_t c : consumers[i]) lowest = std::min(lowest, layer[c]);
+      layer[i] = std::max(0, lowest - 1);
+    }
+  // An edge that spans several layers passes through a narrow waypoint on each layer between, which
+  // takes part in the ordering like a box: the edge then bends around the boxes instead of
+  // crossing them. Items 0..n-1 are the boxes, the rest waypoints.
+  std::vector<int> item_layer = layer;
+  std::vector<std::vector<size_t>> below(n), above(n);  // neighbours one layer down / up
+  std::vector<std::vector<size_t>> paths;               // per edge: input, waypoints, consumer
+  for (size_t i = 0; i < n; ++i)
+    for (size_t in : boxes[i].inputs) {
+      std::vector<size_t> path{in};
+      for (int l = layer[in] + 1; l < layer[i]; ++l) {
+        path.push_back(item_layer.size());
+        item_layer.push_back(l);
+        below.emplace_back(), above.emplace_back();
+      }
+      path.push_back(i);
+      for (size_t k = 1; k < path.size(); ++k) below[path[k]].push_back(path[k - 1]), above[path[k - 1]].push_back(path[k]);
+      paths.push_back(std::move(path));
+    }
+  const size_t items = item_layer.size();
+  const int layers = n ? *std::max_element(layer.begin(), layer.end()) + 1 : 0;
+  std::vector<std::vector<size_t>> rows(size_t(std::max(layers, 0)));
+  for (size_t i = 0; i < items; ++i) rows[size_t(item_layer[i])].push_back(i);
+
+  const double font = 11, char_w = font * 0.61, line_h = font + 3, gap_x = 18, gap_y = 34, waypoint_w = 6;
+  size_t max_chars = 1, max_lines = 1;
+  for (const GraphBox& b : boxes) {
+    max_lines = std::max(max_lines, b.lines.size());
+    for (const auto& l : b.lines) max_chars = std::max(max_chars, utf8_length(l));
+  }
+  const double box_w = double(max_chars) * char_w + 20, box_h = double(max_lines) * line_h + 10;
+  auto width = [&](size_t item) { return item < n ? box_w : waypoint_w; };
+  // x: each row centred on 0, its items side by side in their order.
+  std::vector<double> x(items);
+  auto place = [&](const std::vector<size_t>& row) {
+    double total = -gap_x;
+    for (size_t it : row) total += width(it) + gap_x;
+    double left = -total / 2;
+    for (size_t it : row) x[it] = left + width(it) / 2, left += width(it) + gap_x;
+  };
+  for (const auto& row : rows) place(row);
+  // Order within a layer by the barycentre of the neighbours: up the layers by the items below,
+  // then down by the items above, a few times.
+  auto sweep = [&](std::vector<size_t>& row, const std::vector<std::vector<size_t>>& nbs) {
+    std::vector<std::pair<double, size_t>> key;
+    for (size_t it : row) {
+      double sum = 0;
+      for (size_t j : nbs[it]) sum += x[j];
+      key.emplace_back(nbs[it].empty() ? x[it] : sum / double(nbs[it].size()), it);
+    }
+    std::stable_sort(key.begin(), key.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t k = 0; k < row.size(); ++k) row[k] = key[k].second;
+    place(row);
+  };
+  for (int pass = 0; pass < 4; ++pass) {
+    for (size_t r = 1; r < rows.size(); ++r) sweep(rows[r], below);
+    for (size_t r = rows.size(); r-- > 1;) sweep(rows[r - 1], above);
+  }
+  double half = box_w / 2;
+  for (size_t it = 0; it < items; ++it) half = std::max(half, std::abs(x[it]) + width(it) / 2);
+  const double top = title.empty() ? 12 : 40;
+  const int W = int(std::ceil(2 * half + 2 * gap_x));
+  const int H = int(std::ceil(top + layers * (box_h + gap_y) - gap_y + 12));
+  auto cx = [&](size_t it) { return W / 2.0 + x[it]; };
+  auto cy = [&](size_t it) { return top + (layers - 1 - item_layer[it]) * (box_h + gap_y) + box_h / 2; };
+
+  std::string svg = svg_open(W, H);
+  svg += "<defs><marker id=\"graph_arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"7\" "
+         "markerHeight=\"7\" orient=\"auto\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"#555\"/></marker></defs>\n";
+  if (!title.empty())
+    svg += fmt::format("<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\" {}>{}</text>\n", W / 2.0,
+                       kFont, xml_escape(title));
+  for (const auto& path : paths) {  // edges first, so that the boxes cover their ends
+    std::string points = fmt::format("{:.1f},{:.1f}", cx(path.front()), cy(path.front()) - box_h / 2);
+    for (size_t k = 1; k + 1 < path.size(); ++k) points += fmt::format(" {:.1f},{:.1f}", cx(path[k]), cy(path[k]));
+    points += fmt::format(" {:.1f},{:.1f}", cx(path.back()), cy(path.back()) + box_h / 2 + 1);
+    svg += fmt::format(
+        "<polyline class=\"edge\" points=\"{}\" fill=\"none\" stroke=\"#555\" marker-end=\"url(#graph_arrow)\"/>\n",
+        points);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const GraphBox& b = boxes[i];
+    const double bx = cx(i), by = cy(i);
+    if (b.leaf)
+      svg += fmt::format(
+          "<ellipse class=\"leaf\" cx=\"{:.1f}\" cy=\"{:.1f}\" rx=\"{:.1f}\" ry=\"{:.1f}\" fill=\"#e8f1fa\" "
+          "stroke=\"#1f77b4\"/>\n",
+          bx, by, box_w / 2, box_h / 2);
+    else
+      svg += fmt::format(
+          "<rect class=\"op\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" rx=\"4\" "
+          "fill=\"#fff6e8\" stroke=\"#ff7f0e\"/>\n",
+          bx - box_w / 2, by - box_h / 2, box_w, box_h);
+    const double first = by - (double(b.lines.size()) - 1) * line_h / 2 + font * 0.35;
+    for (size_t k = 0; k < b.lines.size(); ++k)
+      svg += fmt::format(
+          "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"{}\" font-family=\"monospace\"{}>"
+          "{}</text>\n",
+          bx, first + double(k) * line_h, font, k == 0 ? " font-weight=\"bold\"" : "", xml_escape(b.lines[k]));
+  }
+  return svg + "</svg>\n";
+}
+
+std::string svg_tape(const Tensor& root, const LeafNames& names, const std::string& title) {
+  std::vector<GraphBox> boxes;
+  for (const GraphEntry& e : graph_entries(root, names)) boxes.push_back({graph_label(e), e.leaf, e.inputs});
+  return svg_graph(boxes, title);
+}
+
 }  // namespace ag::apps

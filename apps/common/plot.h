@@ -4,6 +4,7 @@
 //   svg_line_chart      train/validation loss and accuracy over steps (log-y option for losses)
 //   svg_heatmaps        attention weights, one panel per head, tokens on both axes, a colour scale
 //   svg_image_overlay   an image with a patch-grid heatmap on top (ViT class-token attention)
+//   svg_graph           a computation graph, boxes in layers (svg_tape: the tape behind a tensor)
 // Each returns the SVG text; write_file_atomic() puts it on disk so that a viewer never sees a
 // half-written file while the apps rewrite the plots at every evaluation.
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "autograd/tape.h"
 #include "core/tensor.h"
 
 namespace ag::apps {
@@ -97,6 +99,24 @@ struct OverlayOptions {
 // Raises ag::Error when grid.size() != grid_h * grid_w or the image is malformed.
 std::string svg_image_overlay(const Image& image, const std::vector<double>& grid, int grid_h, int grid_w,
                               const OverlayOptions& opt = {});
+
+// ---- a computation graph (the tape) -------------------------------------------------------
+struct GraphBox {
+  std::vector<std::string> lines;  // the label, one line each (monospace)
+  bool leaf = false;               // drawn as an ellipse (a leaf); else a box (an op)
+  std::vector<size_t> inputs;      // indices of earlier boxes it reads; an arrow from each
+};
+// A layered drawing, inputs below their consumers as in graph_to_dot's rankdir=BT: a box's layer
+// is one above its highest input (an input-less op sits on layer 0); a leaf sits one layer below
+// its lowest consumer. An arrow that spans several layers bends through a waypoint on each layer
+// between, and boxes and waypoints are ordered within their layer by the mean position of their
+// neighbours (a few sweeps up and down), which keeps most arrows short, uncrossed and off the
+// boxes. One <rect class="op">, or <ellipse class="leaf">, per box and one
+// <polyline class="edge"> per input.
+// Raises ag::Error when an input index is not that of an earlier box.
+std::string svg_graph(const std::vector<GraphBox>& boxes, const std::string& title = "");
+// svg_graph of the tape behind `root` (graph_entries), labelled as graph_to_dot labels it.
+std::string svg_tape(const Tensor& root, const LeafNames& names = {}, const std::string& title = "");
 
 // ---- helpers -------------------------------------------------------------------------------
 // Text for XML: & < > " ' escaped; control characters and bytes that are not valid UTF-8 (neither

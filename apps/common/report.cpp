@@ -141,12 +141,13 @@ double ConfusionMatrix::macro_f1() const {
   return k == 0 ? std::numeric_limits<double>::quiet_NaN() : sum / k;
 }
 
-namespace {
-size_t utf8_length(const std::string& s) {
+size_t utf8_length(std::string_view s) {
   size_t n = 0;
   for (unsigned char ch : s) n += (ch & 0xC0) != 0x80;
   return n;
 }
+
+namespace {
 std::string percent_or_dash(double v) { return std::isnan(v) ? "-" : fmt::format("{:.1f}%", 100 * v); }
 // Pads UTF-8 text to `width` code points (fmt pads by bytes for std::string).
 std::string pad_left(const std::string& s, size_t width) {

@@ -33,6 +33,8 @@ std::string format_rate(double per_second, std::string_view unit = "it");
 // At most max_chars code points of UTF-8 text; a longer string keeps max_chars - 1 and ends in
 // "…". Never cuts inside a multi-byte character.
 std::string truncate_label(std::string_view s, size_t max_chars);
+// The number of code points of UTF-8 text (bytes that do not continue a character).
+size_t utf8_length(std::string_view s);
 
 // Peak resident set size of this process in bytes (getrusage: ru_maxrss, which Linux gives in KiB).
 int64_t peak_rss_bytes();

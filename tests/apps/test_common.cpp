@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 #include <regex>
+#include <sstream>
 
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
@@ -474,6 +475,94 @@ TEST_CASE("svg: image with a patch-grid overlay") {
   AG_CHECK_ERROR(svg_image_overlay(img, {1, 2, 3}, 2, 3), "svg_image_overlay", "grid 2x3", "3 values");
   AG_CHECK_ERROR(image_from_u8(px.data(), 2, 4, 3), "image_from_u8", "got 2");
   AG_CHECK_ERROR(image_from_tensor(from_vector<float>({1, 2}, {2, 1, 1})), "image_from_tensor", "[2,1,1]");
+}
+
+namespace {
+// The numbers of an SVG attribute, in document order, of the elements whose tag starts with `open`.
+std::vector<double> attribute_values(const std::string& svg, const std::string& open, const std::string& attr) {
+  std::vector<double> out;
+  for (size_t p = svg.find(open); p != std::string::npos; p = svg.find(open, p + 1)) {
+    const size_t a = svg.find(" " + attr + "=\"", p);
+    if (a < svg.find('>', p)) out.push_back(std::stod(svg.substr(a + attr.size() + 3)));
+  }
+  return out;
+}
+// "x,y x,y ..." -> the pairs
+std::vector<std::pair<double, double>> point_pairs(const std::string& points) {
+  std::vector<std::pair<double, double>> out;
+  std::istringstream in(points);
+  for (std::string xy; in >> xy;) out.emplace_back(std::stod(xy), std::stod(xy.substr(xy.find(',') + 1)));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("svg: a graph puts inputs below their consumers and bends long arrows around the boxes") {
+  // a, b leaves; c = f(a, b) on layer 1; d = g(c, a) on layer 2: the arrow a -> d spans two layers.
+  const std::vector<GraphBox> g = {{{"a", "[2]"}, true, {}},
+                                   {{"b"}, true, {}},
+                                   {{"f #0", "[2] f64 cpu"}, false, {0, 1}},
+                                   {{"g #1", "<&>"}, false, {2, 0}}};
+  const std::string svg = svg_graph(g, "a & b");
+  XmlCheck x = check_xml(svg);
+  INFO(x.error);
+  REQUIRE(x.ok);
+  CHECK(x.count["ellipse.leaf"] == 2);
+  CHECK(x.count["rect.op"] == 2);
+  CHECK(x.count["polyline.edge"] == 4);
+  REQUIRE(x.points.size() == 4);
+  // edges in the order of the boxes' inputs: a->f, b->f, f->g, a->g; only a->g has a waypoint
+  CHECK(point_pairs(x.points[0]).size() == 2);
+  CHECK(point_pairs(x.points[1]).size() == 2);
+  CHECK(point_pairs(x.points[2]).size() == 2);
+  CHECK(point_pairs(x.points[3]).size() == 3);
+  for (const std::string& pts : x.points) {  // every arrow runs upwards, input to consumer
+    const auto xy = point_pairs(pts);
+    for (size_t k = 1; k < xy.size(); ++k) CHECK(xy[k].second < xy[k - 1].second);
+  }
+  // the waypoint of a->g lies beside f's box on f's layer, not through it
+  const std::vector<double> rx = attribute_values(svg, "<rect class=\"op\"", "x");
+  const std::vector<double> rw = attribute_values(svg, "<rect class=\"op\"", "width");
+  const std::vector<double> ry = attribute_values(svg, "<rect class=\"op\"", "y");
+  REQUIRE(rx.size() == 2);
+  const std::vector<double> rh = attribute_values(svg, "<rect class=\"op\"", "height");
+  const auto way = point_pairs(x.points[3])[1];
+  CHECK(way.second == doctest::Approx(ry[0] + rh[0] / 2));
+  CHECK((way.first < rx[0] || way.first > rx[0] + rw[0]));
+  CHECK(ry[1] < ry[0]);  // g above f
+  // the leaves sit below f, the layer under their lowest consumer
+  const std::vector<double> ey = attribute_values(svg, "<ellipse class=\"leaf\"", "cy");
+  REQUIRE(ey.size() == 2);
+  CHECK(ey[0] == ey[1]);
+  CHECK(ey[0] > ry[0] + rh[0]);
+  // labels, escaped; the first line of a box in bold
+  CHECK(svg.find("font-weight=\"bold\">f #0</text>") != std::string::npos);
+  CHECK(svg.find(">&lt;&amp;&gt;</text>") != std::string::npos);
+  CHECK(svg.find(">a &amp; b</text>") != std::string::npos);
+
+  AG_CHECK_ERROR(svg_graph({{{"x"}, false, {0}}}), "svg_graph", "box 0 reads box 0");
+  AG_CHECK_ERROR(svg_graph({{{"x"}, true, {}}, {{"y"}, false, {5}}}), "box 1 reads box 5");
+}
+
+TEST_CASE("svg: svg_tape draws the tape of graph_entries with graph_to_dot's labels") {
+  // L = sum((x * w)^2), x = [1, 2, 3], w = [0.5, -1, 2]: x.grad = 2 x w^2 = [0.5, 4, 24]
+  Tensor x = from_vector<double>({1, 2, 3}, {3}).set_requires_grad(true);
+  Tensor w = from_vector<double>({0.5, -1, 2}, {3}).set_requires_grad(true);
+  Tensor L = sum(pow(mul(x, w), 2.0));
+  {
+    TrackGradNormsGuard track;
+    L.backward();
+  }
+  const std::string svg = svg_tape(L, {{"x", x}, {"w", w}}, "tape");
+  XmlCheck c = check_xml(svg);
+  INFO(c.error);
+  REQUIRE(c.ok);
+  CHECK(c.count["ellipse.leaf"] == 2);
+  CHECK(c.count["rect.op"] == 3);
+  CHECK(c.count["polyline.edge"] == 4);
+  CHECK(svg.find(">|.grad| 24.3362</text>") != std::string::npos);  // |x.grad| = sqrt 592.25
+  CHECK(svg.find(">|grad| 1.73205</text>") != std::string::npos);   // pow's output gradient: ones(3)
+  CHECK(svg.find(">mul #") != std::string::npos);
+  CHECK(svg.find("font-weight=\"bold\">x</text>") != std::string::npos);
 }
 
 TEST_CASE("svg: write_file_atomic replaces the file and leaves no temporary behind") {

@@ -152,6 +152,38 @@ TEST_CASE("inspect: graph_to_dot draws one box per node, the edges, named leaves
   CHECK(lines_with(graph_to_dot(e.L), "[label=\"leaf\\n[3] f64 cpu").size() == 2);
 }
 
+TEST_CASE("inspect: graph_entries lists leaves and nodes, inputs first, with shapes and norms") {
+  Example e;
+  std::vector<GraphEntry> g = graph_entries(e.L, e.names);
+  REQUIRE(g.size() == 5);  // x, w, mul, pow, sum
+  CHECK(g[0].leaf);
+  CHECK(g[0].op == "x");
+  CHECK(g[1].op == "w");
+  CHECK(g[2].op == "mul");
+  CHECK(g[2].inputs == std::vector<size_t>{0, 1});
+  CHECK(g[3].op == "pow");
+  CHECK(g[3].inputs == std::vector<size_t>{2});
+  CHECK(g[4].op == "sum");
+  CHECK(g[4].seq == int64_t(e.L.grad_fn()->seq));
+  CHECK(g[4].shape == Shape{});
+  CHECK(g[2].shape == Shape{3});
+  CHECK(g[0].dtype == DType::f64);
+  for (const GraphEntry& x : g) CHECK_FALSE(x.has_grad);  // no backward yet
+  CHECK(graph_label(g[2]) == std::vector<std::string>{fmt::format("mul #{}", g[2].seq), "[3] f64 cpu"});
+  {
+    TrackGradNormsGuard track;
+    e.L.backward();
+  }
+  g = graph_entries(e.L, e.names);
+  CHECK(g[3].grad_norm == doctest::Approx(std::sqrt(3.0)));
+  CHECK(g[2].grad_norm == doctest::Approx(std::sqrt(161.0)));
+  CHECK(g[0].grad_norm == doctest::Approx(std::sqrt(592.25)));
+  CHECK(g[1].grad_norm == doctest::Approx(std::sqrt(1361.0)));
+  CHECK(graph_label(g[1]) == std::vector<std::string>{"w", "[3] f64 cpu", "|.grad| 36.8917"});
+  CHECK(graph_label(g[3])[2] == "|grad| 1.73205");
+  CHECK(graph_entries(e.x).empty());  // a leaf has no history
+}
+
 TEST_CASE("inspect: a leaf used twice is drawn once, and a graph under NoGradGuard is empty") {
   Tensor x = tensor({1.f, 2.f}).set_requires_grad(true);
   Tensor L = sum(mul(x, x));
