@@ -1,5 +1,5 @@
-// The walkthrough: one self-attention layer, small enough to print every number, computed step by
-// step with attograd's ops; then its backward pass, each gradient checked on the spot; then the
+// The walkthrough: one attention layer, small enough to print every number, computed step by step
+// with attograd's ops; then its backward pass, each gradient checked on the spot; then the
 // experiment that shows why attention divides its scores by sqrt(d_k).
 //
 // Part 1, forward (f64, so that finite differences are accurate to ~1e-10):
@@ -15,18 +15,37 @@
 //   O_h = P V_h      (H, T, hs)   head outputs
 //   C   = concat_h O_h  (T, D)    the heads side by side again: permute (T, H, hs), reshape
 //   Out = C Wo       (T, D)
-//   L   = mean((Out - Y)^2)       a scalar loss against a fixed random target Y (T, D)
+//   L   = mean((Out - Target)^2)  a scalar loss against a fixed random Target (T, D)
 //
-// Part 2, backward: L.backward() fills the gradient of every leaf (X and the weights). To see the
+// The options walk through the other cases of docs/math/attention.md. They combine, except
+// --cross with --causal or --kv-cache (refused, exit 2: both are about the positions of one sequence).
+//   --causal     key j is hidden from query i when j > i: Z_ij = -inf before the softmax, so P_ij = 0.
+//                Prints the mask (1 = seen, 0 = hidden) and the masked scores Z.
+//   --padding N  the last N keys are padding, hidden from every query (key_padding_lengths = Tk - N);
+//                the mask and the masked scores as for --causal. N must be in [0, Tk - 1] (else exit
+//                2): key 0 stays visible, so no query is left with a row of -inf (the fused op would
+//                give such a query zeros, not the NaN of a softmax over nothing).
+//   --cross      cross-attention: queries from X (Tq = 4 tokens), keys and values from a second
+//                sequence Y (Tk = 6 tokens): K = Y Wk, V = Y Wv, and S, Z, P are (H, Tq, Tk).
+//                Y gets its own gradient, dY = dK Wk^T + dV Wv^T, and dX = dQ Wq^T alone.
+//   --kv-cache   decoding (implies --causal): after the checks, the layer runs again one token at a
+//                time, each token's k and v appended to an nn::KVCache, and the rows it outputs must
+//                equal the full causal pass.
+//
+// Part 2, backward: L.backward() fills the gradient of every leaf (X, Y and the weights). To see the
 // gradients of the intermediates too (dOut, dP, dS, dQ, ...), each one is "tapped": the forward adds
 // a zero tensor `probe` that requires grad, t + probe. That changes no value, and since addition
 // passes its gradient through unchanged, probe.grad is exactly dL/dt. Each gradient is then printed
 // and compared with (a) the formula derived by hand (docs/math/attention.md, multihead.md,
 // linear.md, softmax.md), computed from the saved forward values, and (b) central finite
 // differences, dL/dx_j ~ (L(x + eps e_j) - L(x - eps e_j)) / (2 eps), which need nothing but the
-// forward. Every check prints PASS or FAIL; the program exits 1 when one fails.
-// Finally ag::scaled_dot_product_attention, the fused kernel, must give the same output and the
-// same gradients as the composed ops.
+// forward. Then the identity of backward step 2: D_i = rowsum(dP * P)_i, which the softmax gradient
+// needs, equals rowsum(dO_h * O_h)_i, printed side by side for every head and row. Every check
+// prints PASS or FAIL; the program exits 1 when one fails.
+// Finally ag::scaled_dot_product_attention, the fused kernel, given the same case (causal,
+// key_padding_lengths), must give the same output and the same gradients as the composed ops. It
+// applies its own mask rule, so it also catches a mask built wrong here: finite differences cannot,
+// they agree with whatever forward they are given.
 //
 // Part 3, the scaling experiment (skip it with --no-experiment): for d_k = 16, 32, ..., 1024,
 // q, k ~ N(0, 1) (64 queries, 64 keys, 5 seeds), out = softmax(s q k^T) v with s = 1/sqrt(d_k) and
@@ -41,6 +60,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -49,12 +69,63 @@
 #include "apps/common/plot.h"
 #include "apps/common/run.h"
 #include "attograd.h"
+#include "nn/attention.h"
 
 using namespace ag;
 
 namespace {
 
 constexpr int64_t T = 4, D = 8, H = 2, hs = D / H;
+constexpr int64_t kCrossKeys = 6;  // --cross: the length of Y, which gives the keys and values
+
+// ---- the case: which attention the options ask for ---------------------------------------
+
+struct Case {
+  bool causal = false;    // --causal (and --kv-cache)
+  int64_t padding = 0;    // --padding N: the last N keys hidden
+  bool cross = false;     // --cross: keys and values from Y
+  bool kv_cache = false;  // --kv-cache: decode token by token afterwards
+  int64_t Tq = T, Tk = T; // queries (rows of X), keys (rows of X, or of Y with --cross)
+
+  bool masked() const { return causal || padding > 0; }
+  // The keys that are tokens, not padding: 0 .. valid_keys() - 1 (the op's key_padding_lengths).
+  int64_t valid_keys() const { return Tk - padding; }
+};
+
+// Whether key j is hidden from query i (docs/math/attention.md, Masks): causal hides the future,
+// j > i (self-attention, Tq = Tk); padding hides the last `padding` keys, j >= Tk - padding.
+bool is_hidden(const Case& c, int64_t i, int64_t j) { return (c.causal && j > i) || j >= c.valid_keys(); }
+
+// The mask (Tq, Tk) as b8, true = hidden; undefined when nothing is hidden.
+Tensor hidden_mask(const Case& c) {
+  if (!c.masked()) return Tensor();
+  Tensor m = zeros({c.Tq, c.Tk}, DType::b8);
+  bool* h = m.data<bool>();
+  for (int64_t i = 0; i < c.Tq; ++i)
+    for (int64_t j = 0; j < c.Tk; ++j) h[i * c.Tk + j] = is_hidden(c, i, j);
+  return m;
+}
+
+// The same case in the fused op's terms (SdpaOptions, autograd/ops.h): its own rule, not our mask.
+SdpaOptions sdpa_options(const Case& c) {
+  SdpaOptions o;
+  o.causal = c.causal;
+  if (c.padding > 0) o.key_padding_lengths = from_vector<int64_t>({c.valid_keys()}, {1});  // batch of 1
+  return o;
+}
+
+// "key 3" or "keys 2..3": the keys from `first` to `last`.
+std::string keys(int64_t first, int64_t last) {
+  return first == last ? fmt::format("key {}", first) : fmt::format("keys {}..{}", first, last);
+}
+
+std::string describe(const Case& c) {
+  std::string s =
+      c.cross ? fmt::format("cross-attention, Tq = {} queries from X, Tk = {} keys and values from Y", c.Tq, c.Tk)
+              : fmt::format("{}self-attention, T = {} tokens", c.causal ? "causal " : "", c.Tq);
+  if (c.padding > 0) s += fmt::format(", {} of {} padding", keys(c.valid_keys(), c.Tk - 1), c.Tk);
+  return s;
+}
 
 // ---- printing -------------------------------------------------------------------------------
 
@@ -87,12 +158,25 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 // ---- the layer ------------------------------------------------------------------------------
 
-// What the loss depends on: the input, the weights, and one probe per intermediate (see the top
-// of the file). All are f64 leaves that require grad; the probes hold zeros.
+// What the loss depends on: the input(s), the weights, and one probe per intermediate (see the top
+// of the file). All are f64 leaves that require grad; the probes hold zeros. Y is defined only for
+// cross-attention.
 struct Leaves {
-  Tensor X, Wq, Wk, Wv, Wo;
+  Tensor X, Y, Wq, Wk, Wv, Wo;
   Tensor probe_Q, probe_K, probe_V, probe_S, probe_Z, probe_P, probe_O, probe_C, probe_Out;
 };
+
+// The leaves the fused op is compared on: the inputs and the weights, with their names.
+struct Named {
+  const char* name;
+  Tensor Leaves::*leaf;
+};
+std::vector<Named> inputs_and_weights(const Case& c) {
+  std::vector<Named> v = {
+      {"X", &Leaves::X}, {"Wq", &Leaves::Wq}, {"Wk", &Leaves::Wk}, {"Wv", &Leaves::Wv}, {"Wo", &Leaves::Wo}};
+  if (c.cross) v.insert(v.begin() + 1, {"Y", &Leaves::Y});
+  return v;
+}
 
 // Every intermediate of one forward pass.
 struct Forward {
@@ -104,46 +188,57 @@ Tensor leaf(const Tensor& values) { return values.detach().set_requires_grad(tru
 // t + probe: the same values; the gradient reaching t also lands in probe.grad.
 Tensor tap(const Tensor& t, const Tensor& probe) { return add(t, probe); }
 
-// (T, D) -> (H, T, hs): head h takes columns [h hs, (h+1) hs). Views, no copy.
-Tensor split_heads(const Tensor& x) { return x.reshape({T, H, hs}).permute({1, 0, 2}); }
-// (H, T, hs) -> (T, D): the inverse, the heads' columns side by side (a copy: permute then reshape).
-Tensor merge_heads(const Tensor& x) { return x.permute({1, 0, 2}).reshape({T, D}); }
+// (n, D) -> (H, n, hs): head h takes columns [h hs, (h+1) hs). Views, no copy.
+Tensor split_heads(const Tensor& x) { return x.reshape({x.size(0), H, hs}).permute({1, 0, 2}); }
+// (H, n, hs) -> (n, D): the inverse, the heads' columns side by side (a copy: permute then reshape).
+Tensor merge_heads(const Tensor& x) { return x.permute({1, 0, 2}).reshape({x.size(1), D}); }
 
 // The forward pass, printing each step when `verbose`. Finite differences call it again and again
-// with one leaf perturbed, silently.
-Forward forward(const Leaves& in, const Tensor& Y, bool verbose) {
+// with one leaf perturbed, silently. `hidden` (Tq, Tk), true = hidden key, or undefined: no mask.
+Forward forward(const Leaves& in, const Tensor& target, const Tensor& hidden, bool verbose) {
   Forward f;
   const double scale = 1.0 / std::sqrt(double(hs));
   auto show = [&](const std::string& name, const Tensor& t, const std::string& comment) {
     if (verbose) print_tensor(name, t, comment), fmt::print("\n");
   };
+  // Self-attention: keys and values from the tokens themselves. Cross-attention: from Y.
+  const bool cross = in.Y.defined();
+  const Tensor& source = cross ? in.Y : in.X;
+  const std::string src = cross ? "Y" : "X", token = cross ? "token of Y" : "token";
   f.Q = tap(matmul(in.X, in.Wq), in.probe_Q);
   show("Q = X Wq", f.Q, "queries: what each token looks for");
-  f.K = tap(matmul(in.X, in.Wk), in.probe_K);
-  show("K = X Wk", f.K, "keys: what each token offers to be matched on");
-  f.V = tap(matmul(in.X, in.Wv), in.probe_V);
-  show("V = X Wv", f.V, "values: what each token passes on");
+  f.K = tap(matmul(source, in.Wk), in.probe_K);
+  show("K = " + src + " Wk", f.K, "keys: what each " + token + " offers to be matched on");
+  f.V = tap(matmul(source, in.Wv), in.probe_V);
+  show("V = " + src + " Wv", f.V, "values: what each " + token + " passes on");
   f.Qh = split_heads(f.Q), f.Kh = split_heads(f.K), f.Vh = split_heads(f.V);
-  show("Q_h = Q split into heads", f.Qh, "Q.reshape(T, H, hs).permute(1, 0, 2): a view");
+  show("Q_h = Q split into heads", f.Qh, "Q.reshape(Tq, H, hs).permute(1, 0, 2): a view");
   f.S = tap(matmul(f.Qh, f.Kh.mT()), in.probe_S);
-  show("S = Q_h K_h^T", f.S, "raw scores, row i = query i, column j = key j");
+  show("S = Q_h K_h^T", f.S, "raw scores (H, Tq, Tk), row i = query i, column j = key j");
   f.Z = tap(mul(f.S, scale), in.probe_Z);
   show(fmt::format("Z = S / sqrt(hs) = S * {:.6f}", scale), f.Z, "scaled scores");
-  f.P = tap(softmax(f.Z, -1), in.probe_P);
-  show("P = softmax(Z) over the keys", f.P, "attention weights");
+  Tensor z = f.Z;
+  if (hidden.defined()) {
+    // -inf, not a large negative number: e^(-inf - m) is exactly 0, so P_ij = 0 exactly.
+    z = masked_fill(f.Z, hidden, -std::numeric_limits<double>::infinity());
+    show("Z masked", z, "Z with the hidden keys' scores set to -inf: what the softmax sees");
+  }
+  f.P = tap(softmax(z, -1), in.probe_P);
+  show(hidden.defined() ? "P = softmax(Z masked) over the keys" : "P = softmax(Z) over the keys", f.P,
+       hidden.defined() ? "attention weights, 0 on the hidden keys" : "attention weights");
   f.O = tap(matmul(f.P, f.Vh), in.probe_O);
   show("O_h = P V_h", f.O, "each head's output: a weighted mix of its values");
   f.C = tap(merge_heads(f.O), in.probe_C);
-  show("C = concat of the heads", f.C, "O_h.permute(1, 0, 2).reshape(T, D)");
+  show("C = concat of the heads", f.C, "O_h.permute(1, 0, 2).reshape(Tq, D)");
   f.Out = tap(matmul(f.C, in.Wo), in.probe_Out);
   show("Out = C Wo", f.Out, "the layer's output");
-  f.L = mean(pow(sub(f.Out, Y), 2.0));
-  show("L = mean((Out - Y)^2)", f.L, "the loss");
+  f.L = mean(pow(sub(f.Out, target), 2.0));
+  show("L = mean((Out - Target)^2)", f.L, "the loss");
   return f;
 }
 
 // dL/d(in.*which) by central differences: two forwards per element, recording off.
-Tensor numeric_grad(const Leaves& in, Tensor Leaves::*which, const Tensor& Y, double eps) {
+Tensor numeric_grad(const Leaves& in, Tensor Leaves::*which, const Tensor& target, const Tensor& hidden, double eps) {
   NoGradGuard no_grad;
   const Tensor x = in.*which;
   const std::vector<double> v = x.to_vector<double>();
@@ -154,7 +249,7 @@ Tensor numeric_grad(const Leaves& in, Tensor Leaves::*which, const Tensor& Y, do
       std::vector<double> w = v;
       w[j] = xj;
       p.*which = from_vector(w, x.shape());
-      return forward(p, Y, false).L.item<double>();
+      return forward(p, target, hidden, false).L.item<double>();
     };
     g[j] = (loss_at(v[j] + eps) - loss_at(v[j] - eps)) / (2 * eps);
   }
@@ -175,38 +270,124 @@ constexpr double kEps = 1e-6;          // finite-difference step
 constexpr double kTolNumeric = 1e-8;   // |autograd - finite differences|: their error is ~1e-10
 constexpr double kTolFormula = 1e-12;  // |autograd - formula|: the same arithmetic, rounding only
 
-int walkthrough(uint64_t seed) {
+// The mask as the reader should see it: 1 where query i (row) sees key j (column), 0 where hidden.
+void print_mask(const Case& c) {
+  std::string why = c.causal ? "causal: key j > i is the future" : "";
+  if (c.padding > 0) why += fmt::format("{}{} padding", why.empty() ? "" : "; ", keys(c.valid_keys(), c.Tk - 1));
+  fmt::print("mask [{},{}]  1: query i (row) sees key j (column), 0: hidden ({})\n", c.Tq, c.Tk, why);
+  for (int64_t i = 0; i < c.Tq; ++i) {
+    std::string line = " ";
+    for (int64_t j = 0; j < c.Tk; ++j) line += is_hidden(c, i, j) ? " 0" : " 1";
+    fmt::print("{}\n", line);
+  }
+  fmt::print("\n");
+}
+
+// Backward step 2 of docs/math/attention.md: the softmax gradient dZ = P * (dP - D) needs one
+// number per row, D_i = sum_j P_ij dP_ij. Since dP = dO_h V_h^T and O_h = P V_h, the same number is
+// dO_i . O_i, a dot product of two rows of length hs that needs no P: the fused kernel uses it.
+void check_row_identity(const Forward& f, const Tensor& dO, const Tensor& dP, Checker& checks) {
+  NoGradGuard no_grad;
+  const Tensor from_O = sum(mul(dO, f.O), {-1}), from_P = sum(mul(dP, f.P), {-1});  // (H, Tq)
+  fmt::print("==== backward step 2: D_i = rowsum(dO_h * O_h) equals rowsum(dP * P), for every head and row\n");
+  fmt::print("dZ = P * (dP - D) needs D_i = sum_j P_ij dP_ij; with dP = dO_h V_h^T and O_h = P V_h that is\n");
+  fmt::print("sum_c dO_ic O_ic, one dot product of length hs and no P (the fused kernel never stores P).\n\n");
+  fmt::print("{:>4} {:>4}  {:>22}  {:>22}  {:>9}\n", "head", "row", "D = rowsum(dO * O)", "rowsum(dP * P)", "|diff|");
+  const std::vector<double> a = from_O.to_vector<double>(), b = from_P.to_vector<double>();
+  const int64_t rows = from_O.size(1);
+  for (int64_t h = 0; h < from_O.size(0); ++h)
+    for (int64_t i = 0; i < rows; ++i) {
+      const size_t k = size_t(h * rows + i);
+      fmt::print("{:>4} {:>4}  {:>22.15e}  {:>22.15e}  {:>9.1e}\n", h, i, a[k], b[k], std::abs(a[k] - b[k]));
+    }
+  const double e = max_abs_diff(from_O, from_P);
+  checks.verdict("D = rowsum(dO * O) equals rowsum(dP * P)", e <= kTolFormula,
+                 fmt::format("max |difference| = {:.1e} over {} heads x {} rows", e, from_O.size(0), rows));
+  fmt::print("\n");
+}
+
+// Decoding (--kv-cache): the same layer, one token at a time. At step t only token t is new: its
+// q, k, v are computed (one row each), k and v appended to the cache, and q attends over every
+// cached key. No mask is needed: the cache holds tokens 0..t only, the future does not exist yet
+// (causal = true would hide nothing: the op aligns it at the bottom right, the one query is the
+// last position). Padding still hides the keys past Tk - N, once they are in the cache.
+void decode_with_cache(const Leaves& in, const Case& c, const Forward& full, Checker& checks) {
+  NoGradGuard no_grad;
+  fmt::print("==== decoding with a KV cache (nn::KVCache): the same layer, one token at a time\n");
+  fmt::print("Step t computes q, k, v of token t alone, appends k and v to the cache, and lets q attend\n");
+  fmt::print("over the cached keys 0..t: the earlier tokens' k and v are never recomputed.\n\n");
+  nn::KVCache cache;
+  std::vector<Tensor> rows;
+  for (int64_t t = 0; t < c.Tq; ++t) {
+    const Tensor x_t = in.X.narrow(0, t, 1);                        // (1, D): the new token
+    const Tensor q = split_heads(matmul(x_t, in.Wq)).unsqueeze(0);  // (B = 1, H, 1, hs)
+    const Tensor k = split_heads(matmul(x_t, in.Wk)).unsqueeze(0);
+    const Tensor v = split_heads(matmul(x_t, in.Wv)).unsqueeze(0);
+    const auto [K, V] = cache.append(k, v);  // (1, H, t + 1, hs): every token so far
+    SdpaOptions o;
+    if (c.padding > 0) o.key_padding_lengths = from_vector<int64_t>({std::min(c.valid_keys(), t + 1)}, {1});
+    const Tensor o_t = scaled_dot_product_attention(q, K, V, o).out.squeeze(0);  // (H, 1, hs)
+    const Tensor out_t = matmul(merge_heads(o_t), in.Wo);                        // (1, D)
+    const bool padded = c.padding > 0 && t + 1 > c.valid_keys();
+    fmt::print("step {}: token {} in, cache length {}: K, V {}{}\n", t, t, cache.length(), K.shape(),
+               padded ? fmt::format(", {} hidden: padding", keys(c.valid_keys(), t)) : "");
+    print_tensor(fmt::format("K cache after step {}", t), K.squeeze(0), "one row per cached token, per head");
+    print_tensor(fmt::format("Out row {}", t), out_t, "");
+    fmt::print("\n");
+    rows.push_back(out_t);
+  }
+  const Tensor decoded = cat(rows, 0);
+  print_tensor("Out, decoded token by token", decoded, "the rows above, stacked");
+  const double e = max_abs_diff(decoded, full.Out);
+  checks.verdict("KV-cache decoding equals the full causal pass", e <= kTolFormula,
+                 fmt::format("max |decoded - full| = {:.1e} over Out {}", e, decoded.shape()));
+}
+
+int walkthrough(const Case& c, uint64_t seed) {
   Generator gen(seed);
   const double w_std = 1.0 / std::sqrt(double(D));  // so that Q, K, V have about unit variance
   Leaves in;
-  in.X = leaf(randn({T, D}, DType::f64, &gen));
+  in.X = leaf(randn({c.Tq, D}, DType::f64, &gen));
   in.Wq = leaf(randn({D, D}, DType::f64, &gen, 0, w_std));
   in.Wk = leaf(randn({D, D}, DType::f64, &gen, 0, w_std));
   in.Wv = leaf(randn({D, D}, DType::f64, &gen, 0, w_std));
   in.Wo = leaf(randn({D, D}, DType::f64, &gen, 0, w_std));
-  const Tensor Y = randn({T, D}, DType::f64, &gen);
-  in.probe_Q = leaf(zeros({T, D}, DType::f64));
-  in.probe_K = leaf(zeros({T, D}, DType::f64));
-  in.probe_V = leaf(zeros({T, D}, DType::f64));
-  in.probe_S = leaf(zeros({H, T, T}, DType::f64));
-  in.probe_Z = leaf(zeros({H, T, T}, DType::f64));
-  in.probe_P = leaf(zeros({H, T, T}, DType::f64));
-  in.probe_O = leaf(zeros({H, T, hs}, DType::f64));
-  in.probe_C = leaf(zeros({T, D}, DType::f64));
-  in.probe_Out = leaf(zeros({T, D}, DType::f64));
+  const Tensor target = randn({c.Tq, D}, DType::f64, &gen);
+  if (c.cross) in.Y = leaf(randn({c.Tk, D}, DType::f64, &gen));  // drawn last: the rest as without --cross
+  in.probe_Q = leaf(zeros({c.Tq, D}, DType::f64));
+  in.probe_K = leaf(zeros({c.Tk, D}, DType::f64));
+  in.probe_V = leaf(zeros({c.Tk, D}, DType::f64));
+  in.probe_S = leaf(zeros({H, c.Tq, c.Tk}, DType::f64));
+  in.probe_Z = leaf(zeros({H, c.Tq, c.Tk}, DType::f64));
+  in.probe_P = leaf(zeros({H, c.Tq, c.Tk}, DType::f64));
+  in.probe_O = leaf(zeros({H, c.Tq, hs}, DType::f64));
+  in.probe_C = leaf(zeros({c.Tq, D}, DType::f64));
+  in.probe_Out = leaf(zeros({c.Tq, D}, DType::f64));
+  const Tensor hidden = hidden_mask(c);
   Checker checks;
 
-  fmt::print("==== forward: self-attention, T = {} tokens, d_model = {}, {} heads of size hs = d_k = {} (f64, seed {})\n\n",
-             T, D, H, hs, seed);
+  fmt::print("==== forward: {}, d_model = {}, {} heads of size hs = d_k = {} (f64, seed {})\n\n", describe(c), D, H,
+             hs, seed);
+  if (c.cross)
+    fmt::print("shapes: X (Tq, D) = [{},{}] gives the queries, Y (Tk, D) = [{},{}] the keys and values;\n"
+               "S, Z, P are (H, Tq, Tk) = [{},{},{}]: one row per query, one column per key; Out is (Tq, D).\n\n",
+               c.Tq, D, c.Tk, D, H, c.Tq, c.Tk);
   print_tensor("X", in.X, "the input: one row per token");
+  if (c.cross) print_tensor("Y", in.Y, "the second sequence: keys and values come from it");
   print_tensor("Wq", in.Wq, "N(0, 1/d_model), as are Wk, Wv, Wo");
-  print_tensor("Y", Y, "the target of the loss");
+  print_tensor("Target", target, "the target of the loss");
   fmt::print("\n");
-  const Forward f = forward(in, Y, true);
+  if (hidden.defined()) print_mask(c);
+  const Forward f = forward(in, target, hidden, true);
   {
     NoGradGuard no_grad;
     const double worst = max(abs(sub(sum(f.P, {-1}), 1.0))).item<double>();
     checks.verdict("softmax rows sum to 1", worst <= kTolFormula, fmt::format("max |row sum - 1| = {:.1e}", worst));
+    if (hidden.defined()) {
+      const double leak = max(abs(where(hidden, f.P, zeros({}, DType::f64)))).item<double>();
+      checks.verdict("hidden keys get weight 0", leak == 0,
+                     fmt::format("max P_ij over the hidden (i, j) = {:.1e}", leak));
+    }
   }
 
   fmt::print("\n==== backward: L.backward(), then each gradient three ways\n");
@@ -215,79 +396,109 @@ int walkthrough(uint64_t seed) {
   fmt::print("|autograd - formula| <= {:g} everywhere.\n\n", kTolFormula);
   f.L.backward();
 
-  // The formulas, read off the forward backwards (the tape does the same, op by op).
-  Tensor dOut, dWo, dC, dO, dP, dV, dZ, dS, dQ, dK, dWq, dWk, dWv, dX;
+  // The formulas, read off the forward backwards (the tape does the same, op by op). A mask adds
+  // nothing: a hidden key has P_ij = 0, so its dZ_ij = P_ij (...) = 0 and nothing flows through it.
+  Tensor dOut, dWo, dC, dO, dP, dV, dZ, dS, dQ, dK, dWq, dWk, dWv, dX, dY;
   {
     NoGradGuard no_grad;
     const double scale = 1.0 / std::sqrt(double(hs));
-    dOut = mul(sub(f.Out, Y), 2.0 / double(T * D));  // L = sum (Out - Y)^2 / (T D)
-    dWo = matmul(f.C.mT(), dOut);                     // Out = C Wo
+    const Tensor& source = c.cross ? in.Y : in.X;
+    dOut = mul(sub(f.Out, target), 2.0 / double(c.Tq * D));  // L = sum (Out - Target)^2 / (Tq D)
+    dWo = matmul(f.C.mT(), dOut);                            // Out = C Wo
     dC = matmul(dOut, in.Wo.mT());
-    dO = split_heads(dC);                             // merge_heads only moves elements
-    dP = matmul(dO, f.Vh.mT());                       // O_h = P V_h
+    dO = split_heads(dC);                                    // merge_heads only moves elements
+    dP = matmul(dO, f.Vh.mT());                              // O_h = P V_h
     const Tensor dVh = matmul(f.P.mT(), dO);
     dV = merge_heads(dVh);
     dZ = mul(f.P, sub(dP, sum(mul(dP, f.P), {-1}, true)));  // P = softmax(Z)
     dS = mul(dZ, scale);                                    // Z = S scale
     dQ = merge_heads(matmul(dS, f.Kh));                     // S = Q_h K_h^T
     dK = merge_heads(matmul(dS.mT(), f.Qh));
-    dWq = matmul(in.X.mT(), dQ);                            // Q = X Wq, and so on
-    dWk = matmul(in.X.mT(), dK);
-    dWv = matmul(in.X.mT(), dV);
-    dX = add(add(matmul(dQ, in.Wq.mT()), matmul(dK, in.Wk.mT())), matmul(dV, in.Wv.mT()));  // X used 3 times
+    dWq = matmul(in.X.mT(), dQ);                            // Q = X Wq, K = X Wk (or Y Wk), ...
+    dWk = matmul(source.mT(), dK);
+    dWv = matmul(source.mT(), dV);
+    const Tensor dQX = matmul(dQ, in.Wq.mT()), dKV = add(matmul(dK, in.Wk.mT()), matmul(dV, in.Wv.mT()));
+    if (c.cross)
+      dX = dQX, dY = dKV;  // X feeds Q only, Y feeds K and V
+    else
+      dX = add(dQX, dKV);  // X feeds Q, K and V: the three gradients add
   }
 
   struct Grad {
     const char* name;
     Tensor Leaves::*leaf;  // the leaf (or probe) whose .grad is this gradient
     Tensor formula;
-    const char* derivation;
+    std::string derivation;
   };
-  const std::vector<Grad> grads = {
-      {"dOut", &Leaves::probe_Out, dOut, "L = mean((Out - Y)^2)  =>  dOut = 2 (Out - Y) / (T D)"},
+  const std::string masked = c.masked() ? "; 0 where hidden (P_ij = 0)" : "";
+  const std::string src = c.cross ? "Y" : "X";
+  std::vector<Grad> grads = {
+      {"dOut", &Leaves::probe_Out, dOut, "L = mean((Out - Target)^2)  =>  dOut = 2 (Out - Target) / (Tq D)"},
       {"dWo", &Leaves::Wo, dWo, "Out = C Wo  =>  dWo = C^T dOut"},
       {"dC", &Leaves::probe_C, dC, "Out = C Wo  =>  dC = dOut Wo^T"},
       {"dO_h", &Leaves::probe_O, dO, "C = concat_h O_h  =>  dO_h = dC split into heads"},
       {"dP (dWeights)", &Leaves::probe_P, dP, "O_h = P V_h  =>  dP = dO_h V_h^T"},
       {"dV", &Leaves::probe_V, dV, "O_h = P V_h  =>  dV_h = P^T dO_h, heads merged"},
-      {"dZ", &Leaves::probe_Z, dZ, "P = softmax(Z)  =>  dZ = P * (dP - rowsum(dP * P))"},
+      {"dZ", &Leaves::probe_Z, dZ, "P = softmax(Z)  =>  dZ = P * (dP - D), D = rowsum(dP * P)" + masked},
       {"dS (dScores)", &Leaves::probe_S, dS, "Z = S / sqrt(hs)  =>  dS = dZ / sqrt(hs)"},
       {"dQ", &Leaves::probe_Q, dQ, "S = Q_h K_h^T  =>  dQ_h = dS K_h, heads merged"},
       {"dK", &Leaves::probe_K, dK, "S = Q_h K_h^T  =>  dK_h = dS^T Q_h, heads merged"},
       {"dWq", &Leaves::Wq, dWq, "Q = X Wq  =>  dWq = X^T dQ"},
-      {"dWk", &Leaves::Wk, dWk, "K = X Wk  =>  dWk = X^T dK"},
-      {"dWv", &Leaves::Wv, dWv, "V = X Wv  =>  dWv = X^T dV"},
-      {"dX", &Leaves::X, dX, "X feeds Q, K and V: the three gradients add  =>  dX = dQ Wq^T + dK Wk^T + dV Wv^T"},
+      {"dWk", &Leaves::Wk, dWk, "K = " + src + " Wk  =>  dWk = " + src + "^T dK"},
+      {"dWv", &Leaves::Wv, dWv, "V = " + src + " Wv  =>  dWv = " + src + "^T dV"},
   };
+  if (c.cross) {
+    grads.push_back({"dX", &Leaves::X, dX, "X feeds Q only  =>  dX = dQ Wq^T"});
+    grads.push_back({"dY", &Leaves::Y, dY, "Y feeds K and V: the two gradients add  =>  dY = dK Wk^T + dV Wv^T"});
+  } else {
+    grads.push_back(
+        {"dX", &Leaves::X, dX, "X feeds Q, K and V: the three gradients add  =>  dX = dQ Wq^T + dK Wk^T + dV Wv^T"});
+  }
   for (const Grad& g : grads) {
     const Tensor autograd = (in.*g.leaf).grad();
-    const Tensor numeric = numeric_grad(in, g.leaf, Y, kEps);
+    const Tensor numeric = numeric_grad(in, g.leaf, target, hidden, kEps);
     print_tensor(g.name, autograd, g.derivation);
     const double e_num = max_abs_diff(autograd, numeric), e_formula = max_abs_diff(autograd, g.formula);
     checks.verdict(g.name, e_num <= kTolNumeric && e_formula <= kTolFormula,
                   fmt::format("max |autograd - numeric| = {:.1e}, max |autograd - formula| = {:.1e}", e_num, e_formula));
     fmt::print("\n");
   }
+  check_row_identity(f, in.probe_O.grad(), in.probe_P.grad(), checks);
 
-  // The fused kernel: the same attention in one op (online softmax, P never stored).
-  fmt::print("==== the fused op: ag::scaled_dot_product_attention(Q_h, K_h, V_h)\n");
+  // The fused kernel: the same attention in one op (online softmax, P never stored), told the
+  // case through SdpaOptions rather than given our mask.
+  const SdpaOptions options = sdpa_options(c);
+  std::string told;
+  if (options.causal) told += "causal = true";
+  if (options.key_padding_lengths.defined())
+    told += fmt::format("{}key_padding_lengths = [{}]", told.empty() ? "" : ", ", c.valid_keys());
+  fmt::print("==== the fused op: ag::scaled_dot_product_attention(Q_h, K_h, V_h{})\n",
+             told.empty() ? "" : ", {" + told + "}");
   Leaves fused = in;
-  for (Tensor Leaves::*w : {&Leaves::X, &Leaves::Wq, &Leaves::Wk, &Leaves::Wv, &Leaves::Wo})
-    fused.*w = leaf(in.*w);
-  const Tensor Qh = split_heads(matmul(fused.X, fused.Wq)).unsqueeze(0);  // (B = 1, H, T, hs)
-  const Tensor Kh = split_heads(matmul(fused.X, fused.Wk)).unsqueeze(0);
-  const Tensor Vh = split_heads(matmul(fused.X, fused.Wv)).unsqueeze(0);
-  const Tensor O = scaled_dot_product_attention(Qh, Kh, Vh).out.squeeze(0);
-  const Tensor L = mean(pow(sub(matmul(merge_heads(O), fused.Wo), Y), 2.0));
+  for (const Named& w : inputs_and_weights(c)) fused.*w.leaf = leaf(in.*w.leaf);
+  const Tensor& source = c.cross ? fused.Y : fused.X;
+  const Tensor Qh = split_heads(matmul(fused.X, fused.Wq)).unsqueeze(0);  // (B = 1, H, Tq, hs)
+  const Tensor Kh = split_heads(matmul(source, fused.Wk)).unsqueeze(0);   // (B = 1, H, Tk, hs)
+  const Tensor Vh = split_heads(matmul(source, fused.Wv)).unsqueeze(0);
+  const Tensor O = scaled_dot_product_attention(Qh, Kh, Vh, options).out.squeeze(0);
+  const Tensor L = mean(pow(sub(matmul(merge_heads(O), fused.Wo), target), 2.0));
   L.backward();
   const double e_out = max_abs_diff(O, f.O);
   checks.verdict("fused attention output", e_out <= kTolFormula,
                 fmt::format("max |sdpa - composed| = {:.1e} over O_h {}", e_out, O.shape()));
   double e_grad = 0;
-  for (Tensor Leaves::*w : {&Leaves::X, &Leaves::Wq, &Leaves::Wk, &Leaves::Wv, &Leaves::Wo})
-    e_grad = std::max(e_grad, max_abs_diff((fused.*w).grad(), (in.*w).grad()));
+  std::string names;
+  for (const Named& w : inputs_and_weights(c)) {
+    e_grad = std::max(e_grad, max_abs_diff((fused.*w.leaf).grad(), (in.*w.leaf).grad()));
+    names += fmt::format("{}d{}", names.empty() ? "" : ", ", w.name);
+  }
   checks.verdict("fused attention gradients", e_grad <= kTolFormula,
-                fmt::format("max |d(sdpa) - d(composed)| = {:.1e} over dX, dWq, dWk, dWv, dWo", e_grad));
+                fmt::format("max |d(sdpa) - d(composed)| = {:.1e} over {}", e_grad, names));
+
+  if (c.kv_cache) {
+    fmt::print("\n");
+    decode_with_cache(in, c, f, checks);
+  }
 
   fmt::print("\n{} checks passed, {} failed\n", checks.passed, checks.failed);
   return checks.failed == 0 ? 0 : 1;
@@ -406,23 +617,57 @@ void scaling_experiment(const std::string& out_dir, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"attograd walkthrough: a tiny self-attention step by step, every gradient checked, and "
-               "the experiment behind the 1/sqrt(d_k) scaling"};
+  CLI::App app{"attograd walkthrough: a tiny attention layer step by step (self-attention, or causal, padded, "
+               "cross-attention, KV-cache decoding), every gradient checked, and the experiment behind the "
+               "1/sqrt(d_k) scaling"};
   std::string out_dir = "runs/walkthrough";
   uint64_t seed = 0;
   bool no_experiment = false;
+  Case c;
   app.add_option("--out", out_dir, "where scaling.svg goes")->capture_default_str();
   app.add_option("--seed", seed, "random seed of the weights, inputs and experiment")->capture_default_str();
   app.add_flag("--no-experiment", no_experiment, "only the walkthrough, not the scaling experiment");
   app.add_option("--precision", digits, "decimals printed per value")->check(CLI::Range(1, 15))->capture_default_str();
+  app.add_flag("--causal", c.causal,
+               "causal mask: query i sees keys j <= i; the later keys' scores are set to -inf (not with --cross)");
+  app.add_option("--padding", c.padding,
+                 fmt::format("the last N keys are padding, hidden from every query (key_padding_lengths = Tk - N); "
+                             "N in [0, Tk - 1], Tk = {} ({} with --cross)",
+                             T, kCrossKeys))
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_flag("--cross", c.cross,
+               fmt::format("cross-attention: queries from X ({} tokens), keys and values from a second sequence Y "
+                           "({} tokens); checks dX and dY",
+                           T, kCrossKeys));
+  app.add_flag("--kv-cache", c.kv_cache,
+               "decoding: also run the layer token by token with an nn::KVCache and compare with the full causal "
+               "pass (implies --causal; not with --cross)");
   if (const int rc = apps::parse_command_line(app, argc, argv, "walkthrough"); rc >= 0) return rc;
+
+  try {  // the combinations, before any work
+    apps::usage_check(!(c.cross && c.kv_cache),
+                      "--cross with --kv-cache: the KV cache here grows with the decoded sequence's own keys "
+                      "(self-attention); run them apart");
+    apps::usage_check(!(c.cross && c.causal),
+                      "--cross with --causal: a causal mask orders the positions of one sequence, and in "
+                      "cross-attention the keys are another one (Y)");
+    c.causal = c.causal || c.kv_cache;  // decoding is causal: the full pass it is compared with too
+    c.Tk = c.cross ? kCrossKeys : T;
+    apps::usage_check(c.padding >= 0 && c.padding <= c.Tk - 1,
+                      "--padding {} is outside [0, {}]: of the Tk = {} keys at least one must stay visible",
+                      c.padding, c.Tk - 1, c.Tk);
+  } catch (const apps::UsageError& e) {
+    apps::print_usage_error("walkthrough", e.what());
+    return apps::kExitUsage;
+  }
 
   // One thread: every tensor here is tiny, and waking a team of OpenMP threads for each of the
   // thousands of small ops (finite differences run the forward ~1200 times) costs more than the
   // work: 0.1 s on one thread against seconds on a busy machine with all of them.
   set_num_threads(1);
   try {
-    const int rc = walkthrough(seed);
+    const int rc = walkthrough(c, seed);
     if (!no_experiment) scaling_experiment(out_dir, seed);
     return rc;
   } catch (const Error& e) {

@@ -1,6 +1,16 @@
 // apps/walkthrough as a user runs it: the binary (ATTOGRAD_APP_DIR) spawned, its output read.
 //   - every gradient's check passes (autograd == formula == finite differences), and so do the
-//     softmax row sums and the fused-attention comparison; exit 0
+//     softmax row sums, the row identity D = rowsum(dO * O) = rowsum(dP * P) and the
+//     fused-attention comparison; exit 0
+//   - each option (--causal, --padding N, --cross, --kv-cache, and their combinations) passes every
+//     check and prints what it adds: the mask, the masked scores, the shapes of cross-attention,
+//     the KV cache growing; the numbers printed are parsed back and checked here: the mask is the
+//     rule of docs/math/attention.md (the program's checks could not catch a wrong one: finite
+//     differences agree with whatever forward they get), hidden keys have score -inf and weight 0,
+//     D equals rowsum(dP * P) recomputed from the printed P and dP, and the tokens decoded with
+//     the KV cache equal the full causal pass
+//   - a --padding outside [0, Tk - 1], and --cross with --kv-cache or --causal, exit 2 with one
+//     line naming the option
 //   - <out>/scaling.svg holds its three charts and eight series
 //   - the table backs the articles' claim: with 1/sqrt(d_k) the mean max softmax weight stays
 //     about flat over d_k = 16..1024, and so do the gradient norms; without it the weights approach
@@ -14,6 +24,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -121,6 +132,127 @@ std::vector<Row> parse_table(const std::string& output) {
   return rows;
 }
 
+// The numbers of a line, or none when the line holds anything else.
+std::vector<double> numbers(const std::string& line) {
+  std::vector<double> v;
+  const char* p = line.c_str();
+  for (char* end = nullptr;; p = end) {
+    const double x = std::strtod(p, &end);
+    if (end == p) break;
+    v.push_back(x);
+  }
+  while (*p == ' ') ++p;
+  return *p == '\0' ? v : std::vector<double>();
+}
+
+// The values printed below the first line that starts with `header` (a tensor, or the mask),
+// row after row, the "head h" lines skipped, up to the first line that is not numbers.
+std::vector<double> values_after(const std::string& output, const std::string& header) {
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(header, 0) == 0) break;
+  std::vector<double> values;
+  while (std::getline(in, line)) {
+    if (line.rfind("  head ", 0) == 0) continue;
+    const std::vector<double> row = numbers(line);
+    if (row.empty()) break;
+    values.insert(values.end(), row.begin(), row.end());
+  }
+  return values;
+}
+
+// The rows of the table of backward step 2: head, row, D = rowsum(dO * O), rowsum(dP * P), |diff|.
+std::vector<std::vector<double>> d_table(const std::string& output) {
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("head  row", 0) == 0) break;
+  std::vector<std::vector<double>> rows;
+  while (std::getline(in, line)) {
+    std::vector<double> row = numbers(line);
+    if (row.size() != 5) break;
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// The walkthrough alone, with `options`, 12 decimals so that printed values can be recomputed.
+Result run_options(const std::vector<std::string>& options) {
+  TempDir dir("walkthrough_case");
+  std::vector<std::string> args = {"--no-experiment", "--precision", "12"};
+  args.insert(args.end(), options.begin(), options.end());
+  return run_walkthrough(args, dir);
+}
+
+// Exit 0, `n` checks, each PASS.
+void check_all_pass(const Result& r, int n) {
+  CHECK(r.rc == 0);
+  CHECK(count(r.output, "\nPASS ") == size_t(n));
+  CHECK(r.output.find("FAIL") == std::string::npos);
+  CHECK(r.output.find(fmt::format("{} checks passed, 0 failed", n)) != std::string::npos);
+}
+
+// The table of backward step 2 against the printed P and dP: one row per head and query, its two
+// columns equal, and D_i = sum_j P_ij dP_ij recomputed here from the matrices as printed.
+void check_row_identity(const std::string& out, int64_t H, int64_t Tq, int64_t Tk) {
+  const std::vector<std::vector<double>> table = d_table(out);
+  const std::vector<double> P = values_after(out, "P = softmax("), dP = values_after(out, "dP (dWeights) [");
+  REQUIRE(table.size() == size_t(H * Tq));
+  REQUIRE(P.size() == size_t(H * Tq * Tk));
+  REQUIRE(dP.size() == P.size());
+  CHECK(out.find("PASS D = rowsum(dO * O) equals rowsum(dP * P): ") != std::string::npos);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < Tq; ++i) {
+      const std::vector<double>& row = table[size_t(h * Tq + i)];
+      CAPTURE(h);
+      CAPTURE(i);
+      CHECK(row[0] == double(h));
+      CHECK(row[1] == double(i));
+      CHECK(std::abs(row[2] - row[3]) <= 1e-14);
+      double rowsum = 0;  // the values carry 12 decimals: Tk products of rounded numbers
+      for (int64_t j = 0; j < Tk; ++j) rowsum += P[size_t((h * Tq + i) * Tk + j)] * dP[size_t((h * Tq + i) * Tk + j)];
+      CHECK(std::abs(row[2] - rowsum) <= 1e-10);
+    }
+}
+
+// The mask printed (1 = seen, 0 = hidden) equals `hidden`; the masked scores are -inf exactly
+// there and Z elsewhere, and the weights 0 there.
+void check_mask(const std::string& out, int64_t H, int64_t Tq, int64_t Tk, auto hidden) {
+  const std::vector<double> mask = values_after(out, fmt::format("mask [{},{}]", Tq, Tk));
+  const std::vector<double> Z = values_after(out, "Z = S / sqrt(hs)"), Zm = values_after(out, "Z masked ["),
+                            P = values_after(out, "P = softmax(Z masked) over the keys [");
+  REQUIRE(mask.size() == size_t(Tq * Tk));
+  REQUIRE(Z.size() == size_t(H * Tq * Tk));
+  REQUIRE(Zm.size() == Z.size());
+  REQUIRE(P.size() == Z.size());
+  for (int64_t i = 0; i < Tq; ++i)
+    for (int64_t j = 0; j < Tk; ++j) {
+      CAPTURE(i);
+      CAPTURE(j);
+      CHECK(mask[size_t(i * Tk + j)] == (hidden(i, j) ? 0.0 : 1.0));
+      for (int64_t h = 0; h < H; ++h) {
+        const size_t at = size_t((h * Tq + i) * Tk + j);
+        if (hidden(i, j)) {
+          CHECK(Zm[at] == -INFINITY);
+          CHECK(P[at] == 0.0);
+        } else {
+          CHECK(Zm[at] == Z[at]);
+          CHECK(P[at] > 0.0);
+        }
+      }
+    }
+}
+
+void check_fused_and_grads(const std::string& out, bool cross) {
+  std::vector<std::string> names = {"dOut", "dWo", "dC", "dO_h", "dP (dWeights)", "dV", "dZ", "dS (dScores)", "dQ",
+                                    "dK", "dWq", "dWk", "dWv", "dX", "softmax rows sum to 1",
+                                    "fused attention output", "fused attention gradients"};
+  if (cross) names.push_back("dY");
+  for (const std::string& name : names)
+    CHECK_MESSAGE(out.find(fmt::format("\nPASS {}: ", name)) != std::string::npos, "no PASS line for ", name);
+}
+
 }  // namespace
 
 TEST_CASE("walkthrough: every gradient matches its formula and finite differences, exit 0") {
@@ -130,14 +262,17 @@ TEST_CASE("walkthrough: every gradient matches its formula and finite difference
   const std::string& out = run.result.output;
   for (const char* name : {"dOut", "dWo", "dC", "dO_h", "dP (dWeights)", "dV", "dZ", "dS (dScores)", "dQ", "dK",
                            "dWq", "dWk", "dWv", "dX", "softmax rows sum to 1", "fused attention output",
-                           "fused attention gradients"})
+                           "fused attention gradients", "D = rowsum(dO * O) equals rowsum(dP * P)"})
     CHECK_MESSAGE(out.find(fmt::format("PASS {}: ", name)) != std::string::npos, "no PASS line for ", name);
-  CHECK(count(out, "\nPASS ") == 17);  // one line each
+  CHECK(count(out, "\nPASS ") == 18);  // one line each
   CHECK(out.find("FAIL") == std::string::npos);
-  CHECK(out.find("17 checks passed, 0 failed") != std::string::npos);
+  CHECK(out.find("18 checks passed, 0 failed") != std::string::npos);
+  // no mask without --causal or --padding
+  CHECK(out.find("mask [") == std::string::npos);
+  CHECK(out.find("Z masked") == std::string::npos);
   // the forward is printed step by step, each with its shape
   for (const char* step : {"X [4,8]", "Q = X Wq [4,8]", "S = Q_h K_h^T [2,4,4]", "P = softmax(Z) over the keys [2,4,4]",
-                           "O_h = P V_h [2,4,4]", "Out = C Wo [4,8]", "L = mean((Out - Y)^2) []"})
+                           "O_h = P V_h [2,4,4]", "Out = C Wo [4,8]", "L = mean((Out - Target)^2) []"})
     CHECK_MESSAGE(out.find(step) != std::string::npos, "missing step ", step);
 }
 
@@ -204,7 +339,7 @@ TEST_CASE("walkthrough: --no-experiment writes nothing, --precision sets the dec
   CHECK(r.output.find("plot:") == std::string::npos);
   CHECK(r.output.find("0 failed") != std::string::npos);
   // the loss is printed alone on its line, with 7 decimals
-  const size_t at = r.output.find("L = mean((Out - Y)^2)");
+  const size_t at = r.output.find("L = mean((Out - Target)^2)");
   REQUIRE(at != std::string::npos);
   const size_t line = r.output.find('\n', at) + 1;
   const std::string value = r.output.substr(line, r.output.find('\n', line) - line);
@@ -215,4 +350,140 @@ TEST_CASE("walkthrough: --no-experiment writes nothing, --precision sets the dec
   CHECK(bad.output.find("walkthrough:") == 0);
   CHECK(bad.output.find("--precision") != std::string::npos);
   CHECK(bad.output.find("--help") != std::string::npos);
+}
+
+TEST_CASE("walkthrough: --causal prints the mask and the masked scores, every check passes") {
+  const Result r = run_options({"--causal"});
+  INFO("output:\n" << r.output);
+  check_all_pass(r, 19);  // the 18 of the plain run and "hidden keys get weight 0"
+  check_fused_and_grads(r.output, false);
+  CHECK(r.output.find("causal self-attention, T = 4 tokens") != std::string::npos);
+  CHECK(r.output.find("PASS hidden keys get weight 0: ") != std::string::npos);
+  CHECK(r.output.find("scaled_dot_product_attention(Q_h, K_h, V_h, {causal = true})") != std::string::npos);
+  check_mask(r.output, 2, 4, 4, [](int64_t i, int64_t j) { return j > i; });
+  check_row_identity(r.output, 2, 4, 4);
+}
+
+TEST_CASE("walkthrough: --padding hides the last keys from every query, alone and with --causal") {
+  {
+    const Result r = run_options({"--padding", "1"});
+    INFO("output:\n" << r.output);
+    check_all_pass(r, 19);
+    check_fused_and_grads(r.output, false);
+    CHECK(r.output.find("key 3 of 4 padding") != std::string::npos);
+    CHECK(r.output.find("{key_padding_lengths = [3]}") != std::string::npos);
+    check_mask(r.output, 2, 4, 4, [](int64_t, int64_t j) { return j >= 3; });
+    check_row_identity(r.output, 2, 4, 4);
+  }
+  {
+    const Result r = run_options({"--causal", "--padding", "2"});
+    INFO("output:\n" << r.output);
+    check_all_pass(r, 19);
+    CHECK(r.output.find("{causal = true, key_padding_lengths = [2]}") != std::string::npos);
+    check_mask(r.output, 2, 4, 4, [](int64_t i, int64_t j) { return j > i || j >= 2; });
+    check_row_identity(r.output, 2, 4, 4);
+  }
+}
+
+TEST_CASE("walkthrough: --cross takes keys and values from Y of 6 tokens and checks dX and dY") {
+  {
+    const Result r = run_options({"--cross"});
+    INFO("output:\n" << r.output);
+    check_all_pass(r, 19);  // the 18 of the plain run and dY
+    check_fused_and_grads(r.output, true);
+    for (const char* line : {"shapes: X (Tq, D) = [4,8] gives the queries, Y (Tk, D) = [6,8] the keys and values",
+                             "S, Z, P are (H, Tq, Tk) = [2,4,6]", "Y [6,8]", "Q = X Wq [4,8]", "K = Y Wk [6,8]",
+                             "V = Y Wv [6,8]", "S = Q_h K_h^T [2,4,6]", "P = softmax(Z) over the keys [2,4,6]",
+                             "O_h = P V_h [2,4,4]", "Out = C Wo [4,8]", "dX [4,8]  X feeds Q only",
+                             "dY [6,8]  Y feeds K and V", "over dX, dY, dWq, dWk, dWv, dWo"})
+      CHECK_MESSAGE(r.output.find(line) != std::string::npos, "missing ", line);
+    CHECK(r.output.find("mask [") == std::string::npos);
+    check_row_identity(r.output, 2, 4, 6);
+  }
+  {
+    const Result r = run_options({"--cross", "--padding", "2"});
+    INFO("output:\n" << r.output);
+    check_all_pass(r, 20);  // and "hidden keys get weight 0"
+    check_fused_and_grads(r.output, true);
+    check_mask(r.output, 2, 4, 6, [](int64_t, int64_t j) { return j >= 4; });
+    check_row_identity(r.output, 2, 4, 6);
+  }
+}
+
+TEST_CASE("walkthrough: --kv-cache decodes token by token and equals the full causal pass") {
+  for (const std::vector<std::string>& options : {std::vector<std::string>{"--kv-cache"},
+                                                  std::vector<std::string>{"--kv-cache", "--padding", "1"}}) {
+    const Result r = run_options(options);
+    const bool padded = options.size() > 1;
+    INFO("options: " << fmt::format("{}", fmt::join(options, " ")) << "\noutput:\n" << r.output);
+    check_all_pass(r, 20);  // the 19 of --causal and the decoding's
+    check_fused_and_grads(r.output, false);
+    CHECK(r.output.find("PASS KV-cache decoding equals the full causal pass: ") != std::string::npos);
+    // the full pass is causal, and checked as --causal's
+    check_mask(r.output, 2, 4, 4, [&](int64_t i, int64_t j) { return j > i || (padded && j >= 3); });
+    check_row_identity(r.output, 2, 4, 4);
+    // the cache grows by one position per token
+    for (int t = 0; t < 4; ++t) {
+      CHECK(r.output.find(fmt::format("step {}: token {} in, cache length {}: K, V [1,2,{},4]", t, t, t + 1, t + 1)) !=
+            std::string::npos);
+      CHECK(values_after(r.output, fmt::format("K cache after step {} [2,{},4]", t, t + 1)).size() == size_t(2 * (t + 1) * 4));
+    }
+    CHECK((r.output.find("key 3 hidden: padding") != std::string::npos) == padded);
+    // the decoded rows, as printed, equal the full pass's Out, as printed (12 decimals)
+    const std::vector<double> decoded = values_after(r.output, "Out, decoded token by token [4,8]"),
+                              full = values_after(r.output, "Out = C Wo [4,8]");
+    REQUIRE(decoded.size() == 32);
+    REQUIRE(full.size() == 32);
+    for (size_t k = 0; k < full.size(); ++k) CHECK(std::abs(decoded[k] - full[k]) <= 2e-12);
+    // and each step's row is the matching row of the stack
+    for (int t = 0; t < 4; ++t) {
+      const std::vector<double> row = values_after(r.output, fmt::format("Out row {} [1,8]", t));
+      REQUIRE(row.size() == 8);
+      for (size_t c = 0; c < 8; ++c) CHECK(row[c] == decoded[size_t(t) * 8 + c]);
+    }
+  }
+}
+
+TEST_CASE("walkthrough: the row identity of backward step 2 holds with every combination of options") {
+  const std::vector<std::vector<std::string>> combinations = {
+      {}, {"--causal"}, {"--padding", "3"}, {"--causal", "--padding", "1"}, {"--cross"}, {"--cross", "--padding", "5"},
+      {"--kv-cache"}, {"--kv-cache", "--padding", "2"}};
+  for (const std::vector<std::string>& options : combinations) {
+    const Result r = run_options(options);
+    INFO("options: " << fmt::format("{}", fmt::join(options, " ")) << "\noutput:\n" << r.output);
+    CHECK(r.rc == 0);
+    CHECK(r.output.find("FAIL") == std::string::npos);
+    const bool cross = !options.empty() && options[0] == "--cross";
+    check_row_identity(r.output, 2, 4, cross ? 6 : 4);
+  }
+}
+
+TEST_CASE("walkthrough: --padding outside [0, Tk - 1] exits 2 with one line naming it") {
+  TempDir dir("walkthrough_bad");
+  for (const auto& [options, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--padding", "4"}, "--padding 4 is outside [0, 3]"},
+           {{"--padding", "-1"}, "--padding -1 is outside [0, 3]"},
+           {{"--cross", "--padding", "6"}, "--padding 6 is outside [0, 5]"},
+           {{"--padding", "two"}, "--padding"}}) {
+    const Result r = run_walkthrough(options, dir);
+    INFO("options: " << fmt::format("{}", fmt::join(options, " ")) << "\noutput:\n" << r.output);
+    CHECK(r.rc == 2);
+    CHECK(r.output.find("walkthrough:") == 0);
+    CHECK(r.output.find(named) != std::string::npos);
+    CHECK(count(r.output, "\n") == 1);  // one line, and nothing run
+  }
+}
+
+TEST_CASE("walkthrough: --cross with --kv-cache or --causal exits 2 with one line naming both") {
+  TempDir dir("walkthrough_bad");
+  for (const std::vector<std::string>& options : {std::vector<std::string>{"--cross", "--kv-cache"},
+                                                  std::vector<std::string>{"--kv-cache", "--cross"},
+                                                  std::vector<std::string>{"--cross", "--causal"}}) {
+    const Result r = run_walkthrough(options, dir);
+    INFO("options: " << fmt::format("{}", fmt::join(options, " ")) << "\noutput:\n" << r.output);
+    CHECK(r.rc == 2);
+    CHECK(r.output.find("walkthrough: --cross with " + (options[0] == "--cross" ? options[1] : options[0])) == 0);
+    CHECK(r.output.find("--help") != std::string::npos);
+    CHECK(count(r.output, "\n") == 1);
+  }
 }
