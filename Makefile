@@ -58,8 +58,8 @@ fuzz:
 # Regenerates docs/ops.md from the spec comments of autograd/ops.h, the code docs/extending.md
 # quotes from examples/extending, the exact pictures of docs/img/ (build/docpics: masks, positions,
 # a tape; make test checks these three are current), then the pictures that come from runs:
-# walkthrough's scaling.svg and the apps' attention heatmaps after a default run of each (about
-# five minutes on 2 cores; DOCS_APPS=0 skips the apps).
+# walkthrough's scaling.svg and the apps' attention heatmaps after a default run of each (the
+# three runs take minutes on 2 cores; DOCS_APPS=0 skips them).
 DOCS_APPS ?= 1
 docs: configure
 	@cmake --build $(BUILD) -j $(JOBS) --target opsdoc snippets docpics walkthrough $(if $(filter 1,$(DOCS_APPS)),vit textclf gpt)
