@@ -96,6 +96,11 @@ std::string positional_svg() {
   panels.push_back(apps::heatmap_from_tensor(pe, "PE[pos, i]"));
   // PE_p . PE_q = sum over the d/2 frequencies of cos(w (p - q)), d/2 at p = q: the cosine similarity
   panels.push_back(apps::heatmap_from_tensor(mul(matmul(pe, pe.mT()), 2.0 / double(d)), "cos(PE_p, PE_q)"));
+  // Rounded to 1e-9, so that the last bits of sin, cos and the dot products (which may differ
+  // between builds, e.g. Release and the sanitizers' Debug) never change the file: a value that
+  // should be 0 is 0, not +-1e-17.
+  for (apps::Heatmap& h : panels)
+    for (double& v : h.values) v = std::round(v * 1e9) / 1e9 + 0.0;
   apps::HeatmapOptions ho;
   ho.title = "sinusoids, T = d = 32: position x dimension, position x position";
   ho.vmin = -1, ho.vmax = 1;  // both panels lie in [-1, 1]
