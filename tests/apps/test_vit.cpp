@@ -333,8 +333,8 @@ TEST_CASE("vit: a small training set gets a validation split, data-size defaults
   const std::string text = run("auto", "--batch 32");
   INFO(text);
   CHECK(text.find("(231 train / 25 validation / 64 test images of 1x8x8)") != std::string::npos);
-  // 40 epochs of 231 images at batch 32 = ceil(9240 / 32) = 289 steps instead of the default 6000
-  CHECK(text.find("vit: --steps 289: 40 epochs of 231 training images (< 20000: a small set) at batch 32") !=
+  // 100 epochs of 231 images at batch 32 = ceil(23100 / 32) = 722 steps instead of the default 6000
+  CHECK(text.find("vit: --steps 722: 100 epochs of 231 training images (< 20000: a small set) at batch 32") !=
         std::string::npos);
   CHECK(text.find("vit: --crop-pad 2: 231 training images") != std::string::npos);
   CHECK(text.find("vit: --dropout 0.1: 231 training images") != std::string::npos);
