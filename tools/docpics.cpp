@@ -21,8 +21,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,6 +28,7 @@
 
 #include "apps/common/plot.h"
 #include "attograd.h"
+#include "data/text.h"
 #include "nn/positional.h"
 #include "nn/sparse_patterns.h"
 
@@ -143,14 +142,6 @@ std::vector<Picture> draw_all() {
           {"tape.dot", graph_to_dot(e.L, e.names)}};
 }
 
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return {};
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,7 +157,7 @@ int main(int argc, char** argv) {
     for (const Picture& p : draw_all()) {
       const std::filesystem::path path = dir / p.file;
       if (check_only) {
-        if (read_file(path) != p.text)
+        if (!std::filesystem::exists(path) || data::read_file_bytes(path.string()) != p.text)
           ++stale, fmt::print(stderr, "docpics: docs/img/{} is out of date or missing; run `make docs`\n", p.file);
         continue;
       }
