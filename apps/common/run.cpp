@@ -36,7 +36,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Whether a metric gets a chart in curves.svg: everything but the bookkeeping.
 // The cadences left to --steps (their option was 0): ten evaluations, about 200 training lines,
 // a checkpoint at every evaluation.
 void derive_cadences(RunOptions& o) {
@@ -45,12 +44,12 @@ void derive_cadences(RunOptions& o) {
   if (o.checkpoint_every_auto) o.checkpoint_every = o.eval_every;
 }
 
+// Whether a metric gets a chart in curves.svg: everything but the bookkeeping.
 bool drawn(const std::string& name) {
   return name != "step" && name != "time" && name != "skipped_steps" && name != "rss_mb";
 }
 
 // "val_accuracy" -> ("accuracy", "val"): the chart and the series of a logged scalar.
-
 std::pair<std::string, std::string> chart_and_series(const std::string& name) {
   for (const char* split : {"train_", "val_", "test_"}) {
     const std::string p = split;
