@@ -27,6 +27,7 @@
 #include <fmt/core.h>
 
 #include "apps/common/plot.h"
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "data/text.h"
 #include "nn/positional.h"
@@ -150,7 +151,7 @@ int main(int argc, char** argv) {
   bool check_only = false;
   app.add_option("--root", root, "the source tree")->capture_default_str();
   app.add_flag("--check", check_only, "write nothing; exit 1 when a picture in docs/img/ differs");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = apps::parse_command_line(app, argc, argv, "docpics"); rc >= 0) return rc;
   try {
     const std::filesystem::path dir = std::filesystem::path(root) / "docs" / "img";
     int stale = 0;
