@@ -106,13 +106,33 @@ inline std::string torch_script_path(const char* source_file, const char* argv0,
   return {};
 }
 
+// PyTorch's fastest set-up on these machines (docs/benchmarks.md): OMP_WAIT_POLICY=PASSIVE and
+// Debian's tcmalloc preloaded when installed; as a prefix of the command torch_reference runs, so
+// only the PyTorch process gets it. The describing half goes into the benchmark's printout.
+struct TorchEnv {
+  std::string prefix;    // "env OMP_WAIT_POLICY=PASSIVE [LD_PRELOAD=...] "
+  std::string describe;  // "OMP_WAIT_POLICY=PASSIVE, tcmalloc" (or "..., glibc malloc")
+};
+inline TorchEnv torch_fastest_env() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const char* dir : {"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib"}) {
+    const fs::path lib = fs::path(dir) / "libtcmalloc_minimal.so.4";
+    if (fs::exists(lib, ec))
+      return {"env OMP_WAIT_POLICY=PASSIVE LD_PRELOAD=" + shell_quote(lib.string()) + " ",
+              "OMP_WAIT_POLICY=PASSIVE, tcmalloc"};
+  }
+  return {"env OMP_WAIT_POLICY=PASSIVE ", "OMP_WAIT_POLICY=PASSIVE, glibc malloc (no libtcmalloc-minimal4)"};
+}
+
 // The PyTorch side of one benchmark: `python script <subcommand> --json <args>`, parsed from the
 // last line of its output, which must hold results[v].ms and results[v].peak_rss_mb for every
-// variant v. nullopt (after printing why, visibly) when torch or the script is missing or the run
+// variant v; env_prefix (e.g. torch_fastest_env().prefix) goes before the command. nullopt (after printing why, visibly) when torch or the script is missing or the run
 // failed; the benchmark then prints its own numbers alone and still exits 0.
 inline std::optional<nlohmann::json> torch_reference(const std::string& script, const std::string& subcommand,
                                                      const std::vector<std::string>& args,
-                                                     const std::vector<std::string>& variants) {
+                                                     const std::vector<std::string>& variants,
+                                                     const std::string& env_prefix = "") {
   const std::string python = find_torch_python();
   if (python.empty()) {
     fmt::print("PyTorch: not found (set ATTOGRAD_PYTHON to a Python that has torch)\n");
@@ -122,7 +142,7 @@ inline std::optional<nlohmann::json> torch_reference(const std::string& script, 
     fmt::print("PyTorch: bench/torch_reference.py not found (pass --script PATH)\n");
     return std::nullopt;
   }
-  std::string cmd = shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(subcommand) + " --json";
+  std::string cmd = env_prefix + shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(subcommand) + " --json";
   for (const auto& a : args) cmd += " " + shell_quote(a);
   std::fflush(stdout);  // our lines first, then whatever the child prints to stderr
   const auto out = shell_output(cmd);

@@ -33,12 +33,14 @@ class Attention(nn.Module):
         self.use_sdpa = HAS_SDPA
         self.weights = None  # (B, H, T, T) of the last forward when keep_weights
 
-    def forward(self, x, causal=False, lengths=None, keep_weights=False):
+    def forward(self, x, causal=False, lengths=None, keep_weights=False, attn_mask=None):
+        """attn_mask: bool (T, T) or broadcastable, True = may attend (a window or a sparse pattern)."""
         B, T, d = x.shape
         q, k, v = self.qkv(x).reshape(B, T, 3, self.heads, self.hs).permute(2, 0, 3, 1, 4)
-        mask = None  # True = may attend
+        mask = attn_mask  # True = may attend
         if causal:
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            tril = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            mask = tril if mask is None else (mask & tril)
         if lengths is not None:
             keys = torch.arange(T, device=x.device)[None, :] < lengths[:, None]  # (B, T)
             keys = keys[:, None, None, :]
@@ -179,7 +181,11 @@ class TextClassifier(nn.Module):
 
 
 def _attend(q, k, v, visible, dropout, training):
-    """q (B, H, Tq, hs), k, v (B, H, Tk, hs), visible broadcast to (B, H, Tq, Tk) or None."""
+    """q (B, H, Tq, hs), k, v (B, H, Tk, hs), visible broadcast to (B, H, Tq, Tk) or None. The fused
+    F.scaled_dot_product_attention when torch has it and every query sees a key (what a PyTorch user
+    runs); the math otherwise, where a query that sees no key gets zeros rather than NaN."""
+    if HAS_SDPA and (visible is None or bool(visible.any(-1).all())):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout if training else 0.0)
     s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     if visible is not None:
         s = s.masked_fill(~visible, float("-inf"))

@@ -10,6 +10,7 @@ subcommand here.
     torch_reference.py train     --json --configs V,G,C --threads 2 --reps 10 --warmup 3 [--device cuda]
                                  [--precision bf16]
     torch_reference.py generate  --json --tokens 256 --threads 2 --reps 3
+    torch_reference.py longseq   --json --method window --T 4096 --d 64 --heads 4 --window 64 --threads 2
 
 The environment is inherited from the C++ benchmark, so both sides run under the same OpenMP
 settings. Mind OMP_WAIT_POLICY: by default PyTorch's OpenMP workers spin between parallel regions
@@ -49,12 +50,17 @@ def max_rss_bytes():
 
 
 def reset_max_rss():
-    """Hands the memory malloc keeps from earlier runs back to the system (malloc_trim), then resets
+    """Hands the memory malloc keeps from earlier runs back to the system (glibc's malloc_trim, or
+    tcmalloc's MallocExtension_ReleaseFreeMemory when it is preloaded), then resets
     the max-RSS high-water mark to the current RSS (Linux >= 4.0: "5" > clear_refs), so each
     variant gets its own peak. Returns False where the reset is not possible: then only the first
     variant's figure is its own (later ones read the growth above the earlier peak)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:  # tcmalloc, when preloaded, keeps freed pages until asked
+        ctypes.CDLL(None).MallocExtension_ReleaseFreeMemory()
     except (OSError, AttributeError):
         pass
     try:
@@ -318,6 +324,79 @@ def cmd_generate(args):
                     "no_cache: full forward over the prefix", "results": out}
 
 
+def longseq_layer(args):
+    """The PyTorch version of one attention layer of bench/bench_longseq.cpp: (module, forward(x))."""
+    T, d, heads = args.T, args.d, args.heads
+    if args.method == "linformer":
+        m = torch_models.LinformerAttention(d, heads, T, args.k)
+        return m, m
+    if args.method in ("compressed", "compressed-128"):
+        m = torch_models.MemoryCompressedAttention(d, heads, args.stride)
+        return m, m
+    if args.method == "axial":
+        h, w = args.grid
+        m = torch_models.AxialAttention(d, heads, h, w)
+        return m, m
+    m = torch_models.Attention(d, heads, 0.0)
+    i = torch.arange(T)
+    mask = None  # True = may attend, dense (T, T)
+    if args.method == "window":
+        mask = (i[:, None] - i[None, :]).abs() <= args.window
+    elif args.method in ("sparse", "strided"):
+        n = (T + args.block - 1) // args.block
+        a, c = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        if args.method == "sparse":  # nn::local_global_block_mask
+            kept = ((a - c).abs() <= args.window_blocks) | (a < args.global_blocks) | (c < args.global_blocks)
+        else:  # nn::strided_block_mask
+            kept = ((a - c).abs() < args.stride_blocks) | ((a - c) % args.stride_blocks == 0)
+        blocks = i // args.block
+        mask = kept[blocks[:, None], blocks[None, :]]
+    elif args.method == "materialised":
+        m.use_sdpa = False  # q k^T, softmax and @ v as separate ops, every intermediate stored
+    elif args.method != "full":
+        raise SystemExit(f"longseq: unknown --method {args.method}")
+    return m, (lambda x: m(x, attn_mask=mask))
+
+
+def cmd_longseq(args):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    module, forward = longseq_layer(args)
+    x = torch.randn(args.batch, args.T, args.d, generator=gen).requires_grad_()
+    g = torch.randn(args.batch, args.T, args.d, generator=gen)
+
+    def step():
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        forward(x).backward(g)
+
+    impl = {"full": "F.scaled_dot_product_attention",
+            "materialised": "math (q@k^T*scale, softmax, @v)",
+            "window": "F.scaled_dot_product_attention with a dense (T, T) bool mask",
+            "sparse": "F.scaled_dot_product_attention with a dense (T, T) bool mask",
+            "strided": "F.scaled_dot_product_attention with a dense (T, T) bool mask"}.get(
+        args.method, f"bench/torch_models.py's twin ({'SDPA' if torch_models.HAS_SDPA else 'math'} inside)")
+    return {"impl": impl, "results": {args.method: measure(step, args.reps, args.warmup)}}
+
+
+def longseq_args(s):
+    s.add_argument("--method", required=True,
+                   help="full, materialised, window, sparse, strided, linformer, compressed, compressed-128, axial")
+    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--T", type=int, default=4096)
+    s.add_argument("--d", type=int, default=64, help="model width")
+    s.add_argument("--heads", type=int, default=4, help="must divide --d")
+    s.add_argument("--window", type=int, default=64, help="window: keys within +-window")
+    s.add_argument("--block", type=int, default=32, help="sparse, strided: tokens per block")
+    s.add_argument("--window-blocks", type=int, default=1, help="sparse: the band, in blocks")
+    s.add_argument("--global-blocks", type=int, default=1, help="sparse: global blocks")
+    s.add_argument("--stride-blocks", type=int, default=4, help="strided: the stride, in blocks")
+    s.add_argument("--k", type=int, default=128, help="linformer: the projected length")
+    s.add_argument("--stride", type=int, default=4, help="compressed: positions per compressed key")
+    s.add_argument("--grid", type=lambda v: tuple(int(t) for t in v.split(",")), default=(64, 64),
+                   help="axial: H,W with H W = T")
+
+
 def attention_args(s):
     s.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     s.add_argument("--batch", type=int, default=32)
@@ -357,7 +436,8 @@ def generate_args(s):
 # name: (function returning {"impl": str, "results": {variant: measure(...)}}, its own options).
 # A new benchmark adds one entry here.
 SUBCOMMANDS = {"attention": (cmd_attention, attention_args), "block": (cmd_block, block_args),
-               "train": (cmd_train, train_args), "generate": (cmd_generate, generate_args)}
+               "train": (cmd_train, train_args), "generate": (cmd_generate, generate_args),
+               "longseq": (cmd_longseq, longseq_args)}
 
 
 def main():
@@ -373,7 +453,7 @@ def main():
     args = p.parse_args()
     if args.threads < 1 or args.reps < 1 or args.warmup < 1:
         p.error("--threads, --reps and --warmup must be >= 1")
-    if args.cmd == "block" and args.d % args.heads != 0:
+    if args.cmd in ("block", "longseq") and args.d % args.heads != 0:
         p.error(f"--heads {args.heads} must divide --d {args.d}")
     if args.cmd == "train":
         bad = [k for k in args.configs.split(",") if k.strip().upper() not in TRAIN_CONFIGS]

@@ -107,6 +107,10 @@ const char* kFont = "font-family=\"sans-serif\"";
 const char* kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
+const char* series_colour(const Series& s, size_t index) {
+  return kPalette[(s.colour >= 0 ? size_t(s.colour) : index) % 10];
+}
+
 std::string svg_open(int w, int h) {
   return fmt::format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -154,7 +158,8 @@ std::string svg_line_chart(const LineChart& chart) {
     const Series& ser = chart.series[s];
     for (size_t i = 0; i < ser.x.size(); ++i) {
       double x = ser.x[i], y = ser.y[i];
-      if (!std::isfinite(x) || !std::isfinite(y) || (chart.log_y && y <= 0)) continue;
+      if (!std::isfinite(x) || !std::isfinite(y) || (chart.log_y && y <= 0) || (chart.log_x && x <= 0)) continue;
+      if (chart.log_x) x = std::log10(x);
       if (chart.log_y) y = std::log10(y);
       pts[s].emplace_back(x, y);
       xlo = std::min(xlo, x), xhi = std::max(xhi, x), ylo = std::min(ylo, y), yhi = std::max(yhi, y);
@@ -162,6 +167,10 @@ std::string svg_line_chart(const LineChart& chart) {
   }
   if (!(xlo <= xhi)) xlo = 0, xhi = 1, ylo = 0, yhi = 1;  // nothing to draw yet: empty axes
   if (xhi - xlo < 1e-12) xlo -= 0.5, xhi += 0.5;
+  if (chart.log_x) {  // a margin on a log axis, so the end points do not sit on the frame
+    const double pad = (xhi - xlo) * 0.03;
+    xlo -= pad, xhi += pad;
+  }
   if (yhi - ylo < 1e-12) {
     const double pad = chart.log_y ? 0.5 : std::max(std::abs(ylo) * 0.1, 0.5);
     ylo -= pad, yhi += pad;
@@ -178,46 +187,55 @@ std::string svg_line_chart(const LineChart& chart) {
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left, top,
                      pw, ph);
 
-  // x ticks and grid
-  const auto xt = nice_ticks(xlo, xhi);
-  const double xsp = xt.size() > 1 ? xt[1] - xt[0] : 1;
-  for (double t : xt) {
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>\n", X(t), top,
-                       top + ph);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\" {}>{}</text>\n", X(t),
-                       top + ph + 16, kFont, xml_escape(tick_label(t, xsp)));
-  }
-  // y ticks: decades (and 2, 5 between them when the range is short) on a log axis
-  std::vector<std::pair<double, std::string>> yt;  // (axis position, label)
-  if (chart.log_y) {
-    const int e0 = int(std::floor(ylo)), e1 = int(std::ceil(yhi));
-    const bool fine = e1 - e0 <= 2;
-    for (int e = e0; e <= e1; ++e)
-      for (double m : {1.0, 2.0, 5.0}) {
-        if (m != 1 && !fine) continue;
-        const double v = m * std::pow(10.0, e), p = std::log10(v);
-        if (p >= ylo && p <= yhi) yt.emplace_back(p, fmt::format("{:g}", v));
-      }
-    if (yt.size() < 2) {  // less than a factor of 2 in range: linear ticks of the values
-      yt.clear();
-      const auto lin = nice_ticks(std::pow(10.0, ylo), std::pow(10.0, yhi), 4);
+  // ticks: (axis position, label); decades (and 2, 5 between them when the range is short) on a log axis
+  const auto ticks = [](double lo, double hi, bool log) {
+    std::vector<std::pair<double, std::string>> t;
+    if (log) {
+      const int e0 = int(std::floor(lo)), e1 = int(std::ceil(hi));
+      const bool fine = e1 - e0 <= 2;
+      for (int e = e0; e <= e1; ++e)
+        for (double m : {1.0, 2.0, 5.0}) {
+          if (m != 1 && !fine) continue;
+          const double v = m * std::pow(10.0, e), p = std::log10(v);
+          if (p >= lo && p <= hi) t.emplace_back(p, v >= 1e5 ? format_count(v) : fmt::format("{:g}", v));
+        }
+      if (t.size() >= 2) return t;
+      t.clear();  // less than a factor of 2 in range: linear ticks of the values
+      const auto lin = nice_ticks(std::pow(10.0, lo), std::pow(10.0, hi), 4);
       const double sp = lin.size() > 1 ? lin[1] - lin[0] : 1;
       for (double v : lin)
-        if (v > 0) yt.emplace_back(std::log10(v), tick_label(v, sp));
+        if (v > 0) t.emplace_back(std::log10(v), tick_label(v, sp));
+      return t;
     }
-  } else {
-    const auto lin = nice_ticks(ylo, yhi);
+    const auto lin = nice_ticks(lo, hi);
     const double sp = lin.size() > 1 ? lin[1] - lin[0] : 1;
-    for (double v : lin) yt.emplace_back(v, tick_label(v, sp));
+    for (double v : lin) t.emplace_back(v, tick_label(v, sp));
+    return t;
+  };
+  std::vector<std::pair<double, std::string>> xt = ticks(xlo, xhi, chart.log_x);
+  if (!chart.x_ticks.empty()) {
+    xt.clear();
+    for (double v : chart.x_ticks) {
+      if (!std::isfinite(v) || (chart.log_x && v <= 0)) continue;
+      const double p = chart.log_x ? std::log10(v) : v;
+      if (p >= xlo && p <= xhi) xt.emplace_back(p, v >= 1e5 ? format_count(v) : fmt::format("{:g}", v));
+    }
   }
+  for (const auto& [p, label] : xt) {
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>\n", X(p), top,
+                       top + ph);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\" {}>{}</text>\n", X(p),
+                       top + ph + 16, kFont, xml_escape(label));
+  }
+  const auto yt = ticks(ylo, yhi, chart.log_y);
   for (const auto& [p, label] : yt) {
     svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"/>\n", left, Y(p),
                        left + pw);
     svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" font-size=\"11\" {}>{}</text>\n", left - 6,
                        Y(p) + 4, kFont, xml_escape(label));
   }
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\" {}>{}</text>\n", left + pw / 2,
-                     H - 12, kFont, xml_escape(chart.x_label));
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\" {}>{}{}</text>\n",
+                     left + pw / 2, H - 12, kFont, xml_escape(chart.x_label), chart.log_x ? " (log scale)" : "");
   svg += fmt::format(
       "<text transform=\"translate(16,{}) rotate(-90)\" text-anchor=\"middle\" font-size=\"12\" {}>{}{}</text>\n",
       top + ph / 2, kFont, xml_escape(chart.y_label), chart.log_y ? " (log scale)" : "");
@@ -225,13 +243,13 @@ std::string svg_line_chart(const LineChart& chart) {
   // series: a polyline, and a dot per point when there are few enough to tell apart
   for (size_t s = 0; s < pts.size(); ++s) {
     if (pts[s].empty()) continue;
-    const char* colour = kPalette[s % 10];
+    const char* colour = series_colour(chart.series[s], s);
     std::string points;
     for (const auto& [x, y] : pts[s]) points += fmt::format("{}{:.1f},{:.1f}", points.empty() ? "" : " ", X(x), Y(y));
     svg += fmt::format(
         "<polyline class=\"series\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\" "
-        "stroke-linejoin=\"round\"/>\n",
-        points, colour);
+        "stroke-linejoin=\"round\"{}/>\n",
+        points, colour, chart.series[s].dashed ? " stroke-dasharray=\"6 4\"" : "");
     if (pts[s].size() <= 200)
       for (const auto& [x, y] : pts[s])
         svg += fmt::format("<circle class=\"point\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>\n", X(x), Y(y),
@@ -270,8 +288,9 @@ std::string svg_line_chart(const LineChart& chart) {
     for (size_t s = 0; s < chart.series.size(); ++s) {
       const double y = ly + 14 + 16.0 * double(s);
       svg += fmt::format(
-          "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2.5\"/>\n", lx + 6,
-          y - 4, lx + 24, y - 4, kPalette[s % 10]);
+          "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2.5\"{}/>\n",
+          lx + 6, y - 4, lx + 24, y - 4, series_colour(chart.series[s], s),
+          chart.series[s].dashed ? " stroke-dasharray=\"6 4\"" : "");
       svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" {}>{}</text>\n", lx + 28, y, kFont,
                          xml_escape(truncate_label(chart.series[s].name, 30)));
     }

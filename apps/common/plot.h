@@ -23,15 +23,19 @@ struct Series {
   std::string name;       // legend entry
   std::vector<double> x;  // same length as y
   std::vector<double> y;  // non-finite points (and <= 0 on a log axis) are left out
+  int colour = -1;        // index into the palette (mod 10); -1: the series' own index
+  bool dashed = false;    // a dashed line (e.g. a reference beside a measured series of one colour)
 };
 struct LineChart {
   std::string title, x_label = "step", y_label;
-  bool log_y = false;
+  bool log_x = false, log_y = false;
+  std::vector<double> x_ticks;  // where the x ticks go, in data units (empty: chosen from the range)
   int width = 720, height = 420;
   std::vector<Series> series;
 };
 // One <polyline class="series"> per series with at least one drawable point, one
-// <circle class="point"> per drawable point in series of at most 200 points, nice ticks (1/2/5 x 10^k; decades on a log axis),
+// <circle class="point"> per drawable point in series of at most 200 points, nice ticks (1/2/5 x 10^k; decades on a
+// log axis, with 2 and 5 between them when the axis spans at most two decades),
 // axis labels, title and a legend in the emptiest corner. Raises ag::Error when a series' x and y lengths differ.
 std::string svg_line_chart(const LineChart& chart);
 // Several charts in one file, `columns` per row (each a nested <svg> at its offset).

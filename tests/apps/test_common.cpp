@@ -379,6 +379,44 @@ TEST_CASE("svg: line chart is well-formed, one point per finite value, escaped t
   AG_CHECK_ERROR(svg_line_chart(c), "svg_line_chart", "val \"set\"", "2 x values but 3 y values");
 }
 
+TEST_CASE("svg: a log-log chart draws a power law as a straight line, with the ticks asked for") {
+  LineChart c;
+  c.log_x = c.log_y = true;
+  c.x_ticks = {512, 1024, 2048, 4096, 3};  // 3 lies outside the data: no tick
+  Series sq{"T^2", {512, 1024, 2048, 4096}, {}};
+  for (double t : sq.x) sq.y.push_back(t * t);
+  Series ref{"reference", {0, 1024, 4096}, {1.0, 5e6, 2e7}, /*colour=*/0, /*dashed=*/true};  // x = 0 cannot be drawn
+  c.series = {sq, ref};
+  const std::string svg = svg_line_chart(c);
+  XmlCheck x = check_xml(svg);
+  INFO(x.error);
+  REQUIRE(x.ok);
+  REQUIRE(x.points.size() == 2);
+  CHECK(count_pairs(x.points[1]) == 2);
+  // the four points of T^2: equal steps in x and in y between neighbours
+  std::vector<double> v;
+  std::istringstream in(x.points[0]);
+  for (std::string pair; in >> pair;) {
+    const size_t comma = pair.find(',');
+    v.push_back(std::stod(pair.substr(0, comma)));
+    v.push_back(std::stod(pair.substr(comma + 1)));
+  }
+  REQUIRE(v.size() == 8);
+  for (int i = 1; i < 3; ++i) {
+    CHECK(v[2 * (i + 1)] - v[2 * i] == doctest::Approx(v[2] - v[0]).epsilon(0.01));
+    CHECK(v[2 * (i + 1) + 1] - v[2 * i + 1] == doctest::Approx(v[3] - v[1]).epsilon(0.01));
+  }
+  CHECK(v[3] < v[1]);  // growing y goes up the page
+  int ticks = 0;
+  for (const auto& t : x.texts) ticks += t == "512" || t == "1024" || t == "2048" || t == "4096" || t == "3";
+  CHECK(ticks == 4);
+  CHECK(svg.find("(log scale)") != std::string::npos);
+  // the dashed reference has the first series' colour (palette 0), in the plot and in the legend
+  CHECK(svg.find("stroke=\"#1f77b4\" stroke-width=\"1.8\" stroke-linejoin=\"round\" stroke-dasharray") !=
+        std::string::npos);
+  CHECK(svg.find("stroke=\"#ff7f0e\"") == std::string::npos);  // no series took the second colour
+}
+
 TEST_CASE("svg: training curves put one chart per metric in one file") {
   TempDir tmp("curves");
   TrainingCurves curves;
