@@ -4,6 +4,7 @@
   1. A PyTorch-initialised twin, saved with safetensors.torch.save_file, loads into attograd's model
      (build/twin_logits) and gives the same logits on a batch.
   2. A checkpoint trained by an attograd app (--checkpoint app=path, e.g. gpt=runs/gpt/checkpoint.safetensors)
+Models: gpt, vit, textclf, and longseq with each attention method.
      loads into the twin with safetensors.torch.load_file (its "model." tensors) and gives the same
      logits as attograd on the same batch.
 Pass: max |difference| <= 1e-4 everywhere. Needs torch and safetensors (scripts/check-twins.sh makes
@@ -24,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402
 
 TOL = 1e-4
-CLASSES = {"gpt": torch_models.GPT, "vit": torch_models.ViT, "textclf": torch_models.TextClassifier}
+CLASSES = {"gpt": torch_models.GPT, "vit": torch_models.ViT, "textclf": torch_models.TextClassifier,
+           "longseq": torch_models.LongSeqClassifier}
 # small configs for part 1 (the keys of apps/<app>/model.h)
 SMALL = {
     "gpt": dict(vocab=40, context=32, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0),
@@ -32,7 +34,26 @@ SMALL = {
                 dropout=0.0),
     "textclf": dict(vocab=300, max_len=64, classes=8, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0,
                     ngram_buckets=97, ngram_min=2, ngram_max=4, ngrams_per_token=6),
+    "longseq": dict(vocab=30, max_len=48, classes=10, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0,
+                    attention="full", window=5, sparse="local-global", block=8, window_blocks=1, global_blocks=1,
+                    stride_blocks=3, k=12, stride=5, grid_h=6, grid_w=8),
 }
+# longseq: one small model per attention method (and both sparse patterns) in part 1
+LONGSEQ_METHODS = [dict(attention=m) for m in ("full", "window", "linformer", "compressed", "axial")] + [
+    dict(attention="sparse", sparse="local-global"), dict(attention="sparse", sparse="strided")]
+
+
+def part1_cases():
+    """(app, config, label) of the PyTorch-initialised twins checked in part 1."""
+    for app, cfg in SMALL.items():
+        if app == "longseq":
+            for m in LONGSEQ_METHODS:
+                label = f"longseq, {m['attention']}" + (f" {m['sparse']}" if "sparse" in m else "")
+                yield app, {**cfg, **m}, label
+        elif app == "textclf":
+            yield app, cfg, f"{app}, n-gram buckets {cfg['ngram_buckets']}"
+        else:
+            yield app, cfg, app
 
 
 def inputs_for(app, cfg, g):
@@ -41,6 +62,12 @@ def inputs_for(app, cfg, g):
     if app == "vit":
         s = cfg["image_size"]
         return {"images": torch.randn(4, cfg["channels"], s, s, generator=g)}
+    if app == "longseq":
+        T = cfg["max_len"]  # axial takes no padding: every sequence fills the grid
+        lengths = torch.tensor([T] * 4) if cfg["attention"] == "axial" else torch.tensor([T, 7, 1, 30])
+        tokens = torch.randint(1, cfg["vocab"], (4, T), generator=g)
+        tokens[torch.arange(T)[None, :] >= lengths[:, None]] = 0
+        return {"tokens": tokens, "lengths": lengths}
     T = min(cfg["max_len"], 20)
     lengths = torch.tensor([T, 7, 1, 12])
     tokens = torch.randint(1, cfg["vocab"], (4, T), generator=g)
@@ -62,6 +89,8 @@ def twin_forward(app, model, inp):
     with torch.no_grad():
         if app == "textclf":
             return model(inp["tokens"], inp["lengths"], inp.get("ngrams"))
+        if app == "longseq":
+            return model(inp["tokens"], inp["lengths"])
         return model(inp["idx"] if app == "gpt" else inp["images"])
 
 
@@ -101,12 +130,11 @@ def main():
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         print(f"torch {torch.__version__}: PyTorch-initialised twins loaded into attograd")
-        for app, cfg in SMALL.items():
+        for app, cfg, label in part1_cases():
             twin = CLASSES[app](**cfg)
             w = os.path.join(tmp, f"{app}.safetensors")
             save_file({k: v.contiguous() for k, v in twin.state_dict().items()}, w)
             inp = inputs_for(app, cfg, g)
-            label = f"{app}, n-gram buckets {cfg['ngram_buckets']}" if app == "textclf" else app
             ok &= compare(f"{label} (twin weights -> attograd)", twin_forward(app, twin, inp),
                           ours(args.binary, app, cfg, w, "", inp, tmp))
         print("attograd checkpoints loaded into the twins")
@@ -119,7 +147,8 @@ def main():
             state = {k[len("model."):]: v for k, v in load_file(path).items() if k.startswith("model.")}
             twin.load_state_dict(state, strict=True)
             inp = inputs_for(app, {**SMALL[app], **cfg}, g)
-            label = f"{app}, n-gram buckets {cfg.get('ngram_buckets', 0)}" if app == "textclf" else app
+            label = {"textclf": f"{app}, n-gram buckets {cfg.get('ngram_buckets', 0)}",
+                     "longseq": f"{app}, {cfg.get('attention')}"}.get(app, app)
             ok &= compare(f"{label} ({os.path.basename(path)} -> twin)", twin_forward(app, twin, inp),
                           ours(args.binary, app, cfg, path, "model.", inp, tmp))
     print("PASS" if ok else "FAIL")

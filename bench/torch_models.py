@@ -1,4 +1,4 @@
-"""PyTorch twins of the sample models in apps/gpt, apps/vit and apps/textclf (model.h), for checks and benchmarks only.
+"""PyTorch twins of the sample models in apps/gpt, apps/vit, apps/textclf and apps/longseq (model.h), for checks and benchmarks only.
 
 Same parameter names, shapes and math as the C++ models, so a state_dict (a safetensors file)
 moves between the two unchanged:
@@ -10,6 +10,10 @@ moves between the two unchanged:
                                                                     key padding by lengths, masked mean;
                                                                     subword n-grams: a word's vector is tok plus
                                                                     the sum of its n-grams' rows
+  LongSeqClassifier embed (padding 0), pos_embed, blocks.i (ln1, attn, ln2, mlp), norm, head
+                                                                    attn by method: qkv/proj (full, window,
+                                                                    sparse), + E/F (linformer), +
+                                                                    compress_k/v (compressed), row/col (axial)
 
 Attention is written out (q k^T / sqrt(hs), mask, softmax, dropout, @ v) so it runs on any
 PyTorch version; with torch >= 2.0 the fused F.scaled_dot_product_attention is used instead
@@ -274,10 +278,13 @@ class _MHA(nn.Module):  # attograd's MultiHeadAttention: qkv (in_proj) and proj 
         self.qkv = nn.Linear(d, 3 * d, bias=bias)
         self.proj = nn.Linear(d, d, bias=bias)
 
-    def forward(self, x, causal):
+    def forward(self, x, causal=False, visible=None):
+        """visible: bool broadcast to (B, H, T, T), True = may attend; a query that sees no key gets 0."""
         B, T, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=2)
-        visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if causal else None
+        if causal:
+            tril = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            visible = tril if visible is None else (visible & tril)
         o = _attend(_heads(q, self.heads), _heads(k, self.heads), _heads(v, self.heads), visible,
                     self.dropout if self.training else 0.0, self.training)
         return self.proj(_merge(o))
@@ -299,3 +306,90 @@ class AxialAttention(nn.Module):
         z = z.reshape(B, Hh, Ww, d).transpose(1, 2).reshape(B * Ww, Hh, d)
         y = self.col(z, self.causal)
         return y.reshape(B, Ww, Hh, d).transpose(1, 2).reshape(B, Hh * Ww, d)
+
+
+# ---- apps/longseq: the long-sequence classifier, one attention method per model ---------------
+
+
+def longseq_pattern(method, T, window=64, sparse="local-global", block=32, window_blocks=1, global_blocks=1,
+                    stride_blocks=4, device=None):
+    """The (T, T) bool pattern of window or sparse attention (True = may attend; apps/longseq's
+    SdpaOptions::window and nn/sparse_patterns.h), None for the other methods."""
+    i = torch.arange(T, device=device)
+    if method == "window":
+        return (i[:, None] - i[None, :]).abs() <= window
+    if method != "sparse":
+        return None
+    n = (T + block - 1) // block
+    a, c = torch.arange(n, device=device)[:, None], torch.arange(n, device=device)[None, :]
+    if sparse == "strided":
+        kept = ((a - c).abs() < stride_blocks) | ((a - c) % stride_blocks == 0)
+    else:
+        kept = ((a - c).abs() <= window_blocks) | (a < global_blocks) | (c < global_blocks)
+    blocks = i // block
+    return kept[blocks[:, None], blocks[None, :]]
+
+
+class LongSeqBlock(nn.Module):
+    """pre-LN: h += attn(ln1(h)); h += mlp(ln2(h)), attn chosen by the method (apps/longseq/model.h)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d, H, p, m = cfg["d_model"], cfg["n_heads"], cfg["dropout"], cfg["attention"]
+        self.cfg = cfg
+        self.ln1 = nn.LayerNorm(d)
+        if m == "linformer":
+            self.attn = LinformerAttention(d, H, cfg["max_len"], cfg["k"], p)
+        elif m == "compressed":
+            self.attn = MemoryCompressedAttention(d, H, cfg["stride"], p)
+        elif m == "axial":
+            self.attn = AxialAttention(d, H, cfg["grid_h"], cfg["grid_w"], False, p)
+        else:
+            self.attn = _MHA(d, H, p, True)
+        self.ln2, self.mlp = nn.LayerNorm(d), MLP(d, cfg["mlp_hidden"], p)
+
+    def forward(self, h, padded):
+        """padded: (B, T) bool, True = a padding position (its key is hidden), or None."""
+        m, x = self.cfg["attention"], self.ln1(h)
+        if m in ("linformer", "compressed"):
+            a = self.attn(x, key_padding_mask=padded)
+        elif m == "axial":
+            a = self.attn(x)
+        else:
+            keys = None if padded is None else ~padded[:, None, None, :]
+            pattern = longseq_pattern(m, h.shape[1], self.cfg["window"], self.cfg["sparse"], self.cfg["block"],
+                                      self.cfg["window_blocks"], self.cfg["global_blocks"], self.cfg["stride_blocks"],
+                                      h.device)
+            visible = keys if pattern is None else (pattern if keys is None else keys & pattern)
+            a = self.attn(x, visible=visible)
+        h = h + a
+        return h + self.mlp(self.ln2(h))
+
+
+class LongSeqClassifier(nn.Module):
+    """embed (padding 0) + pos_embed, blocks.i, mean over the valid tokens, norm, head."""
+
+    def __init__(self, vocab=257, max_len=784, classes=10, d_model=64, n_heads=4, n_layers=2, mlp_hidden=128,
+                 dropout=0.0, attention="full", window=64, sparse="local-global", block=32, window_blocks=1,
+                 global_blocks=1, stride_blocks=4, k=128, stride=4, grid_h=0, grid_w=0):
+        super().__init__()
+        cfg = dict(max_len=max_len, d_model=d_model, n_heads=n_heads, mlp_hidden=mlp_hidden, dropout=dropout,
+                   attention=attention, window=window, sparse=sparse, block=block, window_blocks=window_blocks,
+                   global_blocks=global_blocks, stride_blocks=stride_blocks, k=k, stride=stride, grid_h=grid_h,
+                   grid_w=grid_w)
+        self.embed = nn.Embedding(vocab, d_model, padding_idx=0)
+        self.pos_embed = nn.Parameter(torch.randn(1, max_len, d_model) * 0.02)
+        self.blocks = nn.ModuleList(LongSeqBlock(cfg) for _ in range(n_layers))
+        self.norm, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, classes)
+
+    def forward(self, tokens, lengths=None):
+        B, T = tokens.shape
+        padded = None if lengths is None else torch.arange(T, device=tokens.device)[None, :] >= lengths[:, None]
+        h = self.embed(tokens) + self.pos_embed[:, :T]
+        for block in self.blocks:
+            h = block(h, padded)
+        if padded is None:
+            pooled = h.mean(1)
+        else:
+            pooled = (h * (~padded)[:, :, None].to(h.dtype)).sum(1) / lengths[:, None].to(h.dtype)
+        return self.head(self.norm(pooled))

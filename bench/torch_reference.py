@@ -338,19 +338,11 @@ def longseq_layer(args):
         m = torch_models.AxialAttention(d, heads, h, w)
         return m, m
     m = torch_models.Attention(d, heads, 0.0)
-    i = torch.arange(T)
     mask = None  # True = may attend, dense (T, T)
-    if args.method == "window":
-        mask = (i[:, None] - i[None, :]).abs() <= args.window
-    elif args.method in ("sparse", "strided"):
-        n = (T + args.block - 1) // args.block
-        a, c = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        if args.method == "sparse":  # nn::local_global_block_mask
-            kept = ((a - c).abs() <= args.window_blocks) | (a < args.global_blocks) | (c < args.global_blocks)
-        else:  # nn::strided_block_mask
-            kept = ((a - c).abs() < args.stride_blocks) | ((a - c) % args.stride_blocks == 0)
-        blocks = i // args.block
-        mask = kept[blocks[:, None], blocks[None, :]]
+    if args.method in ("window", "sparse", "strided"):
+        mask = torch_models.longseq_pattern("window" if args.method == "window" else "sparse", T, args.window,
+                                            "strided" if args.method == "strided" else "local-global", args.block,
+                                            args.window_blocks, args.global_blocks, args.stride_blocks)
     elif args.method == "materialised":
         m.use_sdpa = False  # q k^T, softmax and @ v as separate ops, every intermediate stored
     elif args.method != "full":
