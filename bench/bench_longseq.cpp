@@ -9,8 +9,8 @@
 //
 // The methods, with apps/longseq's default settings (LongSeqConfig) unless said otherwise:
 //   full            nn::MultiHeadAttention, the fused tiled kernel (O(T) memory, T^2 time)
-//   materialised    the same parameters, attention written with ops: matmul, softmax, matmul (the
-//                   T x T scores and weights are stored: O(T^2) memory); only up to
+//   materialised    the same on the composed path of scaled_dot_product_attention (need_weights):
+//                   matmul, softmax, matmul, the T x T scores and weights stored (O(T^2) memory); only up to
 //                   --max-materialised-T, which bounds its memory (about 4 B H T^2 x 4 bytes)
 //   window          the fused kernel with SdpaOptions::window = 64 (keys within +-64)
 //   sparse          a local-global block mask (blocks of 32, a band of +-1 block, 1 global block)
@@ -127,19 +127,9 @@ Layer make_layer(const std::string& method, const LayerShape& s, Generator* gen)
       l.settings = fmt::format("block {}, stride_blocks {}", cfg.block, stride);
       l.torch_args = {"--block", std::to_string(cfg.block), "--stride-blocks", std::to_string(stride)};
     }
+    if (method == "materialised") o.need_weights = true;  // the composed path: T x T scores and weights stored
     l.module = m;
-    if (method == "materialised") {
-      // softmax(q k^T / sqrt(hs)) v with every intermediate stored, on the module's own parameters
-      l.forward = [m, s](const Tensor& x) {
-        const int64_t hs = s.d / s.H;
-        const Tensor qkv = m->qkv->forward(x).reshape({s.B, s.T, 3, s.H, hs}).permute({2, 0, 3, 1, 4});
-        const Tensor q = qkv.select(0, 0), k = qkv.select(0, 1), v = qkv.select(0, 2);
-        const Tensor w = softmax(mul(matmul(q, k.mT()), 1.0 / std::sqrt(double(hs))), -1);
-        return m->proj->forward(matmul(w, v).permute({0, 2, 1, 3}).reshape({s.B, s.T, s.d}));
-      };
-    } else {
-      l.forward = [m, o](const Tensor& x) { return m->forward(x, o).out; };
-    }
+    l.forward = [m, o](const Tensor& x) { return m->forward(x, o).out; };
   }
   return l;
 }

@@ -7,7 +7,8 @@
 // --attention full | window (--window w) | sparse (--sparse local-global | strided, --block,
 // --window-blocks, --global-blocks, --stride-blocks) | linformer (--k) | compressed (--stride) | axial (the
 // pixels' grid, or a passage folded into rows of --axial-width bytes; not for ListOps, whose
-// expressions vary in length).
+// expressions vary in length). --materialise computes full, window or sparse attention as
+// matmul-softmax-matmul, the T x T weights stored, to compare its memory with the fused kernel's.
 // The model (apps/longseq/model.h): token + learned position embeddings, --layers pre-LN blocks,
 // mean pooling over the valid tokens, a linear head. The run holds out a validation split from
 // the training data, evaluates on it during training and reports the test split at the end.
@@ -53,16 +54,17 @@ int64_t axial_width_for(int64_t n) {
 }
 
 std::string method_text(const LongSeqConfig& c) {
-  if (c.attention == "window") return fmt::format(" (+-{} tokens)", c.window);
+  std::string s;
+  if (c.attention == "window") s = fmt::format(" (+-{} tokens)", c.window);
   if (c.attention == "sparse" && c.sparse == "strided")
-    return fmt::format(" (strided, blocks of {}, stride {} blocks)", c.block, c.stride_blocks);
-  if (c.attention == "sparse")
-    return fmt::format(" (local-global, blocks of {}, +-{} blocks, {} global)", c.block, c.window_blocks,
-                       c.global_blocks);
-  if (c.attention == "linformer") return fmt::format(" (k {})", c.k);
-  if (c.attention == "compressed") return fmt::format(" (stride {})", c.stride);
-  if (c.attention == "axial") return fmt::format(" ({} x {} grid)", c.grid_h, c.grid_w);
-  return "";
+    s = fmt::format(" (strided, blocks of {}, stride {} blocks)", c.block, c.stride_blocks);
+  else if (c.attention == "sparse")
+    s = fmt::format(" (local-global, blocks of {}, +-{} blocks, {} global)", c.block, c.window_blocks,
+                    c.global_blocks);
+  if (c.attention == "linformer") s = fmt::format(" (k {})", c.k);
+  if (c.attention == "compressed") s = fmt::format(" (stride {})", c.stride);
+  if (c.attention == "axial") s = fmt::format(" ({} x {} grid)", c.grid_h, c.grid_w);
+  return c.materialise ? s + ", materialised (T x T weights stored)" : s;
 }
 
 nlohmann::json run_config(const LongSeqConfig& m, const TaskOptions& t) {
@@ -252,6 +254,9 @@ int main(int argc, char** argv) {
   cli.add_option("--stride-blocks", cfg.stride_blocks, "--sparse strided: the stride in blocks")
       ->capture_default_str()
       ->check(positive());
+  cli.add_flag("--materialise", cfg.materialise,
+               "--attention full, window or sparse: compute it as matmul, softmax, matmul, storing the T x T weights "
+               "(the same function as the fused kernel, O(T^2) memory: to measure what fusing saves)");
   cli.add_option("--k", cfg.k, "--attention linformer: the projected length of keys and values")
       ->capture_default_str()
       ->check(positive());
@@ -304,6 +309,8 @@ int main(int argc, char** argv) {
     t.data_dir = o.data_dir;
     usage_check(cfg.d_model % cfg.n_heads == 0, "longseq: --heads {} does not divide --d-model {}", cfg.n_heads,
                 cfg.d_model);
+    usage_check(!cfg.materialise || cfg.attention == "full" || cfg.attention == "window" || cfg.attention == "sparse",
+                "longseq: --materialise applies to --attention full, window or sparse, not {}", cfg.attention);
     usage_check(cfg.attention != "axial" || t.task != "listops",
                 "longseq: --attention axial needs sequences that fill a grid; ListOps expressions vary in length");
     usage_check(cfg.attention != "axial" || t.task != "text" || a.axial_width == 0 || t.passage % a.axial_width == 0,

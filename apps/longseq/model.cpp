@@ -33,6 +33,8 @@ void check_config(const LongSeqConfig& c) {
         "longseq: sparse block {} and stride_blocks {} must be >= 1, window_blocks {} and global_blocks {} >= 0",
         c.block, c.stride_blocks, c.window_blocks, c.global_blocks);
   check(c.k >= 1 && c.stride >= 1, "longseq: k {} and stride {} must be at least 1", c.k, c.stride);
+  check(!c.materialise || c.attention == "full" || c.attention == "window" || c.attention == "sparse",
+        "longseq: materialise applies to full, window and sparse attention, not to '{}'", c.attention);
   if (c.attention == "axial")
     check(c.grid_h >= 1 && c.grid_w >= 1 && c.grid_h * c.grid_w == c.max_len,
           "longseq: axial attention needs a grid of max_len = {} tokens, got grid_h {} x grid_w {}", c.max_len,
@@ -71,7 +73,7 @@ Tensor LongSeqBlock::forward(const Tensor& x, const Tensor& lengths) {
   nn::ModuleScope scope(this);
   nn::AttentionOptions o;
   o.key_padding_lengths = lengths;
-  o.need_weights = need_weights;
+  o.need_weights = need_weights || cfg.materialise;  // the composed path, weights and all
   if (cfg.attention == "window") o.window = cfg.window;
   if (cfg.attention == "sparse") o.block_mask = block_mask(x.size(1), x.device()), o.block_size = cfg.block;
   const Tensor xn = ln1->forward(x);

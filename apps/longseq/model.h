@@ -20,6 +20,10 @@
 //               (O(T k) time and memory)
 //   compressed  nn::MemoryCompressedAttention: keys and values compressed by a Linear over blocks of
 //               `stride` positions, full attention over the T / stride compressed keys
+//   (materialise: full, window and sparse computed on the composed path of
+//   scaled_dot_product_attention, matmul-softmax-matmul, which stores the (B, H, T, T) scores and
+//   weights, as the articles' "full attention" does; the same function, O(T^2) memory: to measure
+//   what the fused kernel saves)
 //   axial       nn::AxialAttention over the grid_h x grid_w grid of the sequence: along the rows,
 //               then along the columns (O(T (grid_h + grid_w)) time). Needs sequences of exactly
 //               grid_h x grid_w tokens: the pixels' own grid, or a 1-D sequence folded into rows.
@@ -54,13 +58,15 @@ struct LongSeqConfig {
   int64_t k = 128;       // linformer: the projected length
   int64_t stride = 4;    // compressed: positions per compressed key
   int64_t grid_h = 0, grid_w = 0;  // axial: the grid (grid_h * grid_w = max_len)
+  bool materialise = false;        // full, window, sparse: the composed path (T x T weights stored)
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LongSeqConfig, vocab, max_len, classes, d_model, n_heads, n_layers,
                                                 mlp_hidden, dropout, attention, window, sparse, block, window_blocks,
-                                                global_blocks, stride_blocks, k, stride, grid_h, grid_w)
+                                                global_blocks, stride_blocks, k, stride, grid_h, grid_w, materialise)
 // The checks of a config: ag::Error naming the field and value (a size below 1, heads not dividing
 // d_model, an unknown attention method or sparse pattern, window, window_blocks or global_blocks
-// < 0, block, stride_blocks, k or stride < 1, an axial grid that does not hold max_len tokens).
+// < 0, block, stride_blocks, k or stride < 1, an axial grid that does not hold max_len tokens,
+// materialise with linformer, compressed or axial).
 void check_config(const LongSeqConfig& c);
 
 struct LongSeqBlock : nn::Module {

@@ -222,6 +222,41 @@ TEST_CASE("longseq: linformer and compressed attention ignore padding too, and a
   AG_CHECK_ERROR(axial.forward(from_vector<int64_t>(tok, {2, 12}), lengths), "axial attention takes no padding");
 }
 
+TEST_CASE("longseq: materialised attention is the fused function, holding the T x T weights") {
+  LongSeqConfig c;
+  c.vocab = 20, c.max_len = 64, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
+  c.block = 8, c.window_blocks = 1, c.global_blocks = 1;
+  const int64_t B = 2, T = 64;
+  const Tensor lengths = from_vector<int64_t>({40, 64}, {2});
+  std::vector<int64_t> tok(size_t(B * T));
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = int64_t(1 + (i * 7) % 19);
+  const Tensor tokens = from_vector<int64_t>(tok, {B, T});
+  for (const char* method : {"full", "window", "sparse"}) {
+    INFO(method);
+    c.attention = method, c.window = 5;
+    // logits, the gradient of the first qkv weight, and the peak bytes of forward + backward
+    auto run = [&](bool materialise) {
+      c.materialise = materialise;
+      Generator gen(8);
+      LongSeqClassifier model(c, &gen);
+      const uint64_t base = alloc_stats(Device::cpu()).bytes_in_use;
+      reset_peak_bytes(Device::cpu());
+      const Tensor logits = model.forward(tokens, lengths);
+      sum(logits * logits).backward();
+      const double peak = double(alloc_stats(Device::cpu()).peak_bytes_in_use - base);
+      return std::tuple{logits.detach(), (*model.blocks)[0].attn->qkv->weight.grad(), peak};
+    };
+    const auto [fused_logits, fused_grad, fused_peak] = run(false);
+    const auto [mat_logits, mat_grad, mat_peak] = run(true);
+    check_close(mat_logits, fused_logits, 1e-5, 1e-5);
+    check_close(mat_grad, fused_grad, 1e-5, 1e-4);
+    // at least one (B, H, T, T) f32 tensor per layer more: 32 KiB each here
+    CHECK(mat_peak - fused_peak >= double(c.n_layers * B * c.n_heads * T * T * 4));
+  }
+  c.attention = "linformer", c.materialise = true;
+  AG_CHECK_ERROR(LongSeqClassifier(c), "materialise applies to full, window and sparse attention, not to 'linformer'");
+}
+
 TEST_CASE("longseq: the command line is checked before any data is read") {
   TaskOptions ok;
   CHECK_NOTHROW(validate_task_options(ok));
