@@ -346,7 +346,10 @@ int main(int argc, char** argv) {
   for (const auto& m : methods)
     for (int64_t T : Ts) {
       if (m == "materialised" && T > max_materialised) continue;
-      if (m == "axial" && axial_grid(T).first == 0) continue;
+      if (m == "axial" && axial_grid(T).first == 0) {
+        fmt::print("{:<15} {:>6}  skipped: axial needs T = w^2 or 2 w^2\n", m, T);
+        continue;
+      }
       const LayerShape s{B, T, d, H};
       Point p;
       try {
