@@ -374,7 +374,7 @@ int main(int argc, char** argv) {
                                          "--reps",    std::to_string(p.reps),
                                          "--warmup",  "1"};
         args.insert(args.end(), p.torch_args.begin(), p.torch_args.end());
-        const auto t = bench::torch_reference(torch_script, "longseq", args, {m}, torch_env.prefix);
+        const auto t = bench::torch_reference(torch_script, "longseq", args, {m}, torch_env.prefix, python);
         if (t) {
           const json& r = (*t)["results"][m];
           const std::string side = "torch " + (*t)["torch"].get<std::string>();

@@ -127,13 +127,15 @@ inline TorchEnv torch_fastest_env() {
 
 // The PyTorch side of one benchmark: `python script <subcommand> --json <args>`, parsed from the
 // last line of its output, which must hold results[v].ms and results[v].peak_rss_mb for every
-// variant v; env_prefix (e.g. torch_fastest_env().prefix) goes before the command. nullopt (after printing why, visibly) when torch or the script is missing or the run
+// variant v; env_prefix (e.g. torch_fastest_env().prefix) goes before the command. python: the
+// interpreter, when the caller found it already (empty: find_torch_python, which imports torch once). nullopt (after printing why, visibly) when torch or the script is missing or the run
 // failed; the benchmark then prints its own numbers alone and still exits 0.
 inline std::optional<nlohmann::json> torch_reference(const std::string& script, const std::string& subcommand,
                                                      const std::vector<std::string>& args,
                                                      const std::vector<std::string>& variants,
-                                                     const std::string& env_prefix = "") {
-  const std::string python = find_torch_python();
+                                                     const std::string& env_prefix = "",
+                                                     std::string python = "") {
+  if (python.empty()) python = find_torch_python();
   if (python.empty()) {
     fmt::print("PyTorch: not found (set ATTOGRAD_PYTHON to a Python that has torch)\n");
     return std::nullopt;

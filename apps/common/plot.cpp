@@ -187,8 +187,10 @@ std::string svg_line_chart(const LineChart& chart) {
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left, top,
                      pw, ph);
 
+  // the label of a tick at value v on a log axis, or of a tick the chart asked for
+  const auto value_label = [](double v) { return v >= 1e5 ? format_count(v) : fmt::format("{:g}", v); };
   // ticks: (axis position, label); decades (and 2, 5 between them when the range is short) on a log axis
-  const auto ticks = [](double lo, double hi, bool log) {
+  const auto ticks = [&](double lo, double hi, bool log) {
     std::vector<std::pair<double, std::string>> t;
     if (log) {
       const int e0 = int(std::floor(lo)), e1 = int(std::ceil(hi));
@@ -197,7 +199,7 @@ std::string svg_line_chart(const LineChart& chart) {
         for (double m : {1.0, 2.0, 5.0}) {
           if (m != 1 && !fine) continue;
           const double v = m * std::pow(10.0, e), p = std::log10(v);
-          if (p >= lo && p <= hi) t.emplace_back(p, v >= 1e5 ? format_count(v) : fmt::format("{:g}", v));
+          if (p >= lo && p <= hi) t.emplace_back(p, value_label(v));
         }
       if (t.size() >= 2) return t;
       t.clear();  // less than a factor of 2 in range: linear ticks of the values
@@ -218,7 +220,7 @@ std::string svg_line_chart(const LineChart& chart) {
     for (double v : chart.x_ticks) {
       if (!std::isfinite(v) || (chart.log_x && v <= 0)) continue;
       const double p = chart.log_x ? std::log10(v) : v;
-      if (p >= xlo && p <= xhi) xt.emplace_back(p, v >= 1e5 ? format_count(v) : fmt::format("{:g}", v));
+      if (p >= xlo && p <= xhi) xt.emplace_back(p, value_label(v));
     }
   }
   for (const auto& [p, label] : xt) {
