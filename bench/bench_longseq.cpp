@@ -283,17 +283,17 @@ int main(int argc, char** argv) {
   int threads = 0;
   bool no_torch = false;
   std::string out_dir, plot_only, svg_path, script;
-  cli.add_option("--T", Ts, "sequence lengths")->delimiter(',')->check(CLI::PositiveNumber)->capture_default_str();
+  cli.add_option("--T", Ts, "sequence lengths")->delimiter(',')->check(apps::positive())->capture_default_str();
   cli.add_option("--methods", methods, fmt::format("all, or some of: {}", fmt::join(kMethods, ", ")))
       ->delimiter(',')
       ->capture_default_str();
-  cli.add_option("--d", d, "model width")->check(CLI::PositiveNumber)->capture_default_str();
-  cli.add_option("--heads", H, "heads (divides --d)")->check(CLI::PositiveNumber)->capture_default_str();
-  cli.add_option("--batch", B, "batch")->check(CLI::PositiveNumber)->capture_default_str();
+  cli.add_option("--d", d, "model width")->check(apps::positive())->capture_default_str();
+  cli.add_option("--heads", H, "heads (divides --d)")->check(apps::positive())->capture_default_str();
+  cli.add_option("--batch", B, "batch")->check(apps::positive())->capture_default_str();
   cli.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(apps::positive());
   cli.add_option("--max-materialised-T", max_materialised, "the longest T of the materialised method")
-      ->check(CLI::PositiveNumber)
+      ->check(apps::positive())
       ->capture_default_str();
   cli.add_flag("--no-torch", no_torch, "attograd only");
   cli.add_option("--script", script, "bench/torch_reference.py (default: found next to this source)");
