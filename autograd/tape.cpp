@@ -216,7 +216,7 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn) {
+void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn, double kept) {
   auto node = std::make_shared<Node>();
   node->op = op;
   node->seq = g_next_seq++;
@@ -239,6 +239,7 @@ void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out,
   r.out_shape = out.shape();
   r.out_dtype = out.dtype();
   r.out_device = out.device();
+  r.kept = kept;
   if (anomaly_enabled()) {  // already off the common path: a node is being made
     node->debug.site_op = g_site_op ? g_site_op : op;
     node->debug.site = g_site_op ? g_site : Site();

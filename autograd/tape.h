@@ -84,6 +84,10 @@ struct Node {
     DType out_dtype;
     Device out_device;
     Version out_version;
+    // the fraction of the work its shapes imply that the op does: the (query, key) pairs a sparse
+    // attention pattern keeps (a window, a block mask) over Tq x Tk; 1 for every other op. The
+    // FLOP count of nn/summary.h scales by it.
+    double kept = 1;
   } recorded;
 
   // ---- debugging aids, filled only when they are on (print_graph shows them) ---------------
@@ -199,13 +203,14 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // needs a gradient, so ops call it unconditionally; `fn` should capture saved tensors by value,
 // and a saved output through out.detach() (a node must not own its own output). Every op passes
 // through here, so it is also where anomaly mode checks each output.
-void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn);
+// `kept` becomes Node::Recorded::kept.
+void record_node(const char* op, const std::vector<Tensor>& inputs, Tensor& out, BackwardFn fn, double kept = 1);
 template <class F>
 void record(const char* op, const std::vector<Tensor>& inputs, Tensor& out, F&& fn,
-            OutputCheck what = OutputCheck::finite) {
+            OutputCheck what = OutputCheck::finite, double kept = 1) {
   if (anomaly_enabled() && what != OutputCheck::none) [[unlikely]]
     check_output(op, inputs, out, what);
-  if (needs_grad(inputs)) record_node(op, inputs, out, BackwardFn(std::forward<F>(fn)));
+  if (needs_grad(inputs)) record_node(op, inputs, out, BackwardFn(std::forward<F>(fn)), kept);
 }
 
 // Runs the tape backward from `root`; see Tensor::backward.

@@ -20,7 +20,7 @@ namespace ag::nn {
 
 // ---- FLOPs: the one place the convention lives ----------------------------------------------
 
-double op_flops(std::string_view op, const std::vector<Shape>& in, const Shape& out, bool* counted) {
+double op_flops(std::string_view op, const std::vector<Shape>& in, const Shape& out, bool* counted, double kept) {
   static const std::unordered_set<std::string_view> pointwise = {
       "add", "sub", "mul", "div", "neg", "pow", "maximum", "minimum", "where", "masked_fill", "clamp", "abs",
       "relu", "gelu", "silu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "dropout"};
@@ -34,9 +34,9 @@ double op_flops(std::string_view op, const std::vector<Shape>& in, const Shape& 
   if (op == "linear" && in.size() >= 2 && in[1].size() == 2) return 2.0 * double(in[1][1]) * n;  // w (out, in)
   if (op == "matmul" && !in.empty() && !in[0].empty()) return 2.0 * double(in[0][in[0].size() - 1]) * n;
   if (op == "scaled_dot_product_attention" && in.size() == 3 && in[0].size() == 4) {
-    // q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv): S = q k^T, then P v
+    // q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv): S = q k^T, then P v, over the kept pairs
     const Shape &q = in[0], &k = in[1], &v = in[2];
-    return 2.0 * double(q[0] * q[1] * q[2] * k[2]) * double(q[3] + v[3]);
+    return 2.0 * double(q[0] * q[1]) * (kept * double(q[2] * k[2])) * double(q[3] + v[3]);
   }
   if (pointwise.count(op)) return n;
   if (reductions.count(op)) return numel(0);
@@ -76,7 +76,7 @@ class ModuleProfiler {
   void on_record(const Node& node, const Tensor& out) {
     const size_t row = current_row();
     bool counted = false;
-    self_flops[row] += op_flops(node.op, node.recorded.in_shapes, node.recorded.out_shape, &counted);
+    self_flops[row] += op_flops(node.op, node.recorded.in_shapes, node.recorded.out_shape, &counted, node.recorded.kept);
     if (!counted) uncounted.insert(node.op);
     const std::shared_ptr<Storage>& st = out.impl().storage;
     if (!st) return;

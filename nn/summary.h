@@ -15,8 +15,12 @@
 // FLOPs (forward, one call; op_flops below is the whole convention, in one function):
 //   linear, matmul                 2 K numel(out)       a multiply and an add per term; a bias is
 //                                                       not counted
-//   scaled_dot_product_attention   2 B H Tq Tk (D + Dv) q k^T and p v over the full Tq x Tk,
-//                                                       masked entries included; its softmax not
+//   scaled_dot_product_attention   2 B H P (D + Dv)     q k^T and p v over the P (query, key)
+//                                                       pairs its pattern keeps: P = Tq Tk, or
+//                                                       fewer with a window or a block mask (the
+//                                                       kernels skip the rest; Node::Recorded::
+//                                                       kept = P / (Tq Tk)); causal and padding
+//                                                       masks count in full; its softmax not
 //   pointwise ops (add, mul, gelu, where, dropout, ...)      numel(out)
 //   reductions (sum, max, var)     numel(input)
 //   softmax, log_softmax           5 numel(out)         max, subtract, exp, sum, divide
@@ -47,8 +51,9 @@ namespace ag::nn {
 
 // Forward FLOPs of one recorded op from its name and shapes, by the convention above. `counted`
 // (when not null) is set to whether the op is in the convention (false: unknown, 0 returned).
+// `kept` is the node's Recorded::kept: the fraction of an attention's Tq x Tk pairs it computes.
 double op_flops(std::string_view op, const std::vector<Shape>& in_shapes, const Shape& out_shape,
-                bool* counted = nullptr);
+                bool* counted = nullptr, double kept = 1);
 
 struct ModuleStats {
   std::string name;          // dotted path, "" for the root

@@ -1,6 +1,7 @@
 // scaled_dot_product_attention: checks, the fused kernel (core/cpu/attention.cpp) and, when the
 // weights are asked for, the path composed from ops that materialises them (also the test
 // oracle of the fused kernel). Math: autograd/ops.h.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -31,6 +32,30 @@ Tensor visibility(const SdpaOptions& o, int64_t B, int64_t Tq, int64_t Tk, const
     for (int64_t i = 0; i < Tq; ++i)
       for (int64_t j = 0; j < Tk; ++j) out[(b * Tq + i) * Tk + j] = visible(rule, b, i, j);
   return vis;
+}
+
+// The fraction of the Tq x Tk (query, key) pairs that a window and a block mask keep, the work the
+// kernels do (the FLOP count of nn/summary.h scales by it; causal and padding masks, which depend
+// on the batch element or halve the plane, count in full by its convention). 1 without either.
+double kept_pairs(const SdpaOptions& o, int64_t Tq, int64_t Tk, const Tensor& blocks) {
+  if (o.window < 0 && !blocks.defined()) return 1;
+  const Tensor bm = blocks.defined() ? blocks.to(Device::cpu()).contiguous() : Tensor();
+  const Visibility rule{Tq, Tk, false, o.window, nullptr, nullptr, bm.defined() ? bm.data<bool>() : nullptr,
+                        bm.defined() ? bm.size(1) : 0, bm.defined() ? o.block_size : 1};
+  const int64_t bs = rule.block_size;
+  double pairs = 0;
+  for (int64_t i = 0; i < Tq; ++i) {
+    const KeyRange r = key_range(rule, 0, i);
+    if (r.empty()) continue;
+    if (!rule.block_mask) {
+      pairs += double(r.hi - r.lo);
+      continue;
+    }
+    for (int64_t c = r.lo / bs; c <= (r.hi - 1) / bs; ++c)  // the kept blocks' part of the range
+      if (rule.block_mask[(i / bs) * rule.block_cols + c])
+        pairs += double(std::min(r.hi, (c + 1) * bs) - std::max(r.lo, c * bs));
+  }
+  return Tq > 0 && Tk > 0 ? pairs / (double(Tq) * double(Tk)) : 1;
 }
 
 // The composed path: S = scale Q K^T, masked, softmax, dropout, @ V. A row with no visible key is
@@ -141,7 +166,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
              qc.data<T>(), kc.data<T>(), vc.data<T>(), o_.data<T>(), lse.data<T>(), g);
     });
     return std::vector{dq, dk, dv};
-  });
+  }, OutputCheck::finite, needs_grad({q, k, v}) ? kept_pairs(o, Tq, Tk, blocks) : 1);
   return {out, Tensor()};
 }
 

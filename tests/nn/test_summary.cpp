@@ -146,3 +146,39 @@ TEST_CASE("summary: the FLOP convention of op_flops") {
   CHECK(nn::op_flops("checkpoint", {{2, 6}}, {2, 6}, &counted) == 0);
   CHECK(!counted);
 }
+
+// A window or a block mask keeps a part of the Tq x Tk plane and the kernels skip the rest, so the
+// recorded node says which part (Node::Recorded::kept) and op_flops counts only that. Hand counts
+// on T 8: window 1 keeps the band |i - j| <= 1, 8 * 3 - 2 = 22 pairs; the block-diagonal mask of
+// 4 x 4 blocks keeps 2 * 16 = 32; both keep the band inside each diagonal block, 2 * (4 + 3 + 3) = 20.
+// A causal mask counts in full by the convention, also beside a window.
+TEST_CASE("summary: attention FLOPs count the pairs a window or a block mask keeps") {
+  Tensor q = randn({2, 3, 8, 4});
+  q.set_requires_grad();
+  const Tensor k = randn({2, 3, 8, 4}), v = randn({2, 3, 8, 5});
+  double kept = -1;
+  const RecordHook before = set_record_hook([&](const Node& n, const Tensor&) {
+    if (std::string(n.op) == "scaled_dot_product_attention") kept = n.recorded.kept;
+  });
+  auto kept_by = [&](SdpaOptions o) {
+    kept = -1;
+    (void)scaled_dot_product_attention(q, k, v, o);
+    return kept;
+  };
+  SdpaOptions plain, band, blocks, both, causal_band;
+  band.window = 1;
+  Tensor diag = zeros({2, 2}, DType::b8);
+  diag.data<bool>()[0] = diag.data<bool>()[3] = true;
+  blocks.block_mask = diag, blocks.block_size = 4;
+  both = blocks, both.window = 1;
+  causal_band = band, causal_band.causal = true;
+  CHECK(kept_by(plain) == 1);
+  CHECK(kept_by(band) == doctest::Approx(22.0 / 64));
+  CHECK(kept_by(blocks) == doctest::Approx(32.0 / 64));
+  CHECK(kept_by(both) == doctest::Approx(20.0 / 64));
+  CHECK(kept_by(causal_band) == doctest::Approx(22.0 / 64));
+  set_record_hook(before);
+  // q k^T and p v: 2 B H P (D + Dv) with P = 22 pairs
+  CHECK(nn::op_flops("scaled_dot_product_attention", {q.shape(), k.shape(), v.shape()}, {2, 3, 8, 5}, nullptr,
+                     22.0 / 64) == doctest::Approx(2.0 * 2 * 3 * 22 * (4 + 5)));
+}
