@@ -531,7 +531,10 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 //            dropout mask M (without dropout: P~ = P, dP = dO V^T)
 //            dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q
 //   shapes:  q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv] -> out [B, H, Tq, dv]
-//            (and weights P [B, H, Tq, Tk] with return_weights)
+//            (and weights P [B, H, Tq, Tk] with return_weights). With enable_gqa (grouped-query
+//            attention, PyTorch's name) k and v may have Hkv heads, Hkv dividing H: query head h
+//            reads key/value head h / (H / Hkv), as if each were repeated H / Hkv times
+//            (repeat_interleave), and dK, dV sum over the query heads of each group
 //   saves:   fused: q, k, v, out, the masks and lse_i = log sum_j e^S_ij (one number per row);
 //            composed: what its matmul, softmax and dropout save, P included
 //   note:    fused (default): online softmax over key tiles; backward rebuilds P tile by tile from
@@ -552,6 +555,7 @@ struct SdpaOptions {
   bool return_weights = false;
   Tensor block_mask;           // b8 [ceil(Tq/bs), ceil(Tk/bs)]: true = block kept; on the cpu or q's device
   int64_t block_size = 0;      // bs >= 1 with block_mask: query i, key j lie in block (i / bs, j / bs)
+  bool enable_gqa = false;     // k and v may have fewer heads Hkv dividing H (grouped-query attention)
 };
 struct SdpaResult {
   Tensor out;      // [B, H, Tq, dv]

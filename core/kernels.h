@@ -100,6 +100,10 @@ struct Strides {
 // attention: the problem one call solves
 struct AttentionGeom {
   int64_t BH = 0, H = 1, Tq = 0, Tk = 0, D = 0, Dv = 0;
+  // query heads per key/value head (grouped-query attention): q has H heads, k and v have H / G,
+  // and query head h reads key/value head h / G. 1: as many key/value heads as query heads. The
+  // gradients dk and dv are still written per query head, (BH, Tk, D): the caller sums each group.
+  int64_t G = 1;
   Strides q, k, v;
   double scale = 1;             // usually 1 / sqrt(D)
   bool causal = false;          // query i sees keys <= i + (Tk - Tq) (bottom-right aligned)

@@ -1,10 +1,12 @@
 // Fused scaled dot-product attention on the GPU (core/kernels/attention.h). Math: autograd/ops.h
 // (scaled_dot_product_attention); derivation: docs/math/attention.md.
 //
-//   q (BH, Tq, D), k (BH, Tk, D), v (BH, Tk, Dv), out/dout (BH, Tq, Dv), lse (BH, Tq)
+//   q (BH, Tq, D), k (B H/G, Tk, D), v (B H/G, Tk, Dv), out/dout (BH, Tq, Dv), lse (BH, Tq)
 //   dq (BH, Tq, D), dk (BH, Tk, D), dv (BH, Tk, Dv); lengths (B), key_mask (B, Tk)
-//   BH = batch * heads, b = bh / H. out, dout, lse and the gradients are contiguous; q, k, v are
-//   read through their (b, h, t) strides with unit stride along D, as on the CPU.
+//   BH = batch * heads, b = bh / H, h = bh % H; query head h reads key/value head h / G (G = 1
+//   unless grouped-query), and dk, dv are per query head (the caller sums each group). out, dout,
+//   lse and the gradients are contiguous; q, k, v are read through their (b, h, t) strides with
+//   unit stride along D, as on the CPU.
 //
 // The kernels compute exactly what cpu::attention_forward / attention_backward define (the same
 // masks from the same rule, core/kernels/attention_mask.h; lse = +inf and out = 0 for a row with no
@@ -56,6 +58,7 @@ static_assert(kTile == 32, "one column of a tile per lane");
 // device memory; the rule is core/kernels/attention_mask.h), sizes, strides resolved.
 struct Geo : Visibility {
   int64_t BH, H, D, Dv;
+  int64_t G;  // query heads per key/value head: query head h reads key/value head h / G
   int64_t qb, qh, qt, kb, kh, kt, vb, vh, vt;  // element strides along B, H, T of q, k, v
   double scale;
   double dropout, keep;    // keep = 1 / (1 - dropout), the factor of a kept weight
@@ -171,8 +174,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t nqt = (g.Tq + kTile - 1) / kTile;
   const int64_t bh = blockIdx.x / nqt, i0 = (blockIdx.x % nqt) * kTile, b = bh / g.H, h = bh % g.H;
-  const float* K = k + b * g.kb + h * g.kh;
-  const float* V = v + b * g.vb + h * g.vh;
+  const float* K = k + b * g.kb + (h / g.G) * g.kh;
+  const float* V = v + b * g.vb + (h / g.G) * g.vh;
   load_tile<LB>(Qs, q + b * g.qb + h * g.qh, g.qt, i0, g.Tq, g.D);
   const KeyRange span = key_bounds(g, b, i0, min(i0 + kTile, g.Tq));  // the keys the block may see
   const int D4 = int((g.D + 3) / 4 * 4);
@@ -318,8 +321,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bh = blockIdx.x / nkt, j0 = (blockIdx.x % nkt) * kTile, b = bh / g.H, h = bh % g.H;
   const float* Q = q + b * g.qb + h * g.qh;
   const float* dO = dout + bh * g.Tq * g.Dv;
-  load_tile<LB>(Ks, k + b * g.kb + h * g.kh, g.kt, j0, g.Tk, g.D);
-  load_tile<LB>(Vs, v + b * g.vb + h * g.vh, g.vt, j0, g.Tk, g.Dv);
+  load_tile<LB>(Ks, k + b * g.kb + (h / g.G) * g.kh, g.kt, j0, g.Tk, g.D);
+  load_tile<LB>(Vs, v + b * g.vb + (h / g.G) * g.vh, g.vt, j0, g.Tk, g.Dv);
   const int64_t j1 = min(j0 + kTile, g.Tk);  // keys [j0, j1) are real
   const int D4 = int((g.D + 3) / 4 * 4), Dv4 = int((g.Dv + 3) / 4 * 4);
 
@@ -430,8 +433,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t nqt = (g.Tq + kTile - 1) / kTile;
   const int64_t bh = blockIdx.x / nqt, i0 = (blockIdx.x % nqt) * kTile, b = bh / g.H, h = bh % g.H;
-  const float* K = k + b * g.kb + h * g.kh;
-  const float* V = v + b * g.vb + h * g.vh;
+  const float* K = k + b * g.kb + (h / g.G) * g.kh;
+  const float* V = v + b * g.vb + (h / g.G) * g.vh;
   load_tile<LB>(Qs, q + b * g.qb + h * g.qh, g.qt, i0, g.Tq, g.D);
   load_tile<LB>(dOs, dout + bh * g.Tq * g.Dv, g.Dv, i0, g.Tq, g.Dv);
   if (threadIdx.x < kTile) {
@@ -516,8 +519,8 @@ __global__ void attention_forward_naive_kernel(T* out, T* lse, const T* q, const
   for (int64_t w = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; w < n; w += int64_t(gridDim.x) * blockDim.x) {
     const int64_t bh = w / g.Tq, i = w % g.Tq, b = bh / g.H, h = bh % g.H;
     const T* Qi = q + b * g.qb + h * g.qh + i * g.qt;
-    const T* K = k + b * g.kb + h * g.kh;
-    const T* V = v + b * g.vb + h * g.vh;
+    const T* K = k + b * g.kb + (h / g.G) * g.kh;
+    const T* V = v + b * g.vb + (h / g.G) * g.vh;
     T* o = out + w * g.Dv;
     for (int64_t c = 0; c < g.Dv; ++c) o[c] = 0;  // alpha = 0 at the first key must not meet garbage
     T m = -T(INFINITY), l = 0;
@@ -550,8 +553,8 @@ __global__ void attention_backward_q_naive_kernel(T* dq, const T* dout, const T*
     const T li = lse[w], di = Dd[w];
     if (!(li < T(INFINITY))) continue;  // a row that saw no key: P = 0, no gradient
     const T* Qi = q + b * g.qb + h * g.qh + i * g.qt;
-    const T* K = k + b * g.kb + h * g.kh;
-    const T* V = v + b * g.vb + h * g.vh;
+    const T* K = k + b * g.kb + (h / g.G) * g.kh;
+    const T* V = v + b * g.vb + (h / g.G) * g.vh;
     const T* dOi = dout + w * g.Dv;
     T* dQi = dq + w * g.D;
     const KeyRange r = key_range(g, b, i);
@@ -574,8 +577,8 @@ __global__ void attention_backward_kv_naive_kernel(T* dk, T* dv, const T* dout, 
   const int64_t n = g.BH * g.Tk;
   for (int64_t w = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; w < n; w += int64_t(gridDim.x) * blockDim.x) {
     const int64_t bh = w / g.Tk, j = w % g.Tk, b = bh / g.H, h = bh % g.H;
-    const T* Kj = k + b * g.kb + h * g.kh + j * g.kt;
-    const T* Vj = v + b * g.vb + h * g.vh + j * g.vt;
+    const T* Kj = k + b * g.kb + (h / g.G) * g.kh + j * g.kt;
+    const T* Vj = v + b * g.vb + (h / g.G) * g.vh + j * g.vt;
     const T* Q = q + b * g.qb + h * g.qh;
     T *dKj = dk + w * g.D, *dVj = dv + w * g.Dv;
     for (int64_t i = 0; i < g.Tq; ++i) {
@@ -624,15 +627,15 @@ struct DeviceCopy {
 
 Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask, DeviceCopy& block_mask) {
   Geo e{};
-  e.BH = g.BH, e.H = g.H, e.Tq = g.Tq, e.Tk = g.Tk, e.D = g.D, e.Dv = g.Dv;
+  e.BH = g.BH, e.H = g.H, e.G = g.G, e.Tq = g.Tq, e.Tk = g.Tk, e.D = g.D, e.Dv = g.Dv;
   e.causal = g.causal, e.window = g.window;
   // cpu head_view: -1 is the stride of a contiguous (B, H, T, D) tensor
-  auto resolve = [&](const Strides& s, int64_t T, int64_t D, int64_t& b, int64_t& h, int64_t& t) {
-    t = s.t >= 0 ? s.t : D, h = s.h >= 0 ? s.h : T * t, b = s.b >= 0 ? s.b : g.H * h;
+  auto resolve = [&](const Strides& s, int64_t H, int64_t T, int64_t D, int64_t& b, int64_t& h, int64_t& t) {
+    t = s.t >= 0 ? s.t : D, h = s.h >= 0 ? s.h : T * t, b = s.b >= 0 ? s.b : H * h;
   };
-  resolve(g.q, g.Tq, g.D, e.qb, e.qh, e.qt);
-  resolve(g.k, g.Tk, g.D, e.kb, e.kh, e.kt);
-  resolve(g.v, g.Tk, g.Dv, e.vb, e.vh, e.vt);
+  resolve(g.q, g.H, g.Tq, g.D, e.qb, e.qh, e.qt);
+  resolve(g.k, g.H / g.G, g.Tk, g.D, e.kb, e.kh, e.kt);
+  resolve(g.v, g.H / g.G, g.Tk, g.Dv, e.vb, e.vh, e.vt);
   e.scale = g.scale;
   const int64_t B = g.H > 0 ? g.BH / g.H : 0;
   e.lengths = lengths.of(g.lengths, size_t(B));

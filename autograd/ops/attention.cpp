@@ -85,10 +85,19 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   check(q.device() == k.device() && q.device() == v.device(), "{}: q, k, v on different devices ({}, {}, {})", op,
         q.device(), k.device(), v.device());
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2), Dv = v.size(3);
-  check(k.size(0) == B && k.size(1) == H && k.size(3) == D,
-        "{}: k of shape {} does not match q of shape {} (batch, heads and d must agree)", op, k.shape(), q.shape());
-  check(v.size(0) == B && v.size(1) == H && v.size(2) == Tk,
+  const int64_t Hkv = k.size(1);
+  check(k.size(0) == B && k.size(3) == D, "{}: k of shape {} does not match q of shape {} (batch and d must agree)",
+        op, k.shape(), q.shape());
+  if (o.enable_gqa)
+    check(Hkv >= 1 && H % Hkv == 0,
+          "{}: with enable_gqa the key/value heads ({}) must divide the query heads ({}), got q {} and k {}", op, Hkv,
+          H, q.shape(), k.shape());
+  else
+    check(Hkv == H, "{}: k of shape {} does not match q of shape {} (heads must agree; fewer key/value heads need "
+                    "enable_gqa)", op, k.shape(), q.shape());
+  check(v.size(0) == B && v.size(1) == Hkv && v.size(2) == Tk,
         "{}: v of shape {} does not match k of shape {} (batch, heads and T must agree)", op, v.shape(), k.shape());
+  const int64_t G = H / Hkv;  // query heads per key/value head
   check(!o.causal || Tq <= Tk, "{}: causal attention needs Tq <= Tk, got Tq {} and Tk {}", op, Tq, Tk);
   check(o.dropout >= 0 && o.dropout < 1, "{}: dropout must be in [0, 1), got {}", op, o.dropout);
   check(!(o.key_padding_lengths.defined() && o.key_padding_mask.defined()),
@@ -130,8 +139,14 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   }
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 
-  if (o.return_weights)  // the visibility is built on the host, then moved to q's device
-    return attention_composed(q, k, v, o, scale, visibility(o, B, Tq, Tk, lengths, kmask, blocks).to(q.device()));
+  if (o.return_weights) {  // the visibility is built on the host, then moved to q's device
+    // grouped-query: each key/value head repeated for the G query heads that read it
+    auto per_query_head = [&](const Tensor& t) {
+      return G == 1 ? t : reshape(expand(unsqueeze(t, 2), {B, Hkv, G, Tk, t.size(3)}), {B, H, Tk, t.size(3)});
+    };
+    return attention_composed(q, per_query_head(k), per_query_head(v), o, scale,
+                              visibility(o, B, Tq, Tk, lengths, kmask, blocks).to(q.device()));
+  }
 
   // q, k, v are read where they are when their rows are unit-stride (the heads of a fused QKV
   // projection, a KV cache's first positions): no copy. Anything else is copied once.
@@ -144,7 +159,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   cpu::AttentionGeom g;
   Tensor qc = readable(q, g.q), kc = readable(k, g.k), vc = readable(v, g.v);
   Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
-  g.BH = B * H, g.H = H, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;
+  g.BH = B * H, g.H = H, g.G = G, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;
   g.causal = o.causal, g.window = o.window;
   g.lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   g.key_mask = kmask.defined() ? kmask.data<bool>() : nullptr;
@@ -160,11 +175,19 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   });
   // saves q, k, v, out and lse (O(T) per row), and the masks the geometry points into
   record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, blocks, g](const Tensor& dout) {
-    Tensor gc = dout.contiguous(), dq = zeros_like(qc), dk = zeros_like(kc), dv = zeros_like(vc);  // contiguous
+    // contiguous; dk and dv per query head (B, H, Tk, .), each group summed below when G > 1
+    const int64_t B = g.BH / g.H, Tk = g.Tk;
+    Tensor gc = dout.contiguous(), dq = zeros_like(qc), dk = zeros({B, g.H, Tk, g.D}, qc.dtype(), qc.device()),
+           dv = zeros({B, g.H, Tk, g.Dv}, qc.dtype(), qc.device());
     visit_floating("scaled_dot_product_attention", qc.dtype(), [&]<class T>() {
       KERNEL(qc.device(), attention_backward<T>, dq.data<T>(), dk.data<T>(), dv.data<T>(), gc.data<T>(),
              qc.data<T>(), kc.data<T>(), vc.data<T>(), o_.data<T>(), lse.data<T>(), g);
     });
+    if (g.G > 1) {
+      const int64_t Hkv = g.H / g.G;
+      dk = sum(dk.view({B, Hkv, g.G, Tk, g.D}), {2});
+      dv = sum(dv.view({B, Hkv, g.G, Tk, g.Dv}), {2});
+    }
     return std::vector{dq, dk, dv};
   }, OutputCheck::finite, needs_grad({q, k, v}) ? kept_pairs(o, Tq, Tk, blocks) : 1);
   return {out, Tensor()};

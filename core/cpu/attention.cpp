@@ -278,6 +278,8 @@ HeadView head_view(const Strides& s, int64_t bh, int64_t H, int64_t T, int64_t D
   const int64_t t = s.t >= 0 ? s.t : D, h = s.h >= 0 ? s.h : T * t, b = s.b >= 0 ? s.b : H * h;
   return {(bh / H) * b + (bh % H) * h, t};
 }
+// The key/value head that query head bh reads, as a (batch, head) index over H / G heads.
+int64_t kv_head(const AttentionGeom& g, int64_t bh) { return (bh / g.H) * (g.H / g.G) + (bh % g.H) / g.G; }
 
 }  // namespace
 
@@ -290,15 +292,16 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   parallel_for(g.BH * nqb, grain_for(item_work), [&](int64_t w0, int64_t w1) {
     const int64_t ldt = transposed_ld<T>(g.Tk);
     std::vector<T> S(size_t(kBq * kBk)), Kt(size_t(D * ldt)), acc(size_t(kBq * Dv)), m(kBq), l(kBq);
-    int64_t kt_of = -1;  // the head whose K^T is in Kt: a thread's work items run head by head
+    int64_t kt_of = -1;  // the key head whose K^T is in Kt: a thread's work items run head by head
     std::vector<KeyRange> range(kBq);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t bh = w / nqb, i0 = (w % nqb) * kBq, nq = std::min(kBq, g.Tq - i0), b = bh / g.H;
-      const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, bh, g.H, g.Tk, D),
-                     hv = head_view(g.v, bh, g.H, g.Tk, Dv);
+      const int64_t kvh = kv_head(g, bh);
+      const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, kvh, g.H / g.G, g.Tk, D),
+                     hv = head_view(g.v, kvh, g.H / g.G, g.Tk, Dv);
       const T* Q = q + hq.offset + i0 * hq.ld;
       const T* V = v + hv.offset;
-      if (kt_of != bh) transpose(Kt.data(), ldt, k + hk.offset, g.Tk, D, hk.ld), kt_of = bh;  // K^T (D, Tk)
+      if (kt_of != kvh) transpose(Kt.data(), ldt, k + hk.offset, g.Tk, D, hk.ld), kt_of = kvh;  // K^T (D, Tk)
       // the keys any row of the block sees: no key past the last one is read
       const KeyRange span = key_hull(vis, b, i0, i0 + nq);
       for (int64_t i = 0; i < nq; ++i) {
@@ -369,8 +372,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     std::vector<KeyRange> range(kBq);
     for (int64_t bh = w0; bh < w1; ++bh) {
       const int64_t b = bh / g.H;
-      const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, bh, g.H, g.Tk, D),
-                     hv = head_view(g.v, bh, g.H, g.Tk, Dv);
+      const int64_t kvh = kv_head(g, bh);
+      const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, kvh, g.H / g.G, g.Tk, D),
+                     hv = head_view(g.v, kvh, g.H / g.G, g.Tk, Dv);
       const T* K = k + hk.offset;
       T *dK = dk + bh * g.Tk * D, *dV = dv + bh * g.Tk * Dv;
       transpose(Kt.data(), ldt, K, g.Tk, D, hk.ld);              // K^T (D, Tk)

@@ -157,3 +157,62 @@ TEST_CASE("attention: errors") {
   d.dropout = 1.0;
   AG_CHECK_ERROR(scaled_dot_product_attention(a.q, a.k, a.v, d), "dropout", "1");
 }
+
+// Grouped-query attention: k and v of Hkv heads serve H = G Hkv query heads, query head h reading
+// key/value head h / G. The oracle is plain multi-head attention on k and v whose heads are
+// repeated by index_select ([0, 0, 1, 1] for H 4, Hkv 2: PyTorch's repeat_interleave), so the
+// gradient of each key/value head is the sum over its group, by the chain rule through the copy.
+TEST_CASE("attention: grouped-query heads equal repeated key/value heads, fused and composed") {
+  SdpaOptions causal, lens, blocks;
+  causal.causal = true;
+  lens.key_padding_lengths = tensor<int64_t>({5, 3});
+  blocks.block_mask = tensor<bool>({true, false, true, true}, {2, 2}), blocks.block_size = 3;
+  for (int64_t Hkv : {1, 2})
+    for (const SdpaOptions& mask : {SdpaOptions{}, causal, lens, blocks})
+      for (bool composed : {false, true}) {
+        CAPTURE(Hkv);
+        CAPTURE(composed);
+        const int64_t B = 2, H = 4, T = 5, D = 3, Dv = 2, G = H / Hkv;
+        Tensor q = leaf64({B, H, T, D}, 1), k = leaf64({B, Hkv, T, D}, 2), v = leaf64({B, Hkv, T, Dv}, 3);
+        Tensor q2 = leaf64({B, H, T, D}, 1), k2 = leaf64({B, Hkv, T, D}, 2), v2 = leaf64({B, Hkv, T, Dv}, 3);
+        std::vector<int64_t> rep;
+        for (int64_t h = 0; h < H; ++h) rep.push_back(h / G);
+        const Tensor idx = from_vector<int64_t>(rep);
+        SdpaOptions o = mask;
+        o.enable_gqa = true, o.return_weights = composed;
+        const Tensor y = scaled_dot_product_attention(q, k, v, o).out;
+        const Tensor ref = scaled_dot_product_attention(q2, index_select(k2, 1, idx), index_select(v2, 1, idx), mask).out;
+        check_close(y, ref, 1e-12, 1e-12);
+        const Tensor r = leaf64({B, H, T, Dv}, 4).detach();
+        sum(mul(y, r)).backward();
+        sum(mul(ref, r)).backward();
+        check_close(q.grad(), q2.grad(), 1e-12, 1e-12);
+        check_close(k.grad(), k2.grad(), 1e-12, 1e-12);
+        check_close(v.grad(), v2.grad(), 1e-12, 1e-12);
+      }
+}
+
+TEST_CASE("attention: gradcheck of grouped-query heads, fused, across several tiles") {
+  SdpaOptions o;
+  o.enable_gqa = true, o.causal = true;
+  // 4 query heads on 2 key/value heads; T 70 crosses the kernel's query and key tiles
+  expect_gradcheck([o](const std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2], o).out; },
+                   {leaf64({1, 4, 70, 3}, 5), leaf64({1, 2, 70, 3}, 6), leaf64({1, 2, 70, 2}, 7)});
+  o.causal = false, o.dropout = 0.25;
+  expect_gradcheck([o](const std::vector<Tensor>& x) {
+    Generator g(42);  // the same mask at every evaluation
+    SdpaOptions od = o;
+    od.generator = &g;
+    return scaled_dot_product_attention(x[0], x[1], x[2], od).out;
+  }, {leaf64({2, 3, 4, 3}, 8), leaf64({2, 1, 6, 3}, 9), leaf64({2, 1, 6, 2}, 10)});
+}
+
+TEST_CASE("attention: grouped-query errors name the heads") {
+  const Tensor q = randn({1, 4, 3, 2}), k = randn({1, 3, 3, 2}), k2 = randn({1, 2, 3, 2});
+  AG_CHECK_ERROR(scaled_dot_product_attention(q, k2, k2), "scaled_dot_product_attention", "heads must agree",
+                 "enable_gqa");
+  SdpaOptions o;
+  o.enable_gqa = true;
+  AG_CHECK_ERROR(scaled_dot_product_attention(q, k, k, o), "key/value heads (3) must divide the query heads (4)");
+  AG_CHECK_ERROR(scaled_dot_product_attention(q, k2, k, o), "v of shape [1,3,3,2] does not match k of shape [1,2,3,2]");
+}
