@@ -37,9 +37,10 @@ Tensor visibility(const SdpaOptions& o, int64_t B, int64_t Tq, int64_t Tk, const
 // The fraction of the Tq x Tk (query, key) pairs that a window and a block mask keep, the work the
 // kernels do (the FLOP count of nn/summary.h scales by it; causal and padding masks, which depend
 // on the batch element or halve the plane, count in full by its convention). 1 without either.
-double kept_pairs(const SdpaOptions& o, int64_t Tq, int64_t Tk, const Tensor& blocks) {
-  if (o.window < 0 && !blocks.defined()) return 1;
-  const Tensor bm = blocks.defined() ? blocks.to(Device::cpu()).contiguous() : Tensor();
+// Reads the block mask where the caller gave it (usually the cpu), not the kernels' device copy.
+double kept_pairs(const SdpaOptions& o, int64_t Tq, int64_t Tk) {
+  if (o.window < 0 && !o.block_mask.defined()) return 1;
+  const Tensor bm = o.block_mask.defined() ? o.block_mask.detach().to(Device::cpu()).contiguous() : Tensor();
   const Visibility rule{Tq, Tk, false, o.window, nullptr, nullptr, bm.defined() ? bm.data<bool>() : nullptr,
                         bm.defined() ? bm.size(1) : 0, bm.defined() ? o.block_size : 1};
   const int64_t bs = rule.block_size;
@@ -189,7 +190,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
       dv = sum(dv.view({B, Hkv, g.G, Tk, g.Dv}), {2});
     }
     return std::vector{dq, dk, dv};
-  }, OutputCheck::finite, needs_grad({q, k, v}) ? kept_pairs(o, Tq, Tk, blocks) : 1);
+  }, OutputCheck::finite, needs_grad({q, k, v}) ? kept_pairs(o, Tq, Tk) : 1);
   return {out, Tensor()};
 }
 
