@@ -15,6 +15,7 @@
 #include "autograd/ops.h"
 #include "autograd/tape.h"
 #include "core/error.h"
+#include "core/kernels.h"
 #include "data/images.h"
 #include "data/text.h"
 #include "dist/dist.h"
@@ -75,7 +76,7 @@ SeqSplits load_task(const TaskOptions& t, const std::string& out_dir) {
     if (::access("/usr/bin/bible", X_OK) != 0 && !std::filesystem::exists(cache + "/bible-kjv.txt"))
       throw data::DatasetNotFound("longseq: the text task reads the King James Bible: install the Debian package "
                                   "bible-kjv (apt install bible-kjv)");
-    return text_splits(kjv_books(data::load_bible_kjv(cache)), t.passage);
+    return text_splits(kjv_books(data::load_bible_kjv(cache)), t.passage, t.random_windows);
   }
   fail("longseq: unknown task '{}'", t.task);
 }
@@ -320,7 +321,7 @@ std::vector<std::string> kjv_books(const std::string& pretty) {
   return books;
 }
 
-SeqSplits text_splits(const std::vector<std::string>& books, int64_t passage) {
+SeqSplits text_splits(const std::vector<std::string>& books, int64_t passage, bool random_windows) {
   check(books.size() == 66, "text_splits: expected 66 books, got {}", books.size());
   check(passage >= 1, "text_splits: passage {} must be >= 1", passage);
   std::vector<std::string> groups(8);
@@ -339,31 +340,57 @@ SeqSplits text_splits(const std::vector<std::string>& books, int64_t passage) {
     return s;
   };
   SeqSplits s{empty(), empty(), empty()};
+  auto split_of = [](int64_t k) { return k % 10 == 0 ? 0 : k % 10 == 5 ? 1 : 2; };  // test, val, train
   std::vector<uint16_t> ids(static_cast<size_t>(passage));
   for (int g = 0; g < 8; ++g) {
     const std::string& text = groups[size_t(g)];
-    for (int64_t k = 0; (k + 1) * passage <= int64_t(text.size()); ++k) {
+    const int64_t n = int64_t(text.size()) / passage;  // whole passages; the tail is dropped
+    const int64_t base = int64_t(s.train.source.size());
+    if (random_windows)
+      for (int64_t i = 0; i < n * passage; ++i) s.train.source.push_back(uint16_t(uint8_t(text[size_t(i)]) + 1));
+    for (int64_t k = 0; k < n; ++k) {
       for (int64_t i = 0; i < passage; ++i) ids[size_t(i)] = uint16_t(uint8_t(text[size_t(k * passage + i)]) + 1);
-      (k % 10 == 0 ? s.test : k % 10 == 5 ? s.val : s.train).add(ids, g);
+      const int split = split_of(k);
+      (split == 0 ? s.test : split == 1 ? s.val : s.train).add(ids, g);
+      if (split != 2 || !random_windows) continue;
+      int64_t first = k, last = k;  // the run of training passages around k
+      while (first > 0 && split_of(first - 1) == 2) --first;
+      while (last + 1 < n && split_of(last + 1) == 2) ++last;
+      s.train.window_lo.push_back(base + first * passage);
+      s.train.window_hi.push_back(base + last * passage);  // the last start whose window stays in the run
     }
   }
+  if (!random_windows) s.train.source.clear();
   return s;
 }
 
 // ---- batches, training, evaluation -------------------------------------------------------------
 
-SeqBatch make_batch(const SeqDataset& ds, std::span<const int64_t> indices) {
+SeqBatch make_batch(const SeqDataset& ds, std::span<const int64_t> indices, Generator* gen) {
   check(!indices.empty(), "longseq: an empty batch");
+  const bool windows = gen != nullptr && !ds.source.empty();
+  check(!windows || (ds.window_lo.size() == size_t(ds.size()) && ds.window_hi.size() == size_t(ds.size())),
+        "longseq: {} window ranges for {} sequences", ds.window_lo.size(), ds.size());
   int64_t T = 0;
   for (int64_t i : indices) {
     check(i >= 0 && i < ds.size(), "longseq: index {} outside the split of {}", i, ds.size());
     T = std::max(T, ds.lengths[size_t(i)]);
   }
   const int64_t B = int64_t(indices.size());
+  uint64_t seed = 0, offset = 0;
+  if (windows) seed = gen->seed(), offset = gen->advance(uint64_t(B));
   std::vector<int64_t> tok(static_cast<size_t>(B * T)), len(static_cast<size_t>(B)), lab(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t i = indices[size_t(b)];
     const uint16_t* row = ds.tokens.data() + i * ds.max_len;
+    if (windows) {  // a window is a whole passage: lengths[i] == max_len == T
+      const int64_t lo = ds.window_lo[size_t(i)], hi = ds.window_hi[size_t(i)];
+      check(lo >= 0 && lo <= hi && hi + ds.max_len <= int64_t(ds.source.size()) && ds.lengths[size_t(i)] == ds.max_len,
+            "longseq: window range [{}, {}] of sequence {} outside the source of {}", lo, hi, i, ds.source.size());
+      const Philox4 r = philox4x32_10(seed, offset + uint64_t(b));
+      const uint64_t draw = (uint64_t(r.v[0]) << 32) | r.v[1];
+      row = ds.source.data() + lo + int64_t(draw % uint64_t(hi - lo + 1));
+    }
     std::copy(row, row + T, tok.begin() + b * T);
     len[size_t(b)] = ds.lengths[size_t(i)];
     lab[size_t(b)] = ds.labels[size_t(i)];
@@ -382,8 +409,17 @@ std::unique_ptr<data::DataLoader<SeqBatch>> make_train_loader(const SeqDataset& 
   lo.drop_last = true;
   lo.prefetch = prefetch;
   lo.shard_rank = shard_rank, lo.shard_count = shard_count;
-  auto loader = std::make_unique<data::DataLoader<SeqBatch>>(
-      train.size(), lo, [&train](std::span<const int64_t> indices) { return make_batch(train, indices); });
+  // The loader calls make_batch for its batches strictly in order, starting with the step it is
+  // seeked to, so `step` counts the batch being made (as vit's crops).
+  const int64_t first = data::shard(batch, shard_rank, shard_count).begin;
+  auto make = [&train, batch, first, step = start_step, window_seed = seed + 1](
+                  std::span<const int64_t> indices) mutable {
+    Generator gen(window_seed);
+    gen.set_offset(uint64_t(step) * uint64_t(batch) + uint64_t(first));
+    ++step;
+    return make_batch(train, indices, &gen);
+  };
+  auto loader = std::make_unique<data::DataLoader<SeqBatch>>(train.size(), lo, make);
   loader->seek(start_step);
   return loader;
 }

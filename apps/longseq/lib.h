@@ -12,7 +12,11 @@
 //   text     byte-level classification of the King James Bible (Debian's bible-kjv): which of 8
 //            groups of books (kjv_groups) a passage of `passage` bytes comes from; the passages are
 //            consecutive and disjoint, and passage k of a group goes to test when k % 10 == 0, to
-//            validation when k % 10 == 5, else to training
+//            validation when k % 10 == 5, else to training. With random windows (the default), a
+//            training passage is replaced in each batch by a window of `passage` bytes at a random
+//            start inside its training region (passages 1-4 or 6-9 of ten: the bytes between a test
+//            and a validation passage), so 2000 steps do not memorise a fixed set of texts; the
+//            windows never reach a validation or test byte
 // Token ids: 0 is padding; pixels and bytes are value + 1 (vocab 257); ListOps tokens are
 // listops_vocab(). The validation split never comes from the test set: pixels holds out the last
 // `val_size` images of a seeded permutation of the training set.
@@ -30,6 +34,7 @@
 #include "apps/common/report.h"
 #include "apps/common/run.h"
 #include "apps/longseq/model.h"
+#include "core/random.h"
 #include "data/loader.h"
 
 namespace ag::apps::longseq {
@@ -42,6 +47,11 @@ struct SeqDataset {
   std::vector<uint16_t> tokens;    // (n, max_len), padded with 0
   std::vector<int64_t> lengths, labels;  // (n)
   std::vector<std::string> class_names;
+  // Random windows (text's training split; empty elsewhere): sequence i may be replaced by the
+  // max_len tokens of `source` starting anywhere in [window_lo[i], window_hi[i]] (make_batch with a
+  // generator). tokens[i] stays the fixed passage, for evaluation.
+  std::vector<uint16_t> source;
+  std::vector<int64_t> window_lo, window_hi;
 
   int64_t size() const { return int64_t(labels.size()); }
   // appends one sequence (ids in [1, vocab), at most max_len of them) with its label
@@ -66,6 +76,7 @@ struct TaskOptions {
   int64_t listops_min_len = 500, listops_max_len = 2000;
   // text
   int64_t passage = 2048;    // bytes per passage
+  bool random_windows = true;  // training passages at random starts inside their region (text_splits)
 };
 // The checks of the command line, before any data is read: a UsageError naming the option and its
 // value for an unknown task or dataset, val_size < 1, ListOps sizes < 1 or min_len > max_len or
@@ -112,16 +123,22 @@ const std::vector<std::string>& kjv_groups();
 std::vector<std::string> kjv_books(const std::string& pretty_text);
 // The group of the book with canonical index `book` (0-65).
 int kjv_group_of(int book);
-SeqSplits text_splits(const std::vector<std::string>& books, int64_t passage);
+// random_windows: fill train.source and the window ranges (see SeqDataset).
+SeqSplits text_splits(const std::vector<std::string>& books, int64_t passage, bool random_windows = true);
 
 // ---- batches, training, evaluation -------------------------------------------------------------
 struct SeqBatch {
   Tensor tokens, lengths, labels;  // i64 (B, T), (B), (B) on the host; T = the longest in the batch
 };
-SeqBatch make_batch(const SeqDataset& ds, std::span<const int64_t> indices);
+// With `gen` and a dataset with random windows, sequence b of the batch is the window whose start is
+// drawn from Philox block gen->offset() + b (the generator advances by the batch size); otherwise
+// the fixed sequences.
+SeqBatch make_batch(const SeqDataset& ds, std::span<const int64_t> indices, Generator* gen = nullptr);
 
 // The training batches: a seeded DataLoader (drop_last, `prefetch` batches ahead) positioned at
-// `start_step`, this rank's slice of each global batch under mpirun (as vit's).
+// `start_step`, this rank's slice of each global batch under mpirun (as vit's). The windows of the
+// batch of step s come from generator seed + 1 at offset s * batch + this rank's first position, so
+// a resumed run sees the batches an uninterrupted one would have, on any number of ranks.
 std::unique_ptr<data::DataLoader<SeqBatch>> make_train_loader(const SeqDataset& train, int64_t batch, uint64_t seed,
                                                               int64_t start_step, int prefetch = 2,
                                                               int shard_rank = 0, int shard_count = 1);

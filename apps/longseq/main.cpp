@@ -4,6 +4,7 @@
 //   --task pixels    Fashion-MNIST (or --dataset mnist | cifar10) read as 784 (1024) pixel tokens
 //   --task listops   LRA's ListOps, generated from --data-seed, 500-2000 tokens, values 0-9
 //   --task text      which of 8 groups of books a 2048-byte passage of the King James Bible is from
+//                    (training passages at random starts between the held-out ones; --fixed-passages)
 // --attention full | window (--window w) | sparse (--sparse local-global | strided, --block,
 // --window-blocks, --global-blocks, --stride-blocks) | linformer (--k) | compressed (--stride) | axial (the
 // pixels' grid, or a passage folded into rows of --axial-width bytes; not for ListOps, whose
@@ -74,7 +75,8 @@ nlohmann::json run_config(const LongSeqConfig& m, const TaskOptions& t) {
                {"val_size", t.val_size},
                {"data_seed", t.data_seed},
                {"listops", {t.listops_train, t.listops_val, t.listops_test, t.listops_min_len, t.listops_max_len}},
-               {"passage", t.passage}};
+               {"passage", t.passage},
+               {"random_windows", t.random_windows}};
   return j;
 }
 
@@ -91,6 +93,7 @@ TaskOptions task_from_json(const nlohmann::json& j, const std::string& data_dir)
     t.listops_train = l[0], t.listops_val = l[1], t.listops_test = l[2], t.listops_min_len = l[3];
     t.listops_max_len = l[4];
     t.passage = k.at("passage").get<int64_t>();
+    t.random_windows = k.value("random_windows", false);  // checkpoints from before the option: fixed passages
   } catch (const nlohmann::json::exception& e) {
     fail("longseq: the checkpoint's config has no valid task entry ({}): {}", e.what(), j.dump());
   }
@@ -166,6 +169,9 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
                         data.test.size(), cfg.max_len, cfg.classes, cfg.attention,
                         method_text(cfg), cfg.d_model,
                         cfg.n_heads, cfg.n_layers, cfg.mlp_hidden));
+  if (!data.train.source.empty())
+    run.print("longseq: each training passage is drawn at a random start inside its run of training bytes "
+              "(--fixed-passages: off)");
   std::string compute_text;
   const SeqBatch probe = make_batch(data.train, std::vector<int64_t>(size_t(std::min(o.batch, data.train.size())), 0));
   const ComputeProfile compute = profile_model(
@@ -286,6 +292,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(positive());
   cli.add_option("--passage", t.passage, "text: bytes per passage")->capture_default_str()->check(positive());
+  bool fixed_passages = false;
+  cli.add_flag("--fixed-passages", fixed_passages,
+               "text: train on the fixed passages; by default each batch draws every training passage at a random "
+               "start inside its run of training bytes (never reaching a validation or test byte)");
   cli.add_option("--d-model", cfg.d_model, "token width")->capture_default_str()->check(positive());
   cli.add_option("--heads", cfg.n_heads, "attention heads (must divide d-model)")->capture_default_str()->check(positive());
   cli.add_option("--layers", cfg.n_layers, "transformer blocks")->capture_default_str()->check(positive());
@@ -302,6 +312,7 @@ int main(int argc, char** argv) {
       ->check(positive());
   if (const int rc = apps::parse_command_line(cli, argc, argv, "longseq"); rc >= 0) return rc;
   o.command_line.assign(argv, argv + argc);
+  t.random_windows = !fixed_passages;
 
   try {
     apply_run_options(o, "longseq");

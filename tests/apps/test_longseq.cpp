@@ -2,6 +2,7 @@
 // passages on a synthetic text, pixel sequences on synthetic IDX files), batches, the pooled
 // heatmap, the model's padding and window, and the binary on a tiny run.
 #include <random>
+#include <set>
 
 #include "apps/common/run.h"
 #include "apps/longseq/lib.h"
@@ -104,6 +105,47 @@ TEST_CASE("longseq: the bible's books, their groups and disjoint passages") {
   CHECK(s.val.tokens[0] == uint16_t('f') + 1);  // passage 5 is "ffffffffff", bytes + 1
   CHECK(s.test.labels == std::vector<int64_t>{0, 1});
   CHECK(s.train.num_classes == 8);
+  // random windows: group 0's training runs are passages 1-4 (bytes 10-49) and 6-9 (60-99), group
+  // 1's is passage 1 (bytes 10-19) of its 20 whole bytes, at source offset 100
+  REQUIRE(s.train.source.size() == 120);
+  CHECK(s.train.window_lo == std::vector<int64_t>{10, 10, 10, 10, 60, 60, 60, 60, 110});
+  CHECK(s.train.window_hi == std::vector<int64_t>{40, 40, 40, 40, 90, 90, 90, 90, 110});
+  const SeqSplits fixed = text_splits(text, 10, /*random_windows=*/false);
+  CHECK(fixed.train.source.empty());
+  CHECK(fixed.train.tokens == s.train.tokens);
+}
+
+TEST_CASE("longseq: a random training window stays inside its run and follows the generator") {
+  std::vector<std::string> text(66);
+  text[0] = std::string(100, 'a');
+  for (int i = 0; i < 100; ++i) text[0][size_t(i)] = char(1 + i);  // byte i is i + 1: token i + 2
+  const SeqSplits s = text_splits(text, 10);
+  const std::vector<int64_t> idx = {0, 3, 4, 7, 0, 3, 4, 7};
+  // without a generator: the fixed passages 1, 4, 6, 9
+  CHECK(make_batch(s.train, idx).tokens.to_vector<int64_t>()[10] == 4 * 10 + 2);
+  Generator gen(7);
+  std::set<int64_t> starts;
+  for (int rep = 0; rep < 50; ++rep) {
+    const uint64_t offset = gen.offset();
+    const SeqBatch b = make_batch(s.train, idx, &gen);
+    CHECK(gen.offset() == offset + idx.size());
+    const auto tok = b.tokens.to_vector<int64_t>();
+    REQUIRE(b.tokens.shape() == Shape{8, 10});
+    CHECK(b.lengths.to_vector<int64_t>() == std::vector<int64_t>(8, 10));
+    for (size_t r = 0; r < idx.size(); ++r) {
+      const int64_t start = tok[r * 10] - 2;  // the byte offset the window starts at
+      for (int64_t i = 0; i < 10; ++i) REQUIRE(tok[r * 10 + size_t(i)] == start + i + 2);  // contiguous
+      const bool first_run = idx[r] < 4;
+      CHECK(start >= (first_run ? 10 : 60));  // never passage 0 (test) or 5 (validation)
+      CHECK(start <= (first_run ? 40 : 90));
+      starts.insert(start);
+    }
+    // the same generator position gives the same windows
+    Generator again(7);
+    again.set_offset(offset);
+    CHECK(make_batch(s.train, idx, &again).tokens.to_vector<int64_t>() == tok);
+  }
+  CHECK(starts.size() > 40);  // of the 62 possible starts: not a fixed set
 }
 
 TEST_CASE("longseq: pixel sequences keep the grid, and the validation images come from the training set") {
