@@ -63,18 +63,20 @@ AttentionCapture::AttentionCapture() : prev_(detail::t_attention_capture) { deta
 AttentionCapture::~AttentionCapture() { detail::t_attention_capture = prev_; }
 
 MultiHeadAttention::MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout, bool bias, DType dtype,
-                                       Generator* gen)
-    : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0), dropout(dropout),
-      gen(gen) {
+                                       Generator* gen, const AttentionConfig& config)
+    : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0),
+      kv_heads(config.kv_heads == 0 ? n_heads : config.kv_heads), dropout(dropout), gen(gen) {
   check(d_model > 0 && n_heads > 0 && d_model % n_heads == 0,
         "MultiHeadAttention: d_model {} must be a positive multiple of n_heads {}", d_model, n_heads);
+  check(kv_heads > 0 && n_heads % kv_heads == 0,
+        "MultiHeadAttention: kv_heads {} must divide n_heads {} (0: n_heads)", config.kv_heads, n_heads);
   check(dropout >= 0 && dropout < 1, "MultiHeadAttention: dropout must be in [0, 1), got {}", dropout);
-  qkv = register_module("qkv", std::make_shared<Linear>(d_model, 3 * d_model, bias, dtype, gen));
+  qkv = register_module("qkv", std::make_shared<Linear>(d_model, d_model + 2 * kv_heads * head_size, bias, dtype, gen));
   proj = register_module("proj", std::make_shared<Linear>(d_model, d_model, bias, dtype, gen));
 }
 
-Tensor MultiHeadAttention::split_heads(const Tensor& t) const {
-  return t.reshape({t.size(0), t.size(1), n_heads, head_size}).transpose(1, 2);
+Tensor MultiHeadAttention::split_heads(const Tensor& t, int64_t first, int64_t heads) const {
+  return t.narrow(2, first, heads * head_size).reshape({t.size(0), t.size(1), heads, head_size}).transpose(1, 2);
 }
 
 AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -86,6 +88,7 @@ AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
   o.window = options.window;
   o.block_mask = options.block_mask, o.block_size = options.block_size;
   o.dropout = is_training() ? dropout : 0.0;
+  o.enable_gqa = kv_heads != n_heads;
   o.generator = options.generator ? options.generator : gen;
   AttentionCapture* capture = detail::t_attention_capture;
   o.return_weights = options.need_weights || capture != nullptr;
@@ -104,10 +107,11 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionOpti
   ModuleScope scope(this);
   check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, T, {}], got {}",
         d_model, x.shape());
-  const int64_t B = x.size(0), T = x.size(1);
-  // (B, T, 3d) -> (B, T, 3, H, hs) -> (3, B, H, T, hs): q, k, v are views of one projection
-  Tensor qkv_heads = qkv->forward(x).reshape({B, T, 3, n_heads, head_size}).permute({2, 0, 3, 1, 4});
-  Tensor q = qkv_heads.select(0, 0), k = qkv_heads.select(0, 1), v = qkv_heads.select(0, 2);
+  // (B, T, d + 2 Hkv hs): q, k, v are views of one projection
+  const Tensor p = qkv->forward(x);
+  const int64_t kvd = kv_heads * head_size;
+  Tensor q = split_heads(p, 0, n_heads), k = split_heads(p, d_model, kv_heads),
+         v = split_heads(p, d_model + kvd, kv_heads);
   if (options.cache != nullptr) std::tie(k, v) = options.cache->append(k, v);
   return attend(q, k, v, options);
 }
@@ -119,15 +123,13 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const Tensor& conte
   check(context.ndim() == 3 && context.size(2) == d_model && context.size(0) == x.size(0),
         "MultiHeadAttention: expected context of shape [{}, Tk, {}], got {}", x.size(0), d_model, context.shape());
   check(options.cache == nullptr, "MultiHeadAttention: a KV cache is for self-attention, not cross-attention");
-  const int64_t B = context.size(0), Tk = context.size(1);
-  // q uses rows [0, d) of the fused weight, k and v rows [d, 3d): PyTorch's in_proj split
+  // q uses rows [0, d) of the fused weight, k and v the rows after: PyTorch's in_proj split
   const Tensor& W = qkv->weight;
   const Tensor& b = qkv->bias;
+  const int64_t kvd = kv_heads * head_size;
   Tensor q = linear(x, W.narrow(0, 0, d_model), b.defined() ? b.narrow(0, 0, d_model) : Tensor());
-  Tensor kv = linear(context, W.narrow(0, d_model, 2 * d_model), b.defined() ? b.narrow(0, d_model, 2 * d_model) : Tensor());
-  // (B, Tk, 2d) -> (B, Tk, 2, H, hs) -> (2, B, H, Tk, hs)
-  Tensor kv_heads = kv.reshape({B, Tk, 2, n_heads, head_size}).permute({2, 0, 3, 1, 4});
-  return attend(split_heads(q), kv_heads.select(0, 0), kv_heads.select(0, 1), options);
+  Tensor kv = linear(context, W.narrow(0, d_model, 2 * kvd), b.defined() ? b.narrow(0, d_model, 2 * kvd) : Tensor());
+  return attend(split_heads(q, 0, n_heads), split_heads(kv, 0, kv_heads), split_heads(kv, kvd, kv_heads), options);
 }
 
 }  // namespace ag::nn

@@ -1,18 +1,23 @@
 #pragma once
-// Multi-head attention, as torch.nn.MultiheadAttention(batch_first=True).
+// Multi-head attention, as torch.nn.MultiheadAttention(batch_first=True), with grouped-query
+// attention as an option (AttentionConfig::kv_heads).
 //
 //   x (B, Tq, d) [, context (B, Tk, d)]  ->  y (B, Tq, d),   H heads of size hs = d / H
-//   [q | k | v] = x Wqkv^T + bqkv         qkv:  Linear(d, 3d), one fused projection
-//   q, k, v     -> (B, H, T, hs)          a reshape (B, T, 3, H, hs) and a permute: views
-//   o_h         = softmax(q_h k_h^T / sqrt(hs) + mask) v_h    scaled_dot_product_attention
+//   [q | k | v] = x Wqkv^T + bqkv         qkv:  Linear(d, d + 2 Hkv hs), one fused projection
+//   q           -> (B, H, T, hs)          columns [0, d): a narrow, a reshape and a transpose (views)
+//   k, v        -> (B, Hkv, T, hs)        columns [d, d + Hkv hs) and [d + Hkv hs, d + 2 Hkv hs)
+//   o_h         = softmax(q_h k_g^T / sqrt(hs) + mask) v_g,  g = h / (H / Hkv)
+//                                         scaled_dot_product_attention (enable_gqa when Hkv < H)
 //   y           = concat_h(o_h) Wproj^T + bproj                 proj: Linear(d, d)
-// qkv.weight is PyTorch's in_proj_weight (rows 0..d-1 make q, d..2d-1 k, 2d..3d-1 v) and
-// proj is out_proj, so a state_dict maps one-to-one. Cross-attention takes q from x with the
-// first d rows and k, v from the context with the last 2d rows of that same weight.
+// With Hkv = H (the default) qkv.weight is PyTorch's in_proj_weight (rows 0..d-1 make q, d..2d-1
+// k, 2d..3d-1 v) and proj is out_proj, so a state_dict maps one-to-one. Grouped-query attention
+// (GQA; Hkv = 1 is multi-query attention) gives each group of H / Hkv query heads one key/value
+// head, so the k, v projections and the KV cache shrink by H / Hkv. Cross-attention takes q from x
+// with the first d rows and k, v from the context with the remaining rows of that same weight.
 // Dropout (p) acts on the attention weights, in training only.
 // Derived step by step, with the shapes: docs/math/multihead.md
 //
-// KVCache: for autoregressive decoding. Each step appends the new positions' k, v (B, H, Tnew, hs)
+// KVCache: for autoregressive decoding. Each step appends the new positions' k, v (B, Hkv, Tnew, hs)
 // and attends over everything cached; causal masking is bottom-right aligned (query i of the new
 // block sees keys 0 .. Tcached + i), so decoding one token (or a chunk) at a time gives the
 // same outputs as one causal forward over the whole sequence. Meant for inference (NoGradGuard).
@@ -91,16 +96,21 @@ struct AttentionResult {
   Tensor weights;  // (B, H, Tq, Tk), only with need_weights
 };
 
+// How a MultiHeadAttention is built, beyond its width and heads.
+struct AttentionConfig {
+  int64_t kv_heads = 0;  // key/value heads Hkv, dividing n_heads (0: n_heads, plain multi-head)
+};
+
 struct MultiHeadAttention : Module {
-  int64_t d_model, n_heads, head_size;
+  int64_t d_model, n_heads, head_size, kv_heads;
   double dropout;
-  std::shared_ptr<Linear> qkv;   // d -> 3d
+  std::shared_ptr<Linear> qkv;   // d -> d + 2 kv_heads head_size (3d with kv_heads = n_heads)
   std::shared_ptr<Linear> proj;  // d -> d
   Generator* gen;                // attention dropout draws from it (null: the default generator),
                                  // as nn::Dropout does, unless AttentionOptions::generator is set
 
   MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout = 0.0, bool bias = true,
-                     DType dtype = DType::f32, Generator* gen = nullptr);
+                     DType dtype = DType::f32, Generator* gen = nullptr, const AttentionConfig& config = {});
 
   // Self-attention: queries, keys and values all from x (B, T, d).
   AttentionResult forward(const Tensor& x, const AttentionOptions& options = {});
@@ -108,8 +118,8 @@ struct MultiHeadAttention : Module {
   AttentionResult forward(const Tensor& x, const Tensor& context, const AttentionOptions& options = {});
 
  private:
-  // (B, T, d) -> (B, H, T, hs), a view
-  Tensor split_heads(const Tensor& t) const;
+  // columns [first, first + heads hs) of t (B, T, *) -> (B, heads, T, hs), a view
+  Tensor split_heads(const Tensor& t, int64_t first, int64_t heads) const;
   AttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options);
 };
 

@@ -3,29 +3,31 @@
 namespace ag::nn {
 
 TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout,
-                                   bool causal, bool cross, DType dtype, Generator* gen)
+                                   bool causal, bool cross, DType dtype, Generator* gen,
+                                   const AttentionConfig& attention)
     : causal(causal), cross(cross) {
-  build_attention(d_model, n_heads, dropout, dtype, gen);
+  build_attention(d_model, n_heads, dropout, dtype, gen, attention);
   mlp = register_module("mlp", std::make_shared<MLP>(d_model, mlp_hidden, dropout, dtype, gen));
   feed_forward = mlp;
 }
 
 TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, std::shared_ptr<UnaryModule> ffn, double dropout,
-                                   bool causal, bool cross, DType dtype, Generator* gen)
+                                   bool causal, bool cross, DType dtype, Generator* gen,
+                                   const AttentionConfig& attention)
     : causal(causal), cross(cross) {
   check(ffn != nullptr, "TransformerBlock: the feed-forward module is null");
-  build_attention(d_model, n_heads, dropout, dtype, gen);
+  build_attention(d_model, n_heads, dropout, dtype, gen, attention);
   feed_forward = register_module("mlp", std::move(ffn));
 }
 
 void TransformerBlock::build_attention(int64_t d_model, int64_t n_heads, double dropout, DType dtype,
-                                       Generator* gen) {
+                                       Generator* gen, const AttentionConfig& attention) {
   ln1 = register_module("ln1", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
-  attn = register_module("attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen));
+  attn = register_module("attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen, attention));
   if (cross) {
     ln_cross = register_module("ln_cross", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
     cross_attn = register_module("cross_attn",
-                                 std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen));
+                                 std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen, attention));
   }
   ln2 = register_module("ln2", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
 }

@@ -23,12 +23,15 @@ struct TransformerBlock : UnaryModule {
   std::shared_ptr<MLP> mlp;                   // the built-in feed-forward; null when given one's own
   std::shared_ptr<UnaryModule> feed_forward;  // what forward runs: mlp, or the module given
 
+  // `attention` configures both attentions (kv_heads: grouped-query attention, see nn/attention.h).
   TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout = 0.0, bool causal = false,
-                   bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr);
+                   bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr,
+                   const AttentionConfig& attention = {});
   // With `feed_forward` (non-null, mapping (..., d_model) to (..., d_model)) in place of the MLP.
   // dropout, dtype and gen go to the attention and norms; the feed-forward brings its own.
   TransformerBlock(int64_t d_model, int64_t n_heads, std::shared_ptr<UnaryModule> feed_forward, double dropout = 0.0,
-                   bool causal = false, bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr);
+                   bool causal = false, bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr,
+                   const AttentionConfig& attention = {});
 
   Tensor attn_weights;  // (B, H, T, Tk) of the last self-attention, kept only when asked (need_weights)
 
@@ -43,7 +46,8 @@ struct TransformerBlock : UnaryModule {
  private:
   // ln1, attn, [ln_cross, cross_attn,] ln2: what both constructors build, in this order (the
   // order in which they draw from gen and in which their parameters are named)
-  void build_attention(int64_t d_model, int64_t n_heads, double dropout, DType dtype, Generator* gen);
+  void build_attention(int64_t d_model, int64_t n_heads, double dropout, DType dtype, Generator* gen,
+                       const AttentionConfig& attention);
 };
 
 }  // namespace ag::nn

@@ -269,6 +269,90 @@ TEST_CASE("TransformerBlock: cross-attention block, names, gradcheck, context er
   AG_CHECK_ERROR(plain.forward(leaf64({1, 3, 4}, 1), leaf64({1, 2, 4}, 2)), "TransformerBlock", "without cross");
 }
 
+namespace {
+
+// The plain multi-head twin of a grouped-query `gqa`: its qkv weight and bias repeat the rows of
+// key/value head g for each of the H / Hkv query heads of group g (what GQA means), the rest copied.
+std::shared_ptr<nn::MultiHeadAttention> repeated_heads_twin(const nn::MultiHeadAttention& gqa) {
+  const int64_t d = gqa.d_model, H = gqa.n_heads, hs = gqa.head_size, G = H / gqa.kv_heads;
+  auto mha = std::make_shared<nn::MultiHeadAttention>(d, H, 0.0, true, DType::f64);
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < d; ++r) rows.push_back(r);                  // q: all of it
+  for (int64_t part = 0; part < 2; ++part)                            // k, then v
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < hs; ++i) rows.push_back(d + part * gqa.kv_heads * hs + (h / G) * hs + i);
+  const Tensor idx = from_vector<int64_t>(rows, {int64_t(rows.size())});
+  REQUIRE(mha->load_state_dict({{"qkv.weight", index_select(gqa.qkv->weight, 0, idx)},
+                               {"qkv.bias", index_select(gqa.qkv->bias, 0, idx)},
+                               {"proj.weight", gqa.proj->weight},
+                               {"proj.bias", gqa.proj->bias}})
+              .ok());
+  return mha;
+}
+
+}  // namespace
+
+TEST_CASE("MultiHeadAttention: kv_heads (grouped-query) equals plain heads with repeated k, v rows") {
+  Generator g(21);
+  for (int64_t kv : {1, 2}) {
+    CAPTURE(kv);
+    nn::MultiHeadAttention gqa(8, 4, 0.0, true, DType::f64, &g, {.kv_heads = kv});
+    CHECK(gqa.kv_heads == kv);
+    CHECK(gqa.qkv->weight.shape() == Shape{8 + 2 * kv * 2, 8});  // d + 2 Hkv hs rows, hs 2
+    const auto twin = repeated_heads_twin(gqa);
+    nn::MultiHeadAttention& mha = *twin;
+    const Tensor x = randn({2, 5, 8}, DType::f64, &g), ctx = randn({2, 3, 8}, DType::f64, &g);
+    nn::AttentionOptions none, causal, padded;
+    causal.causal = true;
+    padded.key_padding_lengths = from_vector<int64_t>({5, 3}, {2});
+    for (const nn::AttentionOptions* o : {&none, &causal, &padded}) {
+      nn::AttentionOptions w = *o;
+      w.need_weights = true;
+      const nn::AttentionResult a = gqa.forward(x, w), b = mha.forward(x, w);
+      check_close(a.out, b.out, 1e-12, 1e-12);
+      check_close(a.weights, b.weights, 1e-12, 1e-12);
+    }
+    check_close(gqa.forward(x, ctx).out, mha.forward(x, ctx).out, 1e-12, 1e-12);  // cross-attention
+  }
+  // kv_heads = n_heads is plain multi-head attention: PyTorch's in_proj layout, 3d rows
+  CHECK(nn::MultiHeadAttention(8, 4, 0.0, true, DType::f32, nullptr, {.kv_heads = 4}).qkv->weight.shape() ==
+        Shape{24, 8});
+  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, 0.0, true, DType::f32, nullptr, {.kv_heads = 3}), "kv_heads 3",
+                 "n_heads 4");
+  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, 0.0, true, DType::f32, nullptr, {.kv_heads = -1}), "kv_heads -1");
+}
+
+TEST_CASE("MultiHeadAttention: kv_heads gradcheck of every parameter, and a KV cache of kv_heads") {
+  for (int64_t kv : {1, 2}) {
+    CAPTURE(kv);
+    nn::MultiHeadAttention mha(8, 4, 0.0, true, DType::f64, nullptr, {.kv_heads = kv});
+    const int64_t rows = 8 + 4 * kv;
+    for (bool causal : {false, true}) {
+      CAPTURE(causal);
+      nn::AttentionOptions o;
+      o.causal = causal;
+      expect_gradcheck(
+          [&](const std::vector<Tensor>& in) {
+            mha.qkv->weight = in[1], mha.qkv->bias = in[2], mha.proj->weight = in[3], mha.proj->bias = in[4];
+            return mha.forward(in[0], o).out;
+          },
+          {leaf64({2, 3, 8}, 1), leaf64({rows, 8}, 2, 0.5), leaf64({rows}, 3), leaf64({8, 8}, 4), leaf64({8}, 5)});
+    }
+    // decoding one token at a time caches (B, Hkv, T, hs) and equals the causal forward
+    Generator g(3);
+    nn::TransformerBlock block(8, 4, 16, 0.0, true, false, DType::f64, &g, {.kv_heads = kv});
+    CHECK(block.attn->kv_heads == kv);
+    const Tensor x = randn({2, 6, 8}, DType::f64, &g);
+    NoGradGuard no_grad;
+    const Tensor y = block.forward(x);
+    nn::KVCache cache;
+    std::vector<Tensor> parts;
+    for (int64_t t = 0; t < 6; ++t) parts.push_back(block.forward(x.narrow(1, t, 1), Tensor(), &cache));
+    CHECK(cache.k.shape() == Shape{2, kv, 6, 2});
+    check_close(cat(parts, 1), y, 1e-12, 1e-12);
+  }
+}
+
 TEST_CASE("PatchEmbedding: matches PyTorch's Conv2d(kernel = stride = p) + flatten(2).transpose(1, 2)") {
   nn::PatchEmbedding pe(2, 2, 4, 3);
   CHECK(pe.num_patches == 4);
