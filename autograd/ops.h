@@ -518,9 +518,28 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
                                         const char* reduction = "mean", Site site = Site::current());
 
 // ====================== attention (autograd/ops/attention.cpp) ================================
+// rope: rotary position embedding (Su et al., RoFormer), applied to queries and keys
+//   forward: row t of x [..., T, D] (D even) stands at position p = offset + t; each of its D/2
+//            pairs (x1, x2), pair k turning by the angle a = p base^(-2k/D), becomes
+//            (x1 cos a - x2 sin a,  x1 sin a + x2 cos a)
+//            pairs: (x[k], x[k + D/2]) by default ("rotate half": GPT-NeoX, LLaMA and PyTorch's
+//            torchtune), or (x[2k], x[2k+1]) with interleaved (RoFormer, GPT-J)
+//   vjp:     dx = g turned by -a: (g1 cos a + g2 sin a,  -g1 sin a + g2 cos a)
+//   shapes:  x [..., T, D] -> y of x's shape
+//   saves:   nothing (the angles are recomputed)
+//   note:    cos a and sin a are computed in f64 and rounded to x's dtype. A query at position p
+//            and a key at position r then score q R(p)^T R(r) k^T = q R(r - p) k^T: only the
+//            distance between them counts, which is what lets a model run past its training
+//            length. offset: the positions a KV cache already holds, for decoding.
+//   math:    docs/math/positional.md
+Tensor rope(const Tensor& x, int64_t offset = 0, bool interleaved = false, double base = 10000,
+            Site site = Site::current());
+
 // scaled_dot_product_attention: softmax(scale Q K^T, masked) V, fused or composed
 //   forward: S = scale Q K^T  (scale = 1/sqrt(d) unless given),  S_ij = -inf where key j is hidden
 //            from query i,  P = softmax(S) over j,  out = dropout(P) V
+//            alibi_slopes m [H] (ALiBi, Press et al.): S_ij of head h gets - m_h |i + Tk - Tq - j|
+//            added before the masks, computed inside the kernels (no Tq x Tk bias is stored)
 //            hidden: causal (j > i + Tk - Tq: bottom-right aligned, so a query block at the end
 //            of a KV cache works; equal to PyTorch's is_causal when Tq == Tk), window
 //            (|i + Tk - Tq - j| > w), key_padding_lengths (j >= len[b]), key_padding_mask
@@ -530,6 +549,7 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 //   vjp:     dV = P~^T dO,  dP = (dO V^T) * M / (1 - p),  where P~ = P * M / (1 - p) is P after the
 //            dropout mask M (without dropout: P~ = P, dP = dO V^T)
 //            dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q
+//            (the ALiBi bias is a constant: no gradient flows to alibi_slopes)
 //   shapes:  q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv] -> out [B, H, Tq, dv]
 //            (and weights P [B, H, Tq, Tk] with return_weights). With enable_gqa (grouped-query
 //            attention, PyTorch's name) k and v may have Hkv heads, Hkv dividing H: query head h
@@ -541,8 +561,9 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 //            lse: memory O(T), not O(T^2). return_weights: the composed matmul-softmax-matmul
 //            path, returning P too. Dropout uses the same Philox elements in both paths, so they
 //            agree for a seed. With block_mask the fused kernels skip every tile whose blocks
-//            are all dropped: the cost grows with the kept blocks, not with Tq Tk. Under bf16 or fp16 autocast (autograd/autocast.h) f32 q, k, v are
-//            rounded to that format (round_bf16, round_fp16) and the rest is computed in f32.
+//            are all dropped: the cost grows with the kept blocks, not with Tq Tk. Under bf16 or
+//            fp16 autocast (autograd/autocast.h) f32 q, k, v are rounded to that format
+//            (round_bf16, round_fp16) and the rest is computed in f32.
 //   math:    docs/math/attention.md
 struct SdpaOptions {
   bool causal = false;
@@ -556,6 +577,8 @@ struct SdpaOptions {
   Tensor block_mask;           // b8 [ceil(Tq/bs), ceil(Tk/bs)]: true = block kept; on the cpu or q's device
   int64_t block_size = 0;      // bs >= 1 with block_mask: query i, key j lie in block (i / bs, j / bs)
   bool enable_gqa = false;     // k and v may have fewer heads Hkv dividing H (grouped-query attention)
+  Tensor alibi_slopes;         // f32 [H]: ALiBi's per-head slopes (nn/positional.h alibi_slopes), on
+                               //   the cpu or q's device; undefined: no bias
 };
 struct SdpaResult {
   Tensor out;      // [B, H, Tq, dv]

@@ -10,6 +10,7 @@
 // which kernels exist for which dtypes (AG_INSTANTIATE_<FAMILY>_KERNELS), and the family's CPU file
 // (core/cpu/<family>.cpp) and CUDA file (cuda/<family>.cu) both end with that one line. The math
 // of each op is in autograd/ops.h, and each kernel file points back to it.
+#include <cmath>
 #include <cstdint>
 
 #include "core/precision.h"
@@ -77,6 +78,12 @@ AG_HD inline Philox4 philox4x32_10(uint64_t seed, uint64_t counter) {
 // uniform in [0, 1) from the top 24 bits (exactly representable in f32)
 AG_HD inline float uniform01(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
 
+// rope (core/kernels/nn.h): the angle of pair k of D at position p, p base^(-2k/D), in f64 (both
+// backends take cos and sin of it in f64 and round those to the tensor's dtype)
+AG_HD inline double rope_angle(int64_t p, int64_t k, int64_t D, double base) {
+  return double(p) * pow(base, -2.0 * double(k) / double(D));
+}
+
 // ---- the argument types of the kernels (each explained beside its family's kernels) -----------
 
 // matmul (core/kernels/matmul.h): one batched GEMM as BLAS reads it
@@ -118,6 +125,9 @@ struct AttentionGeom {
   int64_t block_rows = 0, block_cols = 0, block_size = 1;
   double dropout = 0;           // probability of dropping an attention weight
   uint64_t seed = 0, offset = 0;  // Philox stream of the dropout mask (as ag::dropout over (BH, Tq, Tk))
+  // ALiBi: (H) slopes, head h's scores get alibi_bias(slope[h], ...) (core/kernels/attention_mask.h),
+  // or null. On the kernel's device (the GPU's also take host memory, copied like lengths).
+  const float* alibi = nullptr;
 };
 
 // optim (core/kernels/optim.h): one parameter of SGD; `first` says its momentum buffer is fresh

@@ -63,7 +63,15 @@ struct Geo : Visibility {
   double scale;
   double dropout, keep;    // keep = 1 / (1 - dropout), the factor of a kept weight
   uint64_t seed, offset;
+  const float* alibi;      // (H) ALiBi slopes in device memory, or null
 };
+
+// The ALiBi bias of the scaled score of pair (i, j) in head bh % H (core/kernels/attention_mask.h),
+// 0 without slopes.
+template <class T>
+__device__ inline T alibi_term(const Geo& g, int64_t bh, int64_t i, int64_t j) {
+  return g.alibi ? T(alibi_bias(double(g.alibi[bh % g.H]), g.Tq, g.Tk, i, j)) : T(0);
+}
 
 // Dropout keep factor of weight (bh, i, j): keep or 0, by the rule of core/kernels/dropout_mask.h
 // (element (bh Tq + i) Tk + j of ag::dropout's Philox stream), as on the CPU. Not inlined: the ten
@@ -209,7 +217,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < kRows; ++r) {
       const int64_t i = i0 + warp * kRows + r;
       const bool vis = i < g.Tq && visible(g, b, i, j);
-      const float x = vis ? s[r] * scale : -INFINITY;
+      const float x = vis ? s[r] * scale + alibi_term<float>(g, bh, i, j) : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(x));  // the same in every lane: warp-uniform branch
       float p = 0.f;
       if (m_new != -INFINITY) {  // else nothing visible yet in this row: contributes nothing
@@ -288,7 +296,7 @@ __global__ void attention_rowdot_kernel(T* Dd, const T* dout, const T* out, int6
 //   s = q_i . k_j,  dp = dO_i . v_j  ->  pm = P_ij M_ij (what V saw),  ds = dS_ij
 __device__ inline void pair_grads(const Geo& g, bool vis, float s, float dp, float li, float di, int64_t bh, int64_t i,
                                   int64_t j, float& pm, float& ds) {
-  const float p = vis ? expf(s * float(g.scale) - li) : 0.f;  // hidden keys: 0
+  const float p = vis ? expf(s * float(g.scale) + alibi_term<float>(g, bh, i, j) - li) : 0.f;  // hidden keys: 0
   if (g.dropout > 0) {
     const float mk = vis ? keep_factor<float>(g, bh, i, j) : 0.f;
     pm = p * mk;
@@ -529,7 +537,7 @@ __global__ void attention_forward_naive_kernel(T* out, T* lse, const T* q, const
       if (!sees(g, b, i, r, j)) continue;
       T s = 0;
       for (int64_t d = 0; d < g.D; ++d) s += Qi[d] * K[j * g.kt + d];
-      s *= T(g.scale);
+      s = s * T(g.scale) + alibi_term<T>(g, bh, i, j);
       const T m_new = s > m ? s : m;
       const T alpha = exp(m - m_new), p = exp(s - m_new);
       l = l * alpha + p;
@@ -563,7 +571,8 @@ __global__ void attention_backward_q_naive_kernel(T* dq, const T* dout, const T*
       T s = 0, dp = 0;
       for (int64_t d = 0; d < g.D; ++d) s += Qi[d] * K[j * g.kt + d];
       for (int64_t c = 0; c < g.Dv; ++c) dp += dOi[c] * V[j * g.vt + c];
-      const T p = exp(s * T(g.scale) - li), mk = g.dropout > 0 ? keep_factor<T>(g, bh, i, j) : T(1);
+      const T p = exp(s * T(g.scale) + alibi_term<T>(g, bh, i, j) - li),
+              mk = g.dropout > 0 ? keep_factor<T>(g, bh, i, j) : T(1);
       const T ds = p * (dp * mk - di);
       for (int64_t d = 0; d < g.D; ++d) dQi[d] += T(g.scale) * ds * K[j * g.kt + d];
     }
@@ -589,7 +598,8 @@ __global__ void attention_backward_kv_naive_kernel(T* dk, T* dv, const T* dout, 
       T s = 0, dp = 0;
       for (int64_t d = 0; d < g.D; ++d) s += Qi[d] * Kj[d];
       for (int64_t c = 0; c < g.Dv; ++c) dp += dOi[c] * Vj[c];
-      const T p = exp(s * T(g.scale) - li), mk = g.dropout > 0 ? keep_factor<T>(g, bh, i, j) : T(1);
+      const T p = exp(s * T(g.scale) + alibi_term<T>(g, bh, i, j) - li),
+              mk = g.dropout > 0 ? keep_factor<T>(g, bh, i, j) : T(1);
       const T ds = p * (dp * mk - Dd[bh * g.Tq + i]);
       for (int64_t c = 0; c < g.Dv; ++c) dVj[c] += p * mk * dOi[c];
       for (int64_t d = 0; d < g.D; ++d) dKj[d] += T(g.scale) * ds * Qi[d];
@@ -625,7 +635,8 @@ struct DeviceCopy {
   }
 };
 
-Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask, DeviceCopy& block_mask) {
+Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask, DeviceCopy& block_mask,
+             DeviceCopy& alibi) {
   Geo e{};
   e.BH = g.BH, e.H = g.H, e.G = g.G, e.Tq = g.Tq, e.Tk = g.Tk, e.D = g.D, e.Dv = g.Dv;
   e.causal = g.causal, e.window = g.window;
@@ -644,6 +655,7 @@ Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask, 
   e.block_cols = g.block_cols, e.block_size = g.block_size;
   e.dropout = g.dropout, e.keep = g.dropout > 0 ? dropout_scale<double>(g.dropout) : 1.0;
   e.seed = g.seed, e.offset = g.offset;
+  e.alibi = alibi.of(g.alibi, size_t(g.H));
   return e;
 }
 
@@ -685,8 +697,8 @@ void backward_tiled(float* dq, float* dk, float* dv, const float* dout, const fl
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionGeom& g) {
   if (g.BH == 0 || g.Tq == 0) return;
-  DeviceCopy lengths, key_mask, block_mask;
-  const Geo e = make_geo(g, lengths, key_mask, block_mask);
+  DeviceCopy lengths, key_mask, block_mask, alibi;
+  const Geo e = make_geo(g, lengths, key_mask, block_mask, alibi);
   if constexpr (std::is_same_v<T, float>) {
     const int C = chunks(g);
     if (C == 1) return forward_tiled<1>(out, lse, q, k, v, e);
@@ -701,8 +713,8 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionGeom& g) {
   if (g.BH == 0 || g.Tq == 0 || g.Tk == 0) return;  // no pair (i, j): every gradient gets + 0
-  DeviceCopy lengths, key_mask, block_mask;
-  const Geo e = make_geo(g, lengths, key_mask, block_mask);
+  DeviceCopy lengths, key_mask, block_mask, alibi;
+  const Geo e = make_geo(g, lengths, key_mask, block_mask, alibi);
   // D_i = dO_i . O_i, one number per query row, in a scratch buffer
   const int64_t rows = g.BH * g.Tq;
   const int device = current_device();

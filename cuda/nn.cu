@@ -385,6 +385,33 @@ void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, ui
   kernelCheck();
 }
 
+// rope: one thread per pair (R T D/2 of them), its angle's cos and sin in f64 as the CPU's table
+// (core/kernels.h rope_angle), rounded to T.
+template <class T>
+__global__ void rope_kernel(T* y, const T* x, int64_t R, int64_t Tn, int64_t D, int64_t offset, double base,
+                            bool interleaved, bool inverse) {
+  const int64_t half = D / 2, n = R * Tn * half;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = e / half, k = e % half, t = row % Tn;
+    double sa, ca;
+    sincos(rope_angle(offset + t, k, D, base), &sa, &ca);
+    const T c = T(ca), s = T(inverse ? -sa : sa);
+    const int64_t i1 = row * D + (interleaved ? 2 * k : k), i2 = i1 + (interleaved ? 1 : half);
+    const T x1 = x[i1], x2 = x[i2];
+    y[i1] = x1 * c - x2 * s;
+    y[i2] = x1 * s + x2 * c;
+  }
+}
+
+template <class T>
+void rope_forward(T* y, const T* x, int64_t R, int64_t Tn, int64_t D, int64_t offset, double base, bool interleaved,
+                  bool inverse) {
+  if (R * Tn * D == 0) return;
+  rope_kernel<T><<<blocks_for(R * Tn * (D / 2)), kThreads, 0, stream()>>>(y, x, R, Tn, D, offset, base, interleaved,
+                                                                           inverse);
+  kernelCheck();
+}
+
 // The kernels of core/kernels/nn.h for the dtypes listed there.
 AG_INSTANTIATE_NN_KERNELS
 

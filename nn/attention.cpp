@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "nn/positional.h"
+
 namespace ag::nn {
 
 KVCache::KVCache(int64_t capacity) : reserve_(capacity) {
@@ -65,12 +67,19 @@ AttentionCapture::~AttentionCapture() { detail::t_attention_capture = prev_; }
 MultiHeadAttention::MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout, bool bias, DType dtype,
                                        Generator* gen, const AttentionConfig& config)
     : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0),
-      kv_heads(config.kv_heads == 0 ? n_heads : config.kv_heads), dropout(dropout), gen(gen) {
+      kv_heads(config.kv_heads == 0 ? n_heads : config.kv_heads), dropout(dropout), gen(gen), config(config) {
   check(d_model > 0 && n_heads > 0 && d_model % n_heads == 0,
         "MultiHeadAttention: d_model {} must be a positive multiple of n_heads {}", d_model, n_heads);
   check(kv_heads > 0 && n_heads % kv_heads == 0,
         "MultiHeadAttention: kv_heads {} must divide n_heads {} (0: n_heads)", config.kv_heads, n_heads);
   check(dropout >= 0 && dropout < 1, "MultiHeadAttention: dropout must be in [0, 1), got {}", dropout);
+  check(config.positions == "none" || config.positions == "rope" || config.positions == "alibi",
+        "MultiHeadAttention: positions '{}': expected none, rope or alibi", config.positions);
+  check(config.positions != "rope" || head_size % 2 == 0,
+        "MultiHeadAttention: rope turns pairs of a head's dims, so the head size must be even, got {}", head_size);
+  check(config.rope_base > 1, "MultiHeadAttention: rope_base must be > 1, got {}", config.rope_base);
+  this->config.kv_heads = kv_heads;
+  if (config.positions == "alibi") alibi = alibi_slopes(n_heads);
   qkv = register_module("qkv", std::make_shared<Linear>(d_model, d_model + 2 * kv_heads * head_size, bias, dtype, gen));
   proj = register_module("proj", std::make_shared<Linear>(d_model, d_model, bias, dtype, gen));
 }
@@ -89,6 +98,7 @@ AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
   o.block_mask = options.block_mask, o.block_size = options.block_size;
   o.dropout = is_training() ? dropout : 0.0;
   o.enable_gqa = kv_heads != n_heads;
+  o.alibi_slopes = alibi;
   o.generator = options.generator ? options.generator : gen;
   AttentionCapture* capture = detail::t_attention_capture;
   o.return_weights = options.need_weights || capture != nullptr;
@@ -112,6 +122,11 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionOpti
   const int64_t kvd = kv_heads * head_size;
   Tensor q = split_heads(p, 0, n_heads), k = split_heads(p, d_model, kv_heads),
          v = split_heads(p, d_model + kvd, kv_heads);
+  if (config.positions == "rope") {  // the new rows stand after what the cache holds
+    const int64_t offset = options.cache ? options.cache->length() : 0;
+    q = rope(q, offset, config.rope_interleaved, config.rope_base);
+    k = rope(k, offset, config.rope_interleaved, config.rope_base);
+  }
   if (options.cache != nullptr) std::tie(k, v) = options.cache->append(k, v);
   return attend(q, k, v, options);
 }
@@ -123,6 +138,9 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const Tensor& conte
   check(context.ndim() == 3 && context.size(2) == d_model && context.size(0) == x.size(0),
         "MultiHeadAttention: expected context of shape [{}, Tk, {}], got {}", x.size(0), d_model, context.shape());
   check(options.cache == nullptr, "MultiHeadAttention: a KV cache is for self-attention, not cross-attention");
+  check(config.positions == "none",
+        "MultiHeadAttention: positions '{}' are for self-attention; queries and a context have no shared positions",
+        config.positions);
   // q uses rows [0, d) of the fused weight, k and v the rows after: PyTorch's in_proj split
   const Tensor& W = qkv->weight;
   const Tensor& b = qkv->bias;

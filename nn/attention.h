@@ -6,7 +6,8 @@
 //   [q | k | v] = x Wqkv^T + bqkv         qkv:  Linear(d, d + 2 Hkv hs), one fused projection
 //   q           -> (B, H, T, hs)          columns [0, d): a narrow, a reshape and a transpose (views)
 //   k, v        -> (B, Hkv, T, hs)        columns [d, d + Hkv hs) and [d + Hkv hs, d + 2 Hkv hs)
-//   o_h         = softmax(q_h k_g^T / sqrt(hs) + mask) v_g,  g = h / (H / Hkv)
+//   [q, k       <- rope(q), rope(k)]      with positions "rope" (at the KV cache's offset)
+//   o_h         = softmax(q_h k_g^T / sqrt(hs) [+ alibi_h] + mask) v_g,  g = h / (H / Hkv)
 //                                         scaled_dot_product_attention (enable_gqa when Hkv < H)
 //   y           = concat_h(o_h) Wproj^T + bproj                 proj: Linear(d, d)
 // With Hkv = H (the default) qkv.weight is PyTorch's in_proj_weight (rows 0..d-1 make q, d..2d-1
@@ -99,6 +100,14 @@ struct AttentionResult {
 // How a MultiHeadAttention is built, beyond its width and heads.
 struct AttentionConfig {
   int64_t kv_heads = 0;  // key/value heads Hkv, dividing n_heads (0: n_heads, plain multi-head)
+  // Positions inside self-attention: "rope" turns q and k by their positions (the op rope, at the
+  // offset of the positions a KV cache holds), "alibi" adds ALiBi's biases -m_h |i - j| to the
+  // scores (nn/positional.h alibi_slopes), "none": the model adds positions to its inputs, or has
+  // none. Either of the first two is relative: the scores depend on i - j only. Cross-attention
+  // has no shared position axis and refuses them.
+  std::string positions = "none";
+  bool rope_interleaved = false;  // rope's pairs (x[2k], x[2k+1]) instead of (x[k], x[k + hs/2])
+  double rope_base = 10000;
 };
 
 struct MultiHeadAttention : Module {
@@ -108,6 +117,8 @@ struct MultiHeadAttention : Module {
   std::shared_ptr<Linear> proj;  // d -> d
   Generator* gen;                // attention dropout draws from it (null: the default generator),
                                  // as nn::Dropout does, unless AttentionOptions::generator is set
+  AttentionConfig config;        // kv_heads resolved (never 0)
+  Tensor alibi;                  // f32 (H) slopes with positions "alibi", on the cpu (not a parameter)
 
   MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout = 0.0, bool bias = true,
                      DType dtype = DType::f32, Generator* gen = nullptr, const AttentionConfig& config = {});

@@ -20,6 +20,25 @@ Tensor sinusoidal_positions(int64_t T, int64_t d, DType dtype) {
   return from_vector(pe, {T, d}).to(dtype);
 }
 
+namespace {
+// 2^(-8 (h + 1) / n) for h < n, n a power of two
+std::vector<float> power_of_two_slopes(int64_t n) {
+  std::vector<float> m;
+  for (int64_t h = 0; h < n; ++h) m.push_back(float(std::exp2(-8.0 * double(h + 1) / double(n))));
+  return m;
+}
+}  // namespace
+
+Tensor alibi_slopes(int64_t H) {
+  check(H >= 1, "alibi_slopes: the number of heads must be >= 1, got {}", H);
+  int64_t n = 1;
+  while (n * 2 <= H) n *= 2;  // the power of two at or below H
+  std::vector<float> m = power_of_two_slopes(n);
+  const std::vector<float> finer = power_of_two_slopes(2 * n);
+  for (int64_t h = 0; int64_t(m.size()) < H; h += 2) m.push_back(finer[size_t(h)]);
+  return from_vector<float>(m, {H});
+}
+
 LearnedPositions::LearnedPositions(int64_t max_len_, int64_t dim_, DType dtype, Generator* gen)
     : max_len(max_len_), dim(dim_) {
   check(max_len > 0 && dim > 0, "LearnedPositions: max_len and dim must be positive, got {} and {}", max_len, dim);

@@ -10,12 +10,21 @@
 // LearnedPositions(max_len, d): a trained table, as GPT-2's wpe = nn.Embedding(max_len, d):
 //   forward(T, start) = weight[start : start + T]  (T, d); weight ~ N(0, 1) like nn.Embedding.
 // A slice rather than a gather of arange(T): the same values and gradient, with no copy.
+// alibi_slopes(H): ALiBi's per-head slopes (Press et al., 2022), f32 (H), for the alibi_slopes of
+// scaled_dot_product_attention (head h's scores get -m_h |i - j|: no position embedding at all).
+// For H a power of two the geometric sequence m_h = 2^(-8 (h + 1) / H) (H 8: 1/2, 1/4, ..., 1/256);
+// otherwise, as the paper's code, the slopes of the power of two n below H, then every other slope
+// of 2n for the remaining H - n heads.
+//
+// Rotary positions (RoPE) are the op rope (autograd/ops.h), applied to queries and keys by
+// MultiHeadAttention (nn/attention.h AttentionConfig::positions).
 // Derived step by step: docs/math/positional.md
 #include "nn/module.h"
 
 namespace ag::nn {
 
 Tensor sinusoidal_positions(int64_t T, int64_t d, DType dtype = DType::f32);
+Tensor alibi_slopes(int64_t H);
 
 struct LearnedPositions : Module {
   int64_t max_len, dim;

@@ -26,8 +26,10 @@ void TransformerBlock::build_attention(int64_t d_model, int64_t n_heads, double 
   attn = register_module("attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen, attention));
   if (cross) {
     ln_cross = register_module("ln_cross", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
-    cross_attn = register_module("cross_attn",
-                                 std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen, attention));
+    AttentionConfig cross_config = attention;  // positions belong to the self-attention's sequence
+    cross_config.positions = "none";
+    cross_attn = register_module(
+        "cross_attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen, cross_config));
   }
   ln2 = register_module("ln2", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
 }

@@ -23,7 +23,8 @@ struct TransformerBlock : UnaryModule {
   std::shared_ptr<MLP> mlp;                   // the built-in feed-forward; null when given one's own
   std::shared_ptr<UnaryModule> feed_forward;  // what forward runs: mlp, or the module given
 
-  // `attention` configures both attentions (kv_heads: grouped-query attention, see nn/attention.h).
+  // `attention` configures the attentions (nn/attention.h AttentionConfig: kv_heads for both, the
+  // positions for the self-attention only).
   TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout = 0.0, bool causal = false,
                    bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr,
                    const AttentionConfig& attention = {});

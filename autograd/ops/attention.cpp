@@ -59,13 +59,28 @@ double kept_pairs(const SdpaOptions& o, int64_t Tq, int64_t Tk) {
   return Tq > 0 && Tk > 0 ? pairs / (double(Tq) * double(Tk)) : 1;
 }
 
-// The composed path: S = scale Q K^T, masked, softmax, dropout, @ V. A row with no visible key is
-// left unmasked for the softmax (so no NaN enters forward or backward) and zeroed afterwards.
+// ALiBi's bias (core/kernels/attention_mask.h alibi_bias) as a (1, H, Tq, Tk) tensor of `dtype`,
+// built on the host from the slopes (H): what the kernels add tile by tile, for the composed path.
+Tensor alibi_bias_tensor(const Tensor& slopes, int64_t Tq, int64_t Tk, DType dtype) {
+  const std::vector<float> m = slopes.to(Device::cpu()).to_vector<float>();
+  const int64_t H = int64_t(m.size());
+  std::vector<double> bias(size_t(H * Tq * Tk));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < Tq; ++i)
+      for (int64_t j = 0; j < Tk; ++j) bias[size_t((h * Tq + i) * Tk + j)] = alibi_bias(m[size_t(h)], Tq, Tk, i, j);
+  return from_vector<double>(bias, {1, H, Tq, Tk}).to(dtype);
+}
+
+// The composed path: S = scale Q K^T (+ the ALiBi bias), masked, softmax, dropout, @ V. A row with
+// no visible key is left unmasked for the softmax (so no NaN enters forward or backward) and
+// zeroed afterwards.
 SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, double scale,
                               const Tensor& visible) {
   Tensor hidden = eq(visible, scalar_tensor(0, DType::b8, q.device()));   // (B,1,Tq,Tk)
   Tensor empty_row = eq(sum(visible.to(DType::i64), {-1}, true), 0.0);  // (B,1,Tq,1): nothing visible
   Tensor s = mul(matmul(q, k.mT()), scale);
+  if (o.alibi_slopes.defined())
+    s = add(s, alibi_bias_tensor(o.alibi_slopes, q.size(2), k.size(2), q.dtype()).to(q.device()));
   Tensor hide = where(empty_row, scalar_tensor(0, DType::b8, q.device()), hidden);
   Tensor w = softmax(masked_fill(s, hide, -std::numeric_limits<double>::infinity()), -1);
   w = where(empty_row, zeros({}, w.dtype(), w.device()), w);
@@ -74,6 +89,28 @@ SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v,
 }
 
 }  // namespace
+
+Tensor rope(const Tensor& x, int64_t offset, bool interleaved, double base, Site site) {
+  const CallSite at("rope", site);
+  check(is_floating(x.dtype()), "rope: expected an f32 or f64 input, got {} (shape {})", x.dtype(), x.shape());
+  check(x.ndim() >= 2 && x.size(-1) % 2 == 0 && x.size(-1) > 0,
+        "rope: expected x of shape [..., T, D] with D even, got {}", x.shape());
+  check(offset >= 0, "rope: offset must be >= 0, got {}", offset);
+  check(base > 1 && std::isfinite(base), "rope: base must be a finite number > 1, got {}", base);
+  const int64_t D = x.size(-1), Tn = x.size(-2), R = Tn > 0 ? x.numel() / (Tn * D) : 0;
+  Tensor xc = x.detach().contiguous(), y = empty(x.shape(), x.dtype(), x.device());
+  visit_floating("rope", x.dtype(), [&]<class T>() {
+    KERNEL(x.device(), rope_forward<T>, y.data<T>(), xc.data<T>(), R, Tn, D, offset, base, interleaved, false);
+  });
+  record("rope", {x}, y, [R, Tn, D, offset, base, interleaved](const Tensor& g) {  // saves nothing
+    Tensor gc = g.contiguous(), dx = empty(g.shape(), g.dtype(), g.device());
+    visit_floating("rope", g.dtype(), [&]<class T>() {
+      KERNEL(g.device(), rope_forward<T>, dx.data<T>(), gc.data<T>(), R, Tn, D, offset, base, interleaved, true);
+    });
+    return std::vector{dx};
+  });
+  return y;
+}
 
 SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site) {
   const CallSite at("scaled_dot_product_attention", site);
@@ -131,6 +168,19 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
           q.device());
     blocks = o.block_mask.detach().to(q.device()).contiguous();
   }
+  Tensor slopes;  // ALiBi's, f32 on q's device
+  if (o.alibi_slopes.defined()) {
+    check(o.alibi_slopes.dtype() == DType::f32 && o.alibi_slopes.shape() == Shape{H},
+          "{}: alibi_slopes must be f32 of shape [{}] (one slope per query head), got {} {}", op, H,
+          o.alibi_slopes.dtype(), o.alibi_slopes.shape());
+    check(o.alibi_slopes.device() == q.device() || o.alibi_slopes.device() == Device::cpu(),
+          "{}: alibi_slopes is on {} but q on {} (give it on the cpu or on q's device)", op, o.alibi_slopes.device(),
+          q.device());
+    if (o.alibi_slopes.device() == Device::cpu())  // (slopes on the GPU are not copied back to look)
+      for (float m : o.alibi_slopes.contiguous().to_vector<float>())
+        check(std::isfinite(m), "{}: alibi_slopes holds {}, expected finite slopes", op, m);
+    slopes = o.alibi_slopes.detach().to(q.device()).contiguous();
+  }
   if (const Precision p = autocast_operands(q.dtype()); p != Precision::fp32) {
     // autocast (autograd/autocast.h): q, k and v rounded to bf16 or fp16 (straight-through
     // gradients), the rest in f32, so the fused and the composed path compute the same function.
@@ -162,6 +212,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
   g.BH = B * H, g.H = H, g.G = G, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;
   g.causal = o.causal, g.window = o.window;
+  g.alibi = slopes.defined() ? slopes.data<float>() : nullptr;
   g.lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   g.key_mask = kmask.defined() ? kmask.data<bool>() : nullptr;
   if (blocks.defined())
@@ -174,8 +225,9 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   visit_floating(op, q.dtype(), [&]<class T>() {
     KERNEL(q.device(), attention_forward<T>, out.data<T>(), lse.data<T>(), qc.data<T>(), kc.data<T>(), vc.data<T>(), g);
   });
-  // saves q, k, v, out and lse (O(T) per row), and the masks the geometry points into
-  record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, blocks, g](const Tensor& dout) {
+  // saves q, k, v, out and lse (O(T) per row), and the masks and slopes the geometry points into
+  record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, blocks, slopes,
+                              g](const Tensor& dout) {
     // contiguous; dk and dv per query head (B, H, Tk, .), each group summed below when G > 1
     const int64_t B = g.BH / g.H, Tk = g.Tk;
     Tensor gc = dout.contiguous(), dq = zeros_like(qc), dk = zeros({B, g.H, Tk, g.D}, qc.dtype(), qc.device()),

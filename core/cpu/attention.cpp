@@ -72,6 +72,15 @@ void hide_keys(T* s, const Visibility& vis, int64_t b, int64_t i, int64_t j0, in
   }
 }
 
+// Adds ALiBi's bias (core/kernels/attention_mask.h) of head bh to row i of a tile of scaled scores,
+// s[j] for the keys j0 + j (j < nk). Before hide_keys: a hidden key's score is still -inf.
+template <class T>
+void add_alibi(T* s, const AttentionGeom& g, int64_t bh, int64_t i, int64_t j0, int64_t nk) {
+  const double slope = g.alibi[bh % g.H];
+#pragma omp simd
+  for (int64_t j = 0; j < nk; ++j) s[j] += T(alibi_bias(slope, g.Tq, g.Tk, i, j0 + j));
+}
+
 // Calls f(j0, nk, blocks) for the key tiles [j0, j0 + nk) (nk <= kBk) that query rows [i0, i1)
 // walk within span: the runs of block columns some of their block rows keep (kept_run; all of span
 // without a block mask), kBk keys at a time. blocks: the tile overlaps a dropped block, so its
@@ -314,6 +323,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
         tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, ldt, S.data(), kBk, false);
         for (int64_t i = 0; i < nq; ++i) {
           T* s = S.data() + i * kBk;
+          if (g.alibi) add_alibi(s, g, bh, i0 + i, j0, nk);
           hide_keys(s, vis, b, i0 + i, j0, nk, range[i], blocks, ninf);
           T mx = ninf;
 #pragma omp simd reduction(max : mx)
@@ -355,7 +365,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 }
 
 // In the forward pass this was, per row i:  P_ij = e^(S_ij - lse_i),  O_i = sum_j P_ij M_ij V_j
-// (M the dropout keep factors, 1 without dropout),  S = scale Q K^T.  So now we have
+// (M the dropout keep factors, 1 without dropout),  S = scale Q K^T (+ the ALiBi bias, a
+// constant).  So now we have
 //   dV_j  = sum_i P_ij M_ij dO_i
 //   dP_ij = (dO_i . V_j) M_ij
 //   dS_ij = P_ij (dP_ij - D_i),   D_i = sum_j P_ij dP_ij = dO_i . O_i   (the softmax backward)
@@ -399,6 +410,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             T *p = P.data() + i * kBk, *dp = dP.data() + i * kBk;
             // a row that saw no key (lse = +inf) has P = 0: hide all of it
             const bool none = !(L[i] < std::numeric_limits<T>::infinity());
+            if (g.alibi) add_alibi(p, g, bh, i0 + i, j0, nk);
             hide_keys(p, vis, b, i0 + i, j0, nk, none ? KeyRange{0, 0} : range[i], blocks && !none,
                       -std::numeric_limits<T>::infinity());
             const T li = none ? T(0) : L[i], di = Dd[i];

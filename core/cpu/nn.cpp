@@ -643,6 +643,36 @@ void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, ui
   dropout_apply<T, true>(dx, dy, n, p, seed, offset);
 }
 
+// ================================ rope ==========================================================
+// The cos and sin of the T x D/2 angles once per call (in f64, rounded to T), then every row of
+// the R slices turned pair by pair: the table is R times smaller than x.
+template <class T>
+void rope_forward(T* y, const T* x, int64_t R, int64_t Tn, int64_t D, int64_t offset, double base, bool interleaved,
+                  bool inverse) {
+  const int64_t half = D / 2;
+  std::vector<T> cs(size_t(Tn * half)), sn(size_t(Tn * half));
+  for (int64_t t = 0; t < Tn; ++t)
+    for (int64_t k = 0; k < half; ++k) {
+      const double a = rope_angle(offset + t, k, D, base);
+      cs[size_t(t * half + k)] = T(std::cos(a));
+      sn[size_t(t * half + k)] = T(inverse ? -std::sin(a) : std::sin(a));
+    }
+  // pair k is (x[k * step], x[k * step + gap]): rotate-half (1, D/2) or interleaved (2, 1)
+  const int64_t step = interleaved ? 2 : 1, gap = interleaved ? 1 : half;
+  parallel_for(R * Tn, row_grain(D), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T *c = cs.data() + (r % Tn) * half, *s = sn.data() + (r % Tn) * half, *xr = x + r * D;
+      T* yr = y + r * D;
+#pragma omp simd
+      for (int64_t k = 0; k < half; ++k) {
+        const T x1 = xr[k * step], x2 = xr[k * step + gap];
+        yr[k * step] = x1 * c[k] - x2 * s[k];
+        yr[k * step + gap] = x1 * s[k] + x2 * c[k];
+      }
+    }
+  });
+}
+
 // ================================ instantiations ==============================================
 // The kernels of core/kernels/nn.h for the dtypes listed there.
 AG_INSTANTIATE_NN_KERNELS

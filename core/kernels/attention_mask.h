@@ -173,4 +173,13 @@ AG_HD inline KeyRange kept_run(const Visibility& m, int64_t i0, int64_t i1, int6
   return {lo, c * bs < end ? c * bs : end};
 }
 
+// ALiBi (Press et al., 2022): the bias added to the scaled score of query i and key j in a head of
+// slope m, -m |a - j| with a = i + (Tk - Tq) the query's position on the key axis (bottom-right
+// aligned, as the masks; FlashAttention's convention), so causal or not, nearer keys weigh more.
+// Not a mask: every key stays visible.
+AG_HD inline double alibi_bias(double slope, int64_t Tq, int64_t Tk, int64_t i, int64_t j) {
+  const int64_t dist = i + (Tk - Tq) - j;
+  return -slope * double(dist < 0 ? -dist : dist);
+}
+
 }  // namespace ag

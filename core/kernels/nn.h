@@ -1,7 +1,7 @@
 // Kernels of the normalisation & loss ops: softmax, log_softmax, layer_norm, embedding,
-// cross_entropy, dropout (core/cpu/nn.cpp). Math in autograd/ops.h. Every buffer is contiguous.
-// Backward kernels add into their gradient buffers (+=); the front hands them zeroed ones (except
-// layer_norm's dx, written with =, see below).
+// cross_entropy, dropout, and of rope (core/cpu/nn.cpp). Math in autograd/ops.h. Every buffer is
+// contiguous. Backward kernels add into their gradient buffers (+=); the front hands them zeroed
+// ones (except layer_norm's dx and rope, written with =, see below).
 //
 // Shapes (R = rows, i.e. the product of the leading dims):
 //   softmax, log_softmax   x, y, dy, dx (outer, C, inner): normalised over C, the middle dim
@@ -10,6 +10,7 @@
 //   cross_entropy          logits, logp, dlogits (N, C); target (N); loss (N);
 //                          dloss (N) read with stride dloss_stride (0: one scalar for every row)
 //   dropout                x, y, dy, dx (n)
+//   rope                   x, y (R, T, D)
 //
 // No include guard: core/kernels.h reads this file inside namespace ag::cpu (core/cpu/nn.cpp) and
 // inside ag::cuda (cuda/nn.cu), so each kernel is declared once for both backends. The GPU's have
@@ -54,6 +55,16 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
 template <class T> void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint64_t offset);
 template <class T> void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset);
 
+// ---- rope: rotary position embedding over rows of D (autograd/ops.h) --------------------------
+// x, y (R, T, D), D even, contiguous: row t of each of the R slices stands at position offset + t,
+// and pair k (k < D/2) of it, (x[k], x[k + D/2]) or with interleaved (x[2k], x[2k+1]), turns by the
+// angle a = rope_angle(offset + t, k, D, base) (core/kernels.h), or by -a with inverse (the
+// backward: the transpose of a rotation is its inverse). y is written (=), not added into; y == x
+// (in place) is allowed.
+template <class T>
+void rope_forward(T* y, const T* x, int64_t R, int64_t Tn, int64_t D, int64_t offset, double base, bool interleaved,
+                  bool inverse);
+
 // Instantiated for f32 and f64 by both backends: core/cpu/nn.cpp and cuda/nn.cu end with
 // AG_INSTANTIATE_NN_KERNELS.
 #define AG_NN_KERNELS(T)                                                                                       \
@@ -61,7 +72,7 @@ template <class T> void dropout_backward(T* dx, const T* dy, int64_t n, double p
   AG_INSTANTIATE(log_softmax_backward<T>) AG_INSTANTIATE(layer_norm_forward<T>)                                \
   AG_INSTANTIATE(layer_norm_backward<T>) AG_INSTANTIATE(embedding_forward<T>) AG_INSTANTIATE(embedding_backward<T>) \
   AG_INSTANTIATE(cross_entropy_forward<T>) AG_INSTANTIATE(cross_entropy_backward<T>)                           \
-  AG_INSTANTIATE(dropout_forward<T>) AG_INSTANTIATE(dropout_backward<T>)
+  AG_INSTANTIATE(dropout_forward<T>) AG_INSTANTIATE(dropout_backward<T>) AG_INSTANTIATE(rope_forward<T>)
 #define AG_INSTANTIATE_NN_KERNELS AG_NN_KERNELS(float) AG_NN_KERNELS(double)
 
 #if AG_KERNELS_CPU

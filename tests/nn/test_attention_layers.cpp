@@ -9,6 +9,7 @@
 
 #include "nn/attention.h"
 #include "nn/patch.h"
+#include "nn/positional.h"
 #include "nn/transformer.h"
 #include "tests/helpers.h"
 
@@ -351,6 +352,63 @@ TEST_CASE("MultiHeadAttention: kv_heads gradcheck of every parameter, and a KV c
     CHECK(cache.k.shape() == Shape{2, kv, 6, 2});
     check_close(cat(parts, 1), y, 1e-12, 1e-12);
   }
+}
+
+TEST_CASE("MultiHeadAttention: rope and alibi positions, by hand, through a KV cache, gradcheck") {
+  Generator g(31);
+  const Tensor x = randn({2, 6, 8}, DType::f64, &g);
+  for (const char* positions : {"rope", "alibi"}) {
+    CAPTURE(positions);
+    nn::MultiHeadAttention mha(8, 4, 0.0, true, DType::f64, &g, {.kv_heads = 2, .positions = positions});
+    nn::AttentionOptions causal;
+    causal.causal = true;
+    // by hand: the projection split as documented, then rope on q and k, or ALiBi's slopes
+    {
+      NoGradGuard no_grad;
+      const Tensor p = linear(x, mha.qkv->weight, mha.qkv->bias);
+      auto heads = [](const Tensor& t, int64_t first, int64_t n) {
+        return t.narrow(2, first, n * 2).reshape({2, 6, n, 2}).transpose(1, 2);
+      };
+      Tensor q = heads(p, 0, 4), k = heads(p, 8, 2), v = heads(p, 12, 2);
+      SdpaOptions o;
+      o.causal = true, o.enable_gqa = true;
+      if (std::string(positions) == "rope") q = rope(q), k = rope(k);
+      else o.alibi_slopes = nn::alibi_slopes(4);
+      const Tensor o_heads = scaled_dot_product_attention(q, k, v, o).out;
+      const Tensor ref = linear(o_heads.transpose(1, 2).reshape({2, 6, 8}), mha.proj->weight, mha.proj->bias);
+      check_close(mha.forward(x, causal).out, ref, 1e-12, 1e-12);
+      // decoding one token at a time (rope at the cache's offset, ALiBi bottom-right aligned) and
+      // in chunks equals the causal forward
+      for (const std::vector<int64_t>& chunks : {std::vector<int64_t>{1, 1, 1, 1, 1, 1}, std::vector<int64_t>{2, 3, 1}}) {
+        nn::KVCache cache;
+        nn::AttentionOptions step = causal;
+        step.cache = &cache;
+        std::vector<Tensor> parts;
+        int64_t t = 0;
+        for (int64_t n : chunks) parts.push_back(mha.forward(x.narrow(1, t, n), step).out), t += n;
+        check_close(cat(parts, 1), ref, 1e-12, 1e-12);
+      }
+      // and the positions matter: without them the output differs
+      nn::MultiHeadAttention plain(8, 4, 0.0, true, DType::f64, nullptr, {.kv_heads = 2});
+      REQUIRE(plain.load_state_dict(mha.state_dict()).ok());
+      CHECK(max(abs(plain.forward(x, causal).out - ref)).item<double>() > 1e-3);
+    }
+    expect_gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          mha.qkv->weight = in[1], mha.qkv->bias = in[2], mha.proj->weight = in[3], mha.proj->bias = in[4];
+          return mha.forward(in[0], causal).out;
+        },
+        {leaf64({1, 5, 8}, 1), leaf64({16, 8}, 2, 0.5), leaf64({16}, 3), leaf64({8, 8}, 4), leaf64({8}, 5)});
+    AG_CHECK_ERROR(mha.forward(x, x), "positions", positions, "self-attention");
+    // a cross-attention block keeps the positions to its self-attention
+    nn::TransformerBlock block(8, 4, 16, 0.0, false, true, DType::f64, nullptr, {.positions = positions});
+    CHECK(block.attn->config.positions == positions);
+    CHECK(block.cross_attn->config.positions == "none");
+  }
+  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, 0.0, true, DType::f32, nullptr, {.positions = "learned"}),
+                 "positions 'learned'", "none, rope or alibi");
+  AG_CHECK_ERROR(nn::MultiHeadAttention(12, 4, 0.0, true, DType::f32, nullptr, {.positions = "rope"}),
+                 "head size must be even", "3");
 }
 
 TEST_CASE("PatchEmbedding: matches PyTorch's Conv2d(kernel = stride = p) + flatten(2).transpose(1, 2)") {
