@@ -175,6 +175,38 @@ TEST_CASE("cuda attention: q, k, v as strided heads of one fused projection") {
   expect_same(fn, {qkv}, tolerance(DType::f32, 1e-4, 1e-3));
 }
 
+TEST_CASE("cuda attention: grouped-query heads and ALiBi biases, tiled (f32) and naive (f64) paths") {
+  if (skip_without_gpu()) return;
+  for (DType dt : {DType::f32, DType::f64})
+    for (int64_t D : {16, 64, 200}) {  // 200: wider than the tiles, the one-thread-per-row path
+      for (bool causal : {false, true}) {
+        INFO("dt ", dt, " D ", D, " causal ", causal);
+        // 4 query heads on 2 key/value heads, Tq < Tk (bottom-right aligned), slopes on the cpu
+        const Tensor q = leaf({2, 4, 37, D}, 1, dt), k = leaf({2, 2, 45, D}, 2, dt), v = leaf({2, 2, 45, D}, 3, dt);
+        auto fn = [causal](const std::vector<Tensor>& in) {
+          SdpaOptions o;
+          o.enable_gqa = true, o.causal = causal;
+          o.alibi_slopes = tensor<float>({0.5f, 0.25f, 0.125f, 1.0f / 16}, {4});
+          return scaled_dot_product_attention(in[0], in[1], in[2], o).out;
+        };
+        expect_same(fn, {q, k, v}, tolerance(dt, 1e-4, 1e-3));
+      }
+    }
+}
+
+TEST_CASE("cuda rope: rotate-half and interleaved at an offset equal the cpu's") {
+  if (skip_without_gpu()) return;
+  for (DType dt : {DType::f32, DType::f64})
+    for (bool interleaved : {false, true}) {
+      INFO("dt ", dt, " interleaved ", interleaved);
+      expect_same([interleaved](const std::vector<Tensor>& in) { return rope(in[0], 4000, interleaved); },
+                  {leaf({2, 3, 17, 64}, 1, dt)}, tolerance(dt));
+      // a strided view (the heads of a fused projection)
+      expect_same([interleaved](const std::vector<Tensor>& in) { return rope(in[0].transpose(1, 2), 3, interleaved); },
+                  {leaf({2, 9, 4, 32}, 2, dt)}, tolerance(dt));
+    }
+}
+
 TEST_CASE("cuda attention: backward is deterministic (same bits twice)") {
   if (skip_without_gpu()) return;
   const Device dev = Device::cuda(0);
