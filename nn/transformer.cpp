@@ -2,38 +2,50 @@
 
 namespace ag::nn {
 
+namespace {
+std::shared_ptr<UnaryModule> make_norm(const std::string& kind, int64_t d, DType dtype) {
+  if (kind == "layernorm") return std::make_shared<LayerNorm>(d, 1e-5, true, dtype);
+  check(kind == "rmsnorm", "TransformerBlock: norm '{}': expected layernorm or rmsnorm", kind);
+  return std::make_shared<RMSNorm>(d, 1e-6, dtype);
+}
+}  // namespace
+
 TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout,
-                                   bool causal, bool cross, DType dtype, Generator* gen,
-                                   const AttentionConfig& attention)
+                                   bool causal, bool cross, DType dtype, Generator* gen, const BlockConfig& config)
     : causal(causal), cross(cross) {
-  build_attention(d_model, n_heads, dropout, dtype, gen, attention);
-  mlp = register_module("mlp", std::make_shared<MLP>(d_model, mlp_hidden, dropout, dtype, gen));
-  feed_forward = mlp;
+  check(config.mlp == "gelu" || config.mlp == "swiglu", "TransformerBlock: mlp '{}': expected gelu or swiglu",
+        config.mlp);
+  build_attention(d_model, n_heads, dropout, dtype, gen, config);
+  if (config.mlp == "gelu") {
+    mlp = register_module("mlp", std::make_shared<MLP>(d_model, mlp_hidden, dropout, dtype, gen));
+    feed_forward = mlp;
+  } else {
+    feed_forward = register_module("mlp", std::make_shared<SwiGLU>(d_model, mlp_hidden, dropout, false, dtype, gen));
+  }
 }
 
 TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, std::shared_ptr<UnaryModule> ffn, double dropout,
-                                   bool causal, bool cross, DType dtype, Generator* gen,
-                                   const AttentionConfig& attention)
+                                   bool causal, bool cross, DType dtype, Generator* gen, const BlockConfig& config)
     : causal(causal), cross(cross) {
   check(ffn != nullptr, "TransformerBlock: the feed-forward module is null");
-  build_attention(d_model, n_heads, dropout, dtype, gen, attention);
+  build_attention(d_model, n_heads, dropout, dtype, gen, config);
   feed_forward = register_module("mlp", std::move(ffn));
 }
 
 void TransformerBlock::build_attention(int64_t d_model, int64_t n_heads, double dropout, DType dtype,
-                                       Generator* gen, const AttentionConfig& attention) {
-  ln1 = register_module("ln1", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
-  attn = register_module("attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen, attention));
+                                       Generator* gen, const BlockConfig& config) {
+  ln1 = register_module("ln1", make_norm(config.norm, d_model, dtype));
+  attn = register_module(
+      "attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen, config.attention));
   if (cross) {
-    ln_cross = register_module("ln_cross", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
-    AttentionConfig cross_config = attention;  // positions belong to the self-attention's sequence
+    ln_cross = register_module("ln_cross", make_norm(config.norm, d_model, dtype));
+    AttentionConfig cross_config = config.attention;  // positions belong to the self-attention's sequence
     cross_config.positions = "none";
     cross_attn = register_module(
         "cross_attn", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, true, dtype, gen, cross_config));
   }
-  ln2 = register_module("ln2", std::make_shared<LayerNorm>(d_model, 1e-5, true, dtype));
+  ln2 = register_module("ln2", make_norm(config.norm, d_model, dtype));
 }
-
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& context, KVCache* cache) {
   AttentionOptions self;
   self.cache = cache;

@@ -1,38 +1,46 @@
 #pragma once
-// TransformerBlock: a pre-LayerNorm transformer layer (GPT-2 / ViT).    x (B, T, d) -> (B, T, d)
+// TransformerBlock: a pre-norm transformer layer (GPT-2 / ViT, and LLaMA's with BlockConfig).
+//                                                                       x (B, T, d) -> (B, T, d)
 //   x = x + attn(ln1(x))                        self-attention (causal for a decoder)
 //   x = x + cross_attn(ln_cross(x), context)    only when built with cross = true
 //   x = x + mlp(ln2(x))                         MLP: fc1 (d -> mlp_hidden), GELU, fc2
 // Each sublayer adds to the residual stream, so the gradient of x reaches every block through
 // the identity path of the additions. Children: ln1, attn, [ln_cross, cross_attn,] ln2, mlp.
-// The feed-forward may be a module of your own (x (..., d) -> (..., d), e.g. LLaMA's SwiGLU):
-// the second constructor registers it as "mlp" in place of the MLP (docs/extending.md).
+// BlockConfig picks the parts of current small language models: RMSNorm for the norms, SwiGLU
+// (nn/mlp.h, hidden = mlp_hidden) for the MLP, and the attention's AttentionConfig (grouped-query
+// heads, rope or alibi positions). The feed-forward may also be a module of your own (x (..., d) ->
+// (..., d)): the second constructor registers it as "mlp" in place of the MLP (docs/extending.md).
 #include "nn/attention.h"
 #include "nn/mlp.h"
 #include "nn/norm.h"
 
 namespace ag::nn {
 
+struct BlockConfig {
+  AttentionConfig attention;       // kv_heads for both attentions, positions for the self-attention
+  std::string norm = "layernorm";  // or "rmsnorm" (no bias, LLaMA's)
+  std::string mlp = "gelu";        // or "swiglu" (nn::SwiGLU(d, mlp_hidden), no biases)
+};
+
 struct TransformerBlock : UnaryModule {
   bool causal, cross;
-  std::shared_ptr<LayerNorm> ln1;
+  std::shared_ptr<UnaryModule> ln1;                // LayerNorm, or RMSNorm
   std::shared_ptr<MultiHeadAttention> attn;
-  std::shared_ptr<LayerNorm> ln_cross;             // only with cross
+  std::shared_ptr<UnaryModule> ln_cross;           // only with cross
   std::shared_ptr<MultiHeadAttention> cross_attn;  // only with cross
-  std::shared_ptr<LayerNorm> ln2;
-  std::shared_ptr<MLP> mlp;                   // the built-in feed-forward; null when given one's own
-  std::shared_ptr<UnaryModule> feed_forward;  // what forward runs: mlp, or the module given
+  std::shared_ptr<UnaryModule> ln2;
+  std::shared_ptr<MLP> mlp;                   // the built-in GELU MLP; null with SwiGLU or one's own
+  std::shared_ptr<UnaryModule> feed_forward;  // what forward runs: mlp, the SwiGLU, or the module given
 
-  // `attention` configures the attentions (nn/attention.h AttentionConfig: kv_heads for both, the
-  // positions for the self-attention only).
+  // `config`: the norms, the MLP and the attentions (see BlockConfig).
   TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout = 0.0, bool causal = false,
                    bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr,
-                   const AttentionConfig& attention = {});
+                   const BlockConfig& config = {});
   // With `feed_forward` (non-null, mapping (..., d_model) to (..., d_model)) in place of the MLP.
   // dropout, dtype and gen go to the attention and norms; the feed-forward brings its own.
   TransformerBlock(int64_t d_model, int64_t n_heads, std::shared_ptr<UnaryModule> feed_forward, double dropout = 0.0,
                    bool causal = false, bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr,
-                   const AttentionConfig& attention = {});
+                   const BlockConfig& config = {});
 
   Tensor attn_weights;  // (B, H, T, Tk) of the last self-attention, kept only when asked (need_weights)
 
@@ -48,7 +56,7 @@ struct TransformerBlock : UnaryModule {
   // ln1, attn, [ln_cross, cross_attn,] ln2: what both constructors build, in this order (the
   // order in which they draw from gen and in which their parameters are named)
   void build_attention(int64_t d_model, int64_t n_heads, double dropout, DType dtype, Generator* gen,
-                       const AttentionConfig& attention);
+                       const BlockConfig& config);
 };
 
 }  // namespace ag::nn

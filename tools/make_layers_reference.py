@@ -75,3 +75,11 @@ for red in ["mean", "sum"]:
     l = F.binary_cross_entropy_with_logits(xl, tl, reduction=red); xl.grad = None; tl.grad = None; l.backward()
     show(f"bce_with_logits {red}", l.reshape(1)); show(f"bce {red} dx", xl.grad); show(f"bce {red} dt", tl.grad)
 show("bce_with_logits none", F.binary_cross_entropy_with_logits(xl, tl, reduction="none"))
+
+# SwiGLU (nn/mlp.h), LLaMA's FeedForward: w2(silu(w1 x) * w3 x), no biases
+w1, w2, w3 = vals((6, 4), 1.0), vals((4, 6), 2.0), vals((6, 4), 3.0)
+xs = vals((2, 3, 4), 0.0).requires_grad_()
+ys = F.linear(F.silu(F.linear(xs, w1)) * F.linear(xs, w3), w2)
+ys.backward(vals((2, 3, 4), 4.0))
+show("swiglu(4, 6): x vals((2,3,4),0), w1 vals((6,4),1), w2 vals((4,6),2), w3 vals((6,4),3)", ys)
+show("swiglu x.grad for dy = vals((2,3,4),4)", xs.grad)

@@ -18,10 +18,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n, int64_t d, int64_t heads,
                                                                   int64_t hidden, double dropout, bool causal,
-                                                                  Generator* gen) {
+                                                                  Generator* gen, const nn::BlockConfig& config) {
   auto list = std::make_shared<nn::ModuleList<nn::TransformerBlock>>();
   for (int64_t i = 0; i < n; ++i)
-    list->push_back(std::make_shared<nn::TransformerBlock>(d, heads, hidden, dropout, causal, false, DType::f32, gen));
+    list->push_back(
+        std::make_shared<nn::TransformerBlock>(d, heads, hidden, dropout, causal, false, DType::f32, gen, config));
   return list;
 }
 
@@ -30,11 +31,12 @@ void init_gpt2_style(nn::Module& model, int64_t n_layers, Generator* gen) {
   const double std_resid = 0.02 / std::sqrt(2.0 * double(n_layers));
   for (auto& [name, p] : model.named_parameters()) {
     if (p.ndim() >= 2) {
-      const bool resid = ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.fc2.weight");
+      const bool resid = ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.fc2.weight") ||
+                         ends_with(name, "mlp.w2.weight");
       p.copy_(nn::init::normal(p.shape(), 0.0, resid ? std_resid : 0.02, p.dtype(), gen));
     } else if (ends_with(name, "bias")) {
       p.fill_(0.0);
-    }  // LayerNorm weights keep their 1
+    }  // LayerNorm and RMSNorm weights keep their 1
   }
 }
 

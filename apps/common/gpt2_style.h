@@ -19,11 +19,12 @@ namespace ag::apps {
 // `causal`: each position attends to itself and the positions before it only.
 std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n_layers, int64_t d, int64_t heads,
                                                                   int64_t hidden, double dropout, bool causal,
-                                                                  Generator* gen);
+                                                                  Generator* gen, const nn::BlockConfig& config = {});
 
 // GPT-2 / timm initialisation of a model built from nn/ parts (see the comment at the top):
 // every Linear and Embedding weight N(0, 0.02) (bias 0), LayerNorms (1, 0), and the weights of
-// parameters whose name ends in "attn.proj.weight" or "mlp.fc2.weight" N(0, 0.02 / sqrt(2 n_layers)).
+// parameters whose name ends in "attn.proj.weight", "mlp.fc2.weight" or "mlp.w2.weight" (SwiGLU's
+// output) N(0, 0.02 / sqrt(2 n_layers)).
 void init_gpt2_style(nn::Module& model, int64_t n_layers, Generator* gen = nullptr);
 
 }  // namespace ag::apps

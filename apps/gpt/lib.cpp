@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <numeric>
 
+#include <fmt/ranges.h>
+
 #include "apps/common/run.h"
 #include "attograd.h"
 #include "data/text.h"
@@ -41,6 +43,13 @@ void validate_gpt_config(const GPTConfig& c, int64_t eval_windows, const SampleS
               c.n_heads, c.n_layers, c.mlp_hidden);
   usage_check(c.d_model % c.n_heads == 0, "gpt: --heads {} does not divide --d-model {} (each head gets d-model/heads)",
               c.n_heads, c.d_model);
+  usage_check(c.kv_heads >= 0 && (c.kv_heads == 0 || c.n_heads % c.kv_heads == 0),
+              "gpt: --kv-heads {} does not divide --heads {} (each key/value head serves heads/kv-heads query heads; "
+              "0: --heads)",
+              c.kv_heads, c.n_heads);
+  usage_check(c.pos != "rope" || (c.d_model / c.n_heads) % 2 == 0,
+              "gpt: --pos rope turns pairs of each head's dims: the head size --d-model/--heads = {} must be even",
+              c.d_model / c.n_heads);
   usage_check(eval_windows >= 1, "gpt: --eval-windows {}: expected at least 1", eval_windows);
   usage_check(s.tokens >= 0, "gpt: --sample-tokens {}: expected >= 0", s.tokens);
   usage_check(s.temperature >= 0 && std::isfinite(s.temperature), "gpt: --temperature {}: expected >= 0 (0: greedy)",
@@ -75,7 +84,15 @@ LMData make_lm_data(const std::string& text, double valid_fraction) {
   return d;
 }
 
-nlohmann::json gpt_config_to_json(const GPTConfig& c) { return c; }  // the keys of model.h's to_json
+nlohmann::json gpt_config_to_json(const GPTConfig& c) {
+  nlohmann::json j = c;  // the keys of model.h's to_json
+  const GPTConfig d;     // the choices at their defaults are left out (see model.h)
+  if (c.pos == d.pos) j.erase("pos");
+  if (c.kv_heads == d.kv_heads) j.erase("kv_heads");
+  if (c.mlp_kind == d.mlp_kind) j.erase("mlp_kind");
+  if (c.norm == d.norm) j.erase("norm");
+  return j;
+}
 
 GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   GPTConfig c;
@@ -87,6 +104,18 @@ GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   field("vocab", c.vocab), field("context", c.context), field("d_model", c.d_model);
   field("n_heads", c.n_heads), field("n_layers", c.n_layers), field("mlp_hidden", c.mlp_hidden);
   if (j.contains("dropout") && j["dropout"].is_number()) c.dropout = j["dropout"].get<double>();
+  if (j.contains("kv_heads")) field("kv_heads", c.kv_heads);
+  auto choice = [&](const char* name, std::string& v, std::initializer_list<const char*> allowed) {
+    if (!j.contains(name)) return;
+    const bool ok = j[name].is_string() && std::any_of(allowed.begin(), allowed.end(), [&](const char* a) {
+                      return j[name].get<std::string>() == a;
+                    });
+    if (!ok) fail("gpt config: field '{}' is {}, expected one of {}", name, j[name].dump(), fmt::join(allowed, ", "));
+    v = j[name].get<std::string>();
+  };
+  choice("pos", c.pos, {"learned", "sinusoidal", "rope", "alibi"});
+  choice("mlp_kind", c.mlp_kind, {"gelu", "swiglu"});
+  choice("norm", c.norm, {"layernorm", "rmsnorm"});
   return c;
 }
 

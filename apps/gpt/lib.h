@@ -9,8 +9,8 @@
 //   generate           autoregressive sampling, with the KV cache or without (same tokens)
 //   attention_maps     the last block's causal attention over a sample, one heatmap per head
 //
-// Generation and the context window. The model has cfg.context learned positions, so it sees at
-// most C = cfg.context tokens at once. generate() feeds the model a window ids[w, n) of the
+// Generation and the context window. The model was trained on C = cfg.context positions (and with
+// learned positions has no more), so it is given at most C tokens at once. generate() feeds the model a window ids[w, n) of the
 // sequence so far (n tokens): w = 0 while n <= C; when the next forward would need n - w > C
 // positions, the window restarts at w = n - C/2 (the last C/2 tokens). Both paths use the same w:
 //   with the cache:    the caches hold ids[w, n-1); one forward of the newest token gives the next
@@ -48,7 +48,8 @@ struct SampleSettings {
 
 // The checks of the command line, before any text is read: a UsageError naming the option and
 // value when --context is outside [1, 4096], a size (--d-model, --heads, --layers, --mlp,
-// --eval-windows) is below 1, --heads does not divide --d-model, --sample-tokens, --temperature or
+// --eval-windows) is below 1, --heads does not divide --d-model, --kv-heads does not divide --heads,
+// --pos rope meets an odd head size, --sample-tokens, --temperature or
 // --top-k is negative, or --sample-seed is below -1. (Whether the text is longer than the context
 // is known only once it is read: an ag::Error then.)
 void validate_gpt_config(const GPTConfig& c, int64_t eval_windows, const SampleSettings& s);
@@ -77,7 +78,9 @@ struct LMData {
 LMData make_lm_data(const std::string& text, double valid_fraction = 0.1);
 
 // The model config as the checkpoint's JSON {"vocab", "context", "d_model", "n_heads", "n_layers",
-// "mlp_hidden", "dropout"}, and back (a missing or non-integer field: ag::Error naming it).
+// "mlp_hidden", "dropout"} plus "pos", "kv_heads", "mlp_kind" and "norm" where they differ from
+// their defaults, and back (a missing or non-integer size, or an unknown choice: ag::Error naming
+// the field; a missing choice is its default).
 nlohmann::json gpt_config_to_json(const GPTConfig& c);
 GPTConfig gpt_config_from_json(const nlohmann::json& j);
 

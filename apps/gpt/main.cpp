@@ -4,6 +4,8 @@
 //   text -> codepoint ids (vocabulary V of the training part); first 90% train, last 10% validation
 //   x  i64 (B, T)      T = context windows at random starts (a pure function of seed and step)
 //   h  = wte[x] + wpe[0..T)                      (B, T, d)    token + learned position embeddings
+//                                                (--pos sinusoidal | rope | alibi, --kv-heads, --mlp-kind
+//                                                swiglu, --norm rmsnorm: apps/gpt/model.h)
 //   h  = h + attn(ln1(h))                        causal: position t attends to keys 0..t only
 //        a = softmax(q k^T / sqrt(hs) + mask) v  per head, hs = d / n_heads
 //   h  = h + fc2(gelu(fc1(ln2(h))))              fc1: d -> mlp, fc2: mlp -> d     (x n_layers)
@@ -124,6 +126,21 @@ int main(int argc, char** argv) {
       ->check(positive());
   cli.add_option("--layers", cfg.n_layers, "transformer blocks")->capture_default_str()->check(positive());
   cli.add_option("--mlp", cfg.mlp_hidden, "MLP hidden width")->capture_default_str()->check(positive());
+  cli.add_option("--pos", cfg.pos,
+                 "positions: learned (a table of --context rows, GPT-2), sinusoidal (added, fixed), rope (rotary, "
+                 "inside attention) or alibi (distance biases inside attention); all but learned run past --context")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"learned", "sinusoidal", "rope", "alibi"}));
+  cli.add_option("--kv-heads", cfg.kv_heads,
+                 "key/value heads, dividing --heads (grouped-query attention; 1: multi-query; 0: --heads)")
+      ->capture_default_str()
+      ->check(non_negative());
+  cli.add_option("--mlp-kind", cfg.mlp_kind, "feed-forward: gelu (GPT-2's MLP) or swiglu (LLaMA's, no biases)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gelu", "swiglu"}));
+  cli.add_option("--norm", cfg.norm, "norms: layernorm or rmsnorm")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"layernorm", "rmsnorm"}));
   cli.add_option("--eval-windows", eval_windows, "validation windows of T characters per evaluation")
       ->capture_default_str()
       ->check(positive());

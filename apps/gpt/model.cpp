@@ -8,10 +8,19 @@ namespace ag::apps {
 GPT::GPT(const GPTConfig& c, Generator* gen) : cfg(c) {
   check(c.vocab > 0 && c.context > 0 && c.n_layers > 0, "GPT: vocab {}, context {} and n_layers {} must be positive",
         c.vocab, c.context, c.n_layers);
+  check(c.pos == "learned" || c.pos == "sinusoidal" || c.pos == "rope" || c.pos == "alibi",
+        "GPT: pos '{}': expected learned, sinusoidal, rope or alibi", c.pos);
   wte = register_module("wte", std::make_shared<nn::Embedding>(c.vocab, c.d_model, std::nullopt, DType::f32, gen));
-  wpe = register_module("wpe", std::make_shared<nn::LearnedPositions>(c.context, c.d_model, DType::f32, gen));
-  blocks = register_module("blocks", make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, true, gen));
-  ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model));
+  if (c.pos == "learned")
+    wpe = register_module("wpe", std::make_shared<nn::LearnedPositions>(c.context, c.d_model, DType::f32, gen));
+  nn::BlockConfig block;
+  block.attention.kv_heads = c.kv_heads;
+  block.attention.positions = c.pos == "rope" || c.pos == "alibi" ? c.pos : "none";
+  block.norm = c.norm, block.mlp = c.mlp_kind;
+  blocks = register_module("blocks",
+                           make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, true, gen, block));
+  if (c.norm == "rmsnorm") ln_f = register_module("ln_f", std::make_shared<nn::RMSNorm>(c.d_model));
+  else ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, DType::f32, gen));
   init_gpt2_style(*this, c.n_layers, gen);
 }
@@ -22,10 +31,15 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   check(caches == nullptr || int64_t(caches->size()) == cfg.n_layers, "GPT: {} KV caches given for {} blocks",
         caches ? caches->size() : 0, cfg.n_layers);
   const int64_t T = idx.size(1), start = caches ? (*caches)[0].length() : 0;
-  check(start + T <= cfg.context, "GPT: positions {}..{} exceed the context of {}", start, start + T - 1,
-        cfg.context);
+  check(cfg.pos != "learned" || start + T <= cfg.context,
+        "GPT: positions {}..{} exceed the {} learned positions of the context: a model with --pos learned has no "
+        "embedding past them (sinusoidal, rope and alibi positions do)",
+        start, start + T - 1, cfg.context);
   // the ids may come from the host: they go where the weights are (no copy when already there)
-  Tensor h = wte->forward(idx.to(device())) + wpe->forward(T, start);  // (B, T, d) + (T, d)
+  Tensor h = wte->forward(idx.to(device()));  // (B, T, d)
+  if (wpe) h = h + wpe->forward(T, start);     // + (T, d)
+  if (cfg.pos == "sinusoidal")
+    h = h + nn::sinusoidal_positions(start + T, cfg.d_model).narrow(0, start, T).to(h.device());
   for (size_t i = 0; i < blocks->size(); ++i) {
     nn::AttentionOptions o;
     o.cache = caches ? &(*caches)[i] : nullptr;

@@ -233,6 +233,20 @@ TEST_CASE("gpt: config JSON round trip and data errors") {
   CHECK(back.mlp_hidden == 64);
   CHECK(back.dropout == 0.1);
   nlohmann::json j = gpt_config_to_json(c);
+  // the choices at their defaults are not written: configs of older checkpoints still match
+  CHECK_FALSE(j.contains("pos"));
+  CHECK_FALSE(j.contains("kv_heads"));
+  CHECK_FALSE(j.contains("norm"));
+  CHECK(back.pos == "learned");
+  c.pos = "rope", c.kv_heads = 2, c.mlp_kind = "swiglu", c.norm = "rmsnorm";
+  const GPTConfig modern = gpt_config_from_json(gpt_config_to_json(c));
+  CHECK(modern.pos == "rope");
+  CHECK(modern.kv_heads == 2);
+  CHECK(modern.mlp_kind == "swiglu");
+  CHECK(modern.norm == "rmsnorm");
+  nlohmann::json bad = gpt_config_to_json(c);
+  bad["pos"] = "relative";
+  AG_CHECK_ERROR(gpt_config_from_json(bad), "gpt config", "'pos'", "relative", "learned, sinusoidal, rope, alibi");
   j.erase("n_heads");
   AG_CHECK_ERROR(gpt_config_from_json(j), "gpt config", "n_heads");
 
@@ -268,6 +282,8 @@ TEST_CASE("gpt: the command line is checked before any text is read") {
     return [=] { validate_gpt_config(c0, 256, s); };
   };
   check_usage_error(with_model([](auto& c) { c.n_heads = 3; }), {"gpt:", "--heads 3", "--d-model 128"});
+  check_usage_error(with_model([](auto& c) { c.kv_heads = 3; }), {"gpt:", "--kv-heads 3", "--heads 4"});
+  check_usage_error(with_model([](auto& c) { c.pos = "rope", c.d_model = 12; }), {"gpt:", "--pos rope", "= 3"});
   check_usage_error(with_model([](auto& c) { c.context = 0; }), {"--context 0"});
   check_usage_error(with_model([](auto& c) { c.context = 4097; }), {"--context 4097"});
   check_usage_error(with_model([](auto& c) { c.d_model = 0; }), {"--d-model 0"});

@@ -58,23 +58,37 @@ TEST_CASE("models: GPT-2 style initialisation") {
   }
 }
 
-TEST_CASE("models: GPT decoding with KV caches equals the full causal forward") {
-  Generator gen(3);
-  GPTConfig c;
-  c.vocab = 11, c.context = 16, c.d_model = 32, c.n_heads = 4, c.n_layers = 2, c.mlp_hidden = 64;
-  GPT gpt(c, &gen);
-  gpt.eval();
-  NoGradGuard no_grad;
-  Tensor idx = randint(0, c.vocab, {2, 9}, &gen);
-  Tensor full = gpt.forward(idx);  // (2, 9, 11)
-  std::vector<nn::KVCache> caches(size_t(c.n_layers));
-  // a 4-token prompt, then one token at a time
-  Tensor first = gpt.forward(idx.narrow(1, 0, 4), &caches);
-  check_close(first, full.narrow(1, 0, 4), 1e-5, 1e-5);
-  for (int64_t t = 4; t < 9; ++t)
-    check_close(gpt.forward(idx.narrow(1, t, 1), &caches), full.narrow(1, t, 1), 1e-5, 1e-5);
-  CHECK(caches[1].length() == 9);
-  AG_CHECK_ERROR(gpt.forward(randint(0, c.vocab, {2, 8}, &gen), &caches), "GPT", "exceed the context of 16");
+TEST_CASE("models: GPT decoding with KV caches equals the full causal forward, for every position scheme") {
+  for (const char* pos : {"learned", "sinusoidal", "rope", "alibi"}) {
+    CAPTURE(pos);
+    Generator gen(3);
+    GPTConfig c;
+    c.vocab = 11, c.context = 16, c.d_model = 32, c.n_heads = 4, c.n_layers = 2, c.mlp_hidden = 64;
+    c.pos = pos;
+    if (std::string(pos) != "learned") c.kv_heads = 2, c.mlp_kind = "swiglu", c.norm = "rmsnorm";
+    GPT gpt(c, &gen);
+    CHECK((gpt.wpe != nullptr) == (std::string(pos) == "learned"));
+    gpt.eval();
+    NoGradGuard no_grad;
+    Tensor idx = randint(0, c.vocab, {2, 9}, &gen);
+    Tensor full = gpt.forward(idx);  // (2, 9, 11)
+    std::vector<nn::KVCache> caches(size_t(c.n_layers));
+    // a 4-token prompt, then one token at a time
+    Tensor first = gpt.forward(idx.narrow(1, 0, 4), &caches);
+    check_close(first, full.narrow(1, 0, 4), 1e-5, 1e-5);
+    for (int64_t t = 4; t < 9; ++t)
+      check_close(gpt.forward(idx.narrow(1, t, 1), &caches), full.narrow(1, t, 1), 1e-5, 1e-5);
+    CHECK(caches[1].length() == 9);
+    CHECK(caches[1].k.size(1) == (std::string(pos) == "learned" ? 4 : 2));  // the cache holds kv_heads
+    const Tensor more = randint(0, c.vocab, {2, 8}, &gen);
+    if (std::string(pos) == "learned") {
+      AG_CHECK_ERROR(gpt.forward(more, &caches), "GPT", "positions 9..16 exceed the 16 learned positions");
+      AG_CHECK_ERROR(gpt.forward(randint(0, c.vocab, {1, 17}, &gen)), "exceed the 16 learned positions");
+    } else {  // past the context: the same as one forward over all 17 tokens
+      const Tensor all = gpt.forward(cat({idx, more}, 1));
+      check_close(gpt.forward(more, &caches), all.narrow(1, 9, 8), 1e-5, 1e-5);
+    }
+  }
 }
 
 TEST_CASE("models: TextClassifier ignores padding and pools over valid tokens") {

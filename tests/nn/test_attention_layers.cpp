@@ -241,12 +241,14 @@ TEST_CASE("TransformerBlock: parameter names, residual structure, gradcheck") {
   Tensor h = x + block.attn->forward(block.ln1->forward(x), causal).out;
   check_close(block.forward(x), h + block.mlp->forward(block.ln2->forward(h)), 1e-12, 1e-12);
 
+  auto& ln1 = dynamic_cast<nn::LayerNorm&>(*block.ln1);
+  auto& ln2 = dynamic_cast<nn::LayerNorm&>(*block.ln2);
   expect_gradcheck(
       [&](const std::vector<Tensor>& in) {
-        block.ln1->weight = in[1], block.ln1->bias = in[2];
+        ln1.weight = in[1], ln1.bias = in[2];
         block.attn->qkv->weight = in[3], block.attn->qkv->bias = in[4];
         block.attn->proj->weight = in[5], block.attn->proj->bias = in[6];
-        block.ln2->weight = in[7], block.ln2->bias = in[8];
+        ln2.weight = in[7], ln2.bias = in[8];
         block.mlp->fc1->weight = in[9], block.mlp->fc1->bias = in[10];
         block.mlp->fc2->weight = in[11], block.mlp->fc2->bias = in[12];
         return block.forward(in[0]);
@@ -341,7 +343,7 @@ TEST_CASE("MultiHeadAttention: kv_heads gradcheck of every parameter, and a KV c
     }
     // decoding one token at a time caches (B, Hkv, T, hs) and equals the causal forward
     Generator g(3);
-    nn::TransformerBlock block(8, 4, 16, 0.0, true, false, DType::f64, &g, {.kv_heads = kv});
+    nn::TransformerBlock block(8, 4, 16, 0.0, true, false, DType::f64, &g, {.attention = {.kv_heads = kv}});
     CHECK(block.attn->kv_heads == kv);
     const Tensor x = randn({2, 6, 8}, DType::f64, &g);
     NoGradGuard no_grad;
@@ -401,7 +403,8 @@ TEST_CASE("MultiHeadAttention: rope and alibi positions, by hand, through a KV c
         {leaf64({1, 5, 8}, 1), leaf64({16, 8}, 2, 0.5), leaf64({16}, 3), leaf64({8, 8}, 4), leaf64({8}, 5)});
     AG_CHECK_ERROR(mha.forward(x, x), "positions", positions, "self-attention");
     // a cross-attention block keeps the positions to its self-attention
-    nn::TransformerBlock block(8, 4, 16, 0.0, false, true, DType::f64, nullptr, {.positions = positions});
+    nn::TransformerBlock block(8, 4, 16, 0.0, false, true, DType::f64, nullptr,
+                               {.attention = {.positions = positions}});
     CHECK(block.attn->config.positions == positions);
     CHECK(block.cross_attn->config.positions == "none");
   }

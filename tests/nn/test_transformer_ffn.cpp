@@ -1,7 +1,10 @@
 // TransformerBlock with a feed-forward module of one's own in place of its MLP: the module is
 // registered as "mlp" (its parameters and buffers named under it), run on ln2's output, trained,
 // switched to eval and moved with the block; the attention part is built as in the default block.
+// And the built-in choices of BlockConfig: SwiGLU (PyTorch values from
+// tools/make_layers_reference.py, 9 significant digits) and RMSNorm.
 #include "nn/linear.h"
+#include "nn/norm.h"
 #include "nn/transformer.h"
 #include "tests/helpers.h"
 
@@ -91,4 +94,63 @@ TEST_CASE("TransformerBlock: with its own feed-forward, the attention part draws
 TEST_CASE("TransformerBlock: a null feed-forward is an error") {
   AG_CHECK_ERROR(nn::TransformerBlock(4, 2, std::shared_ptr<nn::UnaryModule>(), 0.0), "TransformerBlock",
                  "feed-forward module is null");
+}
+
+TEST_CASE("SwiGLU: matches PyTorch (LLaMA's FeedForward), gradcheck of every weight") {
+  nn::SwiGLU ffn(4, 6, 0.0, false, DType::f64);
+  REQUIRE(ffn.load_state_dict({{"w1.weight", vals({6, 4}, 1.0, DType::f64)},
+                               {"w2.weight", vals({4, 6}, 2.0, DType::f64)},
+                               {"w3.weight", vals({6, 4}, 3.0, DType::f64)}})
+              .ok());
+  CHECK(names_of(ffn.named_parameters()) == std::vector<std::string>{"w1.weight", "w2.weight", "w3.weight"});
+  Tensor x = vals({2, 3, 4}, 0.0, DType::f64).set_requires_grad();
+  const Tensor y = ffn.forward(x);
+  check_close(y, from_vector<double>({
+      -0.025533411, -0.00789934184, 0.0246809864, 0.0105626878, 0.0132579833, 0.0382800011, -0.00912715614,
+      -0.0392649202, 0.0308548276, 0.0113323427, -0.029631945, -0.0145299508, -0.0163477261, -0.0218247937,
+      0.0139925943, 0.0233347463, -0.0122156866, 0.0355685832, 0.0160539224, -0.0338361909, -0.0368063298,
+      0.0262571516, 0.0396397611, -0.0219795916}, {2, 3, 4}), 1e-8, 1e-8);
+  sum(mul(y, vals({2, 3, 4}, 4.0, DType::f64))).backward();
+  check_close(x.grad(), from_vector<double>({
+      0.0113603335, 0.0479411973, 0.0142880947, -0.0402971001, 0.0370577117, -0.0169889737, -0.0461467729,
+      -0.00769944167, -0.0909208818, -0.0240695967, 0.078043704, 0.0658227955, -0.00664528842, 0.0721770193,
+      0.0452598247, -0.0479631192, 0.0643409158, 0.0205203479, -0.0533625778, -0.049069202, 0.0289549648,
+      0.0881971653, 0.018230312, -0.0784439911}, {2, 3, 4}), 1e-8, 1e-8);
+  nn::SwiGLU biased(4, 6, 0.0, true, DType::f64);
+  expect_gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        biased.w1->weight = in[1], biased.w2->weight = in[2], biased.w3->weight = in[3];
+        biased.w1->bias = in[4], biased.w2->bias = in[5], biased.w3->bias = in[6];
+        return biased.forward(in[0]);
+      },
+      {leaf64({2, 4}, 1), leaf64({6, 4}, 2), leaf64({4, 6}, 3), leaf64({6, 4}, 4), leaf64({6}, 5), leaf64({4}, 6),
+       leaf64({6}, 7)});
+}
+
+TEST_CASE("TransformerBlock: BlockConfig rmsnorm + swiglu (LLaMA's block), names, by hand, gradcheck, errors") {
+  Generator gen(9);
+  nn::TransformerBlock block(8, 4, 12, 0.0, true, false, DType::f64, &gen,
+                             {.attention = {.kv_heads = 2, .positions = "rope"}, .norm = "rmsnorm", .mlp = "swiglu"});
+  CHECK(block.mlp == nullptr);
+  CHECK(names_of(block.named_parameters()) ==
+        std::vector<std::string>{"ln1.weight", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
+                                 "ln2.weight", "mlp.w1.weight", "mlp.w2.weight", "mlp.w3.weight"});
+  CHECK(dynamic_cast<nn::RMSNorm*>(block.ln1.get()) != nullptr);
+  // x + attn(rmsnorm(x)), then h + swiglu(rmsnorm(h)), composed by hand
+  const Tensor x = leaf64({2, 5, 8}, 3);
+  nn::AttentionOptions causal;
+  causal.causal = true;
+  auto rms = [](const Tensor& t, const Tensor& w) { return t * rsqrt(mean(t * t, {-1}, true) + 1e-6) * w; };
+  const auto& n1 = dynamic_cast<nn::RMSNorm&>(*block.ln1);
+  const auto& n2 = dynamic_cast<nn::RMSNorm&>(*block.ln2);
+  const Tensor h = x + block.attn->forward(rms(x, n1.weight), causal).out;
+  const auto& f = dynamic_cast<nn::SwiGLU&>(*block.feed_forward);
+  const Tensor hn = rms(h, n2.weight);
+  const Tensor ref = h + linear(silu(linear(hn, f.w1->weight)) * linear(hn, f.w3->weight), f.w2->weight);
+  check_close(block.forward(x), ref, 1e-12, 1e-12);
+  expect_gradcheck([&](const std::vector<Tensor>& in) { return block.forward(in[0]); }, {leaf64({1, 4, 8}, 4)});
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 4, 12, 0.0, true, false, DType::f32, nullptr, {.norm = "batchnorm"}),
+                 "norm 'batchnorm'", "layernorm or rmsnorm");
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 4, 12, 0.0, true, false, DType::f32, nullptr, {.mlp = "relu"}),
+                 "mlp 'relu'", "gelu or swiglu");
 }
