@@ -22,6 +22,8 @@ Files:
     parity_layers.safetensors  Linear, Embedding, LayerNorm, RMSNorm, MultiHeadAttention, TransformerBlock
     parity_optim.safetensors   3 steps of SGD (momentum, nesterov), Adam, AdamW; clip_grad_norm
     parity_train.safetensors   a 20-step AdamW run of a 2-block GPT: initial parameters, data, losses
+    parity_modern.safetensors  the same run for GPTs of current small models' parts: RMSNorm, SwiGLU,
+                               grouped-query heads, rope (modern_rope.*) or ALiBi (modern_alibi.*)
 """
 import math
 import os
@@ -300,12 +302,124 @@ def make_train():
     return out
 
 
+# ---- parity_modern -------------------------------------------------------------------------------
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def rope_reference(x, base=10000.0):
+    """Rotary positions as GPT-NeoX and LLaMA apply them: x cos + rotate_half(x) sin."""
+    T, D = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    a = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    cos, sin = torch.cat([a.cos(), a.cos()], -1).float(), torch.cat([a.sin(), a.sin()], -1).float()
+    return x * cos + rotate_half(x) * sin
+
+
+def alibi_slopes(n):  # the ALiBi paper's get_slopes, for n a power of two
+    start = 2 ** (-2 ** -(math.log2(n) - 3))
+    return torch.tensor([start * start ** i for i in range(n)])
+
+
+class TorchModernBlock(torch.nn.Module):
+    """LLaMA's block with attograd's names: x = x + proj(attn(qkv(rmsnorm1(x)))) with kv_heads
+    key/value heads (repeat_interleave) and rope on q, k or an ALiBi bias on the scores, then
+    x = x + w2(silu(w1(h)) * w3(h)), h = rmsnorm2(x)."""
+
+    def __init__(self, d, n_heads, kv_heads, hidden, pos):
+        super().__init__()
+        self.H, self.Hkv, self.pos = n_heads, kv_heads, pos
+        hs = d // n_heads
+        self.ln1, self.ln2 = torch.nn.Module(), torch.nn.Module()
+        self.ln1.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.ln2.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.attn = torch.nn.Module()
+        self.attn.qkv = torch.nn.Linear(d, d + 2 * kv_heads * hs)
+        self.attn.proj = torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Module()
+        self.mlp.w1 = torch.nn.Linear(d, hidden, bias=False)
+        self.mlp.w2 = torch.nn.Linear(hidden, d, bias=False)
+        self.mlp.w3 = torch.nn.Linear(d, hidden, bias=False)
+
+    @staticmethod
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    def forward(self, x):
+        B, T, d = x.shape
+        H, Hkv, hs = self.H, self.Hkv, d // self.H
+        q, k, v = self.attn.qkv(self.rms(x, self.ln1.weight)).split([d, Hkv * hs, Hkv * hs], dim=-1)
+        q = q.view(B, T, H, hs).transpose(1, 2)
+        k = k.view(B, T, Hkv, hs).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
+        v = v.view(B, T, Hkv, hs).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
+        s_bias = 0
+        if self.pos == "rope":
+            q, k = rope_reference(q), rope_reference(k)
+        else:
+            dist = (torch.arange(T).view(T, 1) - torch.arange(T).view(1, T)).abs()
+            s_bias = -alibi_slopes(H).view(H, 1, 1) * dist
+        s = q @ k.transpose(-2, -1) / math.sqrt(hs) + s_bias
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        o = torch.softmax(s, -1) @ v
+        x = x + self.attn.proj(o.transpose(1, 2).reshape(B, T, d))
+        h = self.rms(x, self.ln2.weight)
+        return x + self.mlp.w2(F.silu(self.mlp.w1(h)) * self.mlp.w3(h))
+
+
+class TorchModernGPT(torch.nn.Module):
+    """ag::apps::GPT with pos rope or alibi, kv_heads, mlp_kind swiglu, norm rmsnorm: no wpe."""
+
+    def __init__(self, vocab, d, n_heads, kv_heads, n_blocks, pos):
+        super().__init__()
+        self.wte = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(
+            [TorchModernBlock(d, n_heads, kv_heads, 3 * d, pos) for _ in range(n_blocks)])
+        self.ln_f = torch.nn.Module()
+        self.ln_f.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(TorchModernBlock.rms(x, self.ln_f.weight))
+
+
+def make_modern():
+    out = {}
+    V, T, d, H, Hkv, B, steps = 16, 8, 16, 4, 2, 4, 20
+    for pos in ("rope", "alibi"):
+        c = "modern_" + pos
+        model = TorchModernGPT(V, d, H, Hkv, 2, pos)
+        for k, p in model.named_parameters():
+            out[c + ".param." + k] = p.detach().clone()
+        seq = torch.randint(0, V, (B, T + 1))
+        idx, target = seq[:, :T].contiguous(), seq[:, 1:].contiguous()
+        out[c + ".in.idx"], out[c + ".in.target"] = idx, target
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+        losses, norms = [], []
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(idx).view(B * T, V), target.view(B * T))
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+            opt.step()
+            losses.append(loss.item())
+        out[c + ".losses"] = torch.tensor(losses, dtype=torch.float64)
+        out[c + ".grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+        print(pos, "losses", " ".join("%.4f" % v for v in losses))
+    return out
+
+
 def main():
     torch.manual_seed(1234)
     write_golden(os.path.join(GOLDEN, "parity_ops.safetensors"), make_ops())
     write_golden(os.path.join(GOLDEN, "parity_layers.safetensors"), make_layers())
     write_golden(os.path.join(GOLDEN, "parity_optim.safetensors"), make_optim())
     write_golden(os.path.join(GOLDEN, "parity_train.safetensors"), make_train())
+    torch.manual_seed(4321)  # a stream of its own: the files above stay as they were
+    write_golden(os.path.join(GOLDEN, "parity_modern.safetensors"), make_modern())
 
 
 if __name__ == "__main__":

@@ -257,3 +257,37 @@ TEST_CASE("parity: 20 AdamW steps of a 2-block GPT follow PyTorch's loss curve w
   check_close(norms, want_norm, 1e-4, 1e-4);  // the gradients agree before each clip and step
   CHECK(loss_curve.back() < 0.5 * loss_curve.front());  // it learns: the curve is not flat
 }
+
+// ---- the same run for GPTs of current small models' parts (parity_modern.safetensors) ------------
+// tools/make_golden.py's TorchModernGPT: RMSNorm, SwiGLU, 4 query heads on 2 key/value heads
+// (repeat_interleave), and rope (GPT-NeoX's rotate_half) or ALiBi (an explicit bias tensor) in
+// plain PyTorch; here the fused attention kernel with enable_gqa, rope and alibi_slopes.
+TEST_CASE("parity: 20 AdamW steps of a GPT with rmsnorm, swiglu, grouped-query heads and rope or alibi") {
+  const Golden g = load_golden("parity_modern.safetensors");
+  const int64_t V = 16, T = 8, d = 16, B = 4;
+  for (const char* pos : {"rope", "alibi"}) {
+    CAPTURE(pos);
+    const std::string c = std::string("modern_") + pos;
+    apps::GPTConfig cfg{.vocab = V, .context = T, .d_model = d, .n_heads = 4, .n_layers = 2, .mlp_hidden = 3 * d};
+    cfg.pos = pos, cfg.kv_heads = 2, cfg.mlp_kind = "swiglu", cfg.norm = "rmsnorm";
+    apps::GPT model(cfg);
+    const nn::LoadResult loaded = model.load_state_dict(with_prefix(g, c + ".param."));
+    REQUIRE(loaded.ok());
+    const Tensor idx = get(g, c + ".in.idx"), target = get(g, c + ".in.target").reshape({B * T});
+    const std::vector<double> want_loss = get(g, c + ".losses").to_vector<double>();
+    const std::vector<double> want_norm = get(g, c + ".grad_norms").to_vector<double>();
+    optim::AdamW opt(model.parameters(), optim::AdamW::Options{.lr = 1e-2, .weight_decay = 0.01});
+    std::vector<double> loss_curve, norms;
+    for (int step = 0; step < 20; ++step) {
+      opt.zero_grad();
+      Tensor loss = cross_entropy(model.forward(idx).reshape({B * T, V}), target);
+      loss.backward();
+      norms.push_back(optim::clip_grad_norm(model.parameters(), 1.0));
+      opt.step();
+      loss_curve.push_back(loss.item<double>());
+    }
+    check_close(loss_curve, want_loss, 1e-4, 0);
+    check_close(norms, want_norm, 1e-4, 1e-4);
+    CHECK(loss_curve.back() < 0.5 * loss_curve.front());
+  }
+}
