@@ -4,7 +4,9 @@ Same parameter names, shapes and math as the C++ models, so a state_dict (a safe
 moves between the two unchanged:
 
   Block        ln1, attn.qkv, attn.proj, ln2, mlp.fc1, mlp.fc2      pre-LN, exact (erf) GELU
-  GPT          wte, wpe, blocks.i, ln_f, head (no bias)             causal
+  GPT          wte, wpe, blocks.i, ln_f, head (no bias)             causal; pos learned | sinusoidal | rope |
+                                                                    alibi (no wpe but for learned), kv_heads,
+                                                                    mlp_kind swiglu (mlp.w1, w2, w3), norm rmsnorm
   ViT          patch.proj, patch.cls_token, pos_embed, blocks.i, norm, head
   TextClassifier tok (padding 0), [ngram (padding 0),] pos, blocks.i, norm, head
                                                                     key padding by lengths, masked mean;
@@ -28,19 +30,57 @@ import torch.nn.functional as F
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 
 
+def rope(x, base=10000.0):
+    """Rotary positions, rotate-half layout (autograd/ops.h rope), positions 0 .. T-1 of x (..., T, D)."""
+    T, D = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D))
+    a = torch.outer(torch.arange(T, dtype=torch.float64, device=x.device), inv)
+    cos, sin = torch.cat([a.cos(), a.cos()], -1).to(x.dtype), torch.cat([a.sin(), a.sin()], -1).to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def alibi_slopes(n):
+    """nn::alibi_slopes (nn/positional.h): the ALiBi paper's slopes."""
+    p = 2 ** math.floor(math.log2(n))
+    m = [2 ** (-8 * (h + 1) / p) for h in range(p)]
+    return torch.tensor(m + [2 ** (-8 * (h + 1) / (2 * p)) for h in range(0, 2 * (n - p), 2)])
+
+
+class RMSNorm(nn.Module):
+    """nn::RMSNorm (nn/norm.h), eps 1e-6 (torch.nn.RMSNorm exists only from PyTorch 2.4)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
 class Attention(nn.Module):
-    def __init__(self, d, heads, dropout):
+    def __init__(self, d, heads, dropout, kv_heads=0, pos="none"):
         super().__init__()
         self.heads, self.hs, self.dropout = heads, d // heads, dropout
-        self.qkv = nn.Linear(d, 3 * d)
+        self.kv_heads, self.pos = kv_heads or heads, pos
+        self.qkv = nn.Linear(d, d + 2 * self.kv_heads * self.hs)
         self.proj = nn.Linear(d, d)
         self.use_sdpa = HAS_SDPA
         self.weights = None  # (B, H, T, T) of the last forward when keep_weights
+        if pos == "alibi":
+            self.register_buffer("slopes", alibi_slopes(heads), persistent=False)
 
     def forward(self, x, causal=False, lengths=None, keep_weights=False, attn_mask=None):
         """attn_mask: bool (T, T) or broadcastable, True = may attend (a window or a sparse pattern)."""
         B, T, d = x.shape
-        q, k, v = self.qkv(x).reshape(B, T, 3, self.heads, self.hs).permute(2, 0, 3, 1, 4)
+        kvd = self.kv_heads * self.hs
+        q, k, v = self.qkv(x).split([d, kvd, kvd], dim=-1)
+        q = q.reshape(B, T, self.heads, self.hs).transpose(1, 2)
+        k, v = (t.reshape(B, T, self.kv_heads, self.hs).transpose(1, 2) for t in (k, v))
+        if self.kv_heads != self.heads:  # grouped-query: each key/value head serves heads/kv_heads queries
+            k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
+        if self.pos == "rope":
+            q, k = rope(q), rope(k)
         mask = attn_mask  # True = may attend
         if causal:
             tril = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
@@ -50,11 +90,17 @@ class Attention(nn.Module):
             keys = keys[:, None, None, :]
             mask = keys if mask is None else (mask & keys)
         p = self.dropout if self.training else 0.0
+        if self.pos == "alibi":  # -m_h |i - j| on the scores, hidden keys at -inf: a float mask
+            dist = (torch.arange(T, device=x.device)[:, None] - torch.arange(T, device=x.device)[None, :]).abs()
+            bias = -self.slopes.to(x.dtype)[:, None, None] * dist
+            mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         if self.use_sdpa and not keep_weights:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
             s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs)
-            if mask is not None:
+            if mask is not None and mask.dtype != torch.bool:
+                s = s + mask
+            elif mask is not None:
                 s = s.masked_fill(~mask, float("-inf"))
             w = torch.softmax(s, dim=-1)
             self.weights = w.detach() if keep_weights else None
@@ -71,12 +117,30 @@ class MLP(nn.Module):
         return F.dropout(self.fc2(F.gelu(self.fc1(x))), self.dropout, self.training)
 
 
+class SwiGLU(nn.Module):
+    """nn::SwiGLU (nn/mlp.h): w2(silu(w1 x) * w3 x), no biases."""
+
+    def __init__(self, d, hidden, dropout):
+        super().__init__()
+        self.w1, self.w2, self.w3 = (nn.Linear(a, b, bias=False) for a, b in ((d, hidden), (hidden, d), (d, hidden)))
+        self.dropout = dropout
+
+    def forward(self, x):
+        return F.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)), self.dropout, self.training)
+
+
+def make_norm(norm, d):
+    return RMSNorm(d) if norm == "rmsnorm" else nn.LayerNorm(d)
+
+
 class Block(nn.Module):
-    def __init__(self, d, heads, hidden, dropout=0.0, causal=False):
+    def __init__(self, d, heads, hidden, dropout=0.0, causal=False, kv_heads=0, pos="none", mlp_kind="gelu",
+                 norm="layernorm"):
         super().__init__()
         self.causal = causal
-        self.ln1, self.attn = nn.LayerNorm(d), Attention(d, heads, dropout)
-        self.ln2, self.mlp = nn.LayerNorm(d), MLP(d, hidden, dropout)
+        self.ln1, self.attn = make_norm(norm, d), Attention(d, heads, dropout, kv_heads, pos)
+        self.ln2 = make_norm(norm, d)
+        self.mlp = SwiGLU(d, hidden, dropout) if mlp_kind == "swiglu" else MLP(d, hidden, dropout)
 
     def forward(self, x, lengths=None, keep_weights=False):
         x = x + self.attn(self.ln1(x), self.causal, lengths, keep_weights)
@@ -89,24 +153,42 @@ def init_gpt2_style(model, n_layers):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                resid = name.endswith("attn.proj.weight") or name.endswith("mlp.fc2.weight")
+                resid = name.endswith(("attn.proj.weight", "mlp.fc2.weight", "mlp.w2.weight"))
                 p.normal_(0.0, std_resid if resid else 0.02)
             elif name.endswith("bias"):
                 p.zero_()
 
 
+def sinusoidal_positions(T, d, device=None):
+    """nn::sinusoidal_positions (nn/positional.h): sin and cos pairs of frequency 1 / 10000^(2i/d)."""
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    two_i = (torch.arange(d) - torch.arange(d) % 2).to(torch.float64)[None, :]
+    a = pos / 10000.0 ** (two_i / d)
+    pe = torch.where(torch.arange(d)[None, :] % 2 == 0, a.sin(), a.cos())
+    return pe.float().to(device)
+
+
 class GPT(nn.Module):
-    def __init__(self, vocab=96, context=128, d_model=128, n_heads=4, n_layers=4, mlp_hidden=512, dropout=0.0):
+    def __init__(self, vocab=96, context=128, d_model=128, n_heads=4, n_layers=4, mlp_hidden=512, dropout=0.0,
+                 pos="learned", kv_heads=0, mlp_kind="gelu", norm="layernorm"):
         super().__init__()
+        self.pos = pos
         self.wte = nn.Embedding(vocab, d_model)
-        self.wpe = nn.Embedding(context, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, dropout, True) for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(d_model)
+        if pos == "learned":
+            self.wpe = nn.Embedding(context, d_model)
+        inner = pos if pos in ("rope", "alibi") else "none"
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, dropout, True, kv_heads, inner, mlp_kind, norm)
+                                    for _ in range(n_layers))
+        self.ln_f = make_norm(norm, d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         init_gpt2_style(self, n_layers)
 
     def forward(self, idx):
-        h = self.wte(idx) + self.wpe.weight[: idx.shape[1]]
+        h = self.wte(idx)
+        if self.pos == "learned":
+            h = h + self.wpe.weight[: idx.shape[1]]
+        elif self.pos == "sinusoidal":
+            h = h + sinusoidal_positions(idx.shape[1], h.shape[-1], h.device)
         for b in self.blocks:
             h = b(h)
         return self.head(self.ln_f(h))
