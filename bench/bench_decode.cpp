@@ -4,6 +4,8 @@
 // the same tokens; the bench checks it.
 //
 //   bench_decode [--tokens 256] [--reps 3] [--layers 4] [--d 128] [--heads 4] [--mlp 512] [--vocab 96] [--json]
+//   bench_decode --kv-heads 4,2,1 [--json]     grouped-query attention: the KV cache's size and the
+//                                              tokens/s with it, for each number of key/value heads
 //
 // --json prints one JSON line (no table) with the no-cache and preallocated-cache rows only, for
 // bench/compare_pytorch (whose PyTorch side, bench/torch_reference.py generate, is the same model
@@ -34,11 +36,15 @@ struct Gpt {
   nn::LayerNorm ln_f;
   nn::Linear head;
 
-  Gpt(int64_t vocab, int64_t max_t, int64_t d, int64_t heads, int64_t mlp, int64_t layers, Generator* g)
+  Gpt(int64_t vocab, int64_t max_t, int64_t d, int64_t heads, int64_t mlp, int64_t layers, Generator* g,
+      int64_t kv_heads = 0)
       : tok(vocab, d, std::nullopt, DType::f32, g), pos(max_t, d, std::nullopt, DType::f32, g), ln_f(Shape{d}),
         head(d, vocab, true, DType::f32, g) {
     for (int64_t l = 0; l < layers; ++l)
-      blocks.push_back(std::make_shared<nn::TransformerBlock>(d, heads, mlp, 0.0, true, false, DType::f32, g));
+      blocks.push_back(std::make_shared<nn::TransformerBlock>(d, heads, mlp, 0.0, true, false, DType::f32, g,
+                                                              nn::BlockConfig{.attention = {.kv_heads = kv_heads}}));
+    ln_f.eval();
+    for (auto& b : blocks) b->eval();
   }
   // tokens (1, T) at positions [start, start + T) -> x (1, T, d)
   Tensor embed(const Tensor& tokens, int64_t start) {
@@ -122,13 +128,54 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print one JSON line: tokens/s with and without the cache (no table)");
   app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")->check(CLI::PositiveNumber);
+  std::vector<int64_t> kv_list;
+  app.add_option("--kv-heads", kv_list,
+                 "key/value head counts to compare, each dividing --heads (e.g. 4,2,1): the cache's size and "
+                 "tokens/s with the preallocated cache for each, one model per count (same seed)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
+  for (int64_t kv : kv_list)
+    if (heads % kv != 0) {
+      fmt::print(stderr, "bench_decode: --kv-heads {} does not divide --heads {}\n", kv, heads);
+      return 2;
+    }
+
+  if (!kv_list.empty()) {  // grouped-query attention: cache size and speed per kv_heads
+    if (!json)
+      fmt::print("attograd bench_decode --kv-heads: vocab {} d {} heads {} layers {} mlp {}, f32, greedy, 1-token "
+                 "prompt, {} tokens, {} threads, preallocated cache, median of {}\n",
+                 vocab, d, heads, layers, mlp, n, num_threads(), reps);
+    if (!json) {
+      fmt::print("| {:>8} | {:>14} | {:>9} | {:>9} | {:>12} |\n", "kv_heads", "cache (KiB)", "time (s)", "tokens/s",
+                 "vs kv = heads");
+      fmt::print("|{:->10}|{:->16}|{:->11}|{:->11}|{:->14}|\n", ":", ":", ":", ":", ":");
+    }
+    double base_tps = 0;
+    for (int64_t kv : kv_list) {
+      Generator g(0);
+      Gpt mk(vocab, n + 1, d, heads, mlp, layers, &g, kv);
+      // k and v of every layer for the n + 1 positions: 2 layers kv (n + 1) (d / heads) floats
+      const double cache_kib = double(2 * layers * kv * (n + 1) * (d / heads) * 4) / 1024.0;
+      const std::vector<int64_t> ref = generate(mk, n, Mode::prealloc);
+      const double secs = bench::median_seconds([&] { generate(mk, n, Mode::prealloc); }, reps, 1);
+      const double tps = double(n) / secs;
+      if (base_tps == 0) base_tps = tps;
+      if (json)
+        fmt::print("{}\n", nlohmann::json{{"bench", "decode_kv_heads"}, {"heads", heads}, {"kv_heads", kv},
+                                          {"layers", layers}, {"d", d}, {"tokens", n}, {"threads", num_threads()},
+                                          {"cache_kib", cache_kib}, {"ms", secs * 1e3}, {"tokens_per_s", tps}}
+                                .dump());
+      else
+        fmt::print("| {:>8} | {:>14.1f} | {:>9.3f} | {:>9.1f} | {:>11.2f}x |\n", kv, cache_kib, secs, tps,
+                   tps / base_tps);
+    }
+    return 0;
+  }
 
   Generator gen(0);
   Gpt m(vocab, n + 1, d, heads, mlp, layers, &gen);
-  m.ln_f.eval();
-  for (auto& b : m.blocks) b->eval();
 
   if (!json)
     fmt::print("attograd bench_decode: vocab {} d {} heads {} layers {} mlp {}, f32, greedy, 1-token prompt, {} "

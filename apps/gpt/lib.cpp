@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
+#include <sstream>
 
 #include <fmt/ranges.h>
 
@@ -148,9 +149,10 @@ std::vector<float> last_logits(const Tensor& logits) {
 
 }  // namespace
 
-double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T,
-               int64_t batch, bool sharded) {
-  check(T >= 1 && T <= model.cfg.context, "lm_loss: window {} is outside [1, context {}]", T, model.cfg.context);
+std::vector<double> lm_loss_by_position(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts,
+                                        int64_t T, int64_t batch, bool sharded) {
+  check(T >= 1 && (T <= model.cfg.context || model.cfg.pos != "learned"),
+        "lm_loss: window {} is outside [1, context {}] of a model with learned positions", T, model.cfg.context);
   check(batch >= 1, "lm_loss: batch {} must be positive", batch);
   check(!starts.empty(), "lm_loss: no windows");
   for (int64_t s : starts)
@@ -161,7 +163,7 @@ double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64
   const int64_t n = int64_t(starts.size());
   for (int64_t i : sharded ? eval_part(n, dist::rank(), dist::world_size()) : eval_part(n, 0, 1))
     mine.push_back(starts[size_t(i)]);
-  std::vector<double> total = {0.0};
+  std::vector<double> total(size_t(T), 0.0);  // the loss summed over the windows, per position
   for (size_t b0 = 0; b0 < mine.size(); b0 += size_t(batch)) {
     const size_t nb = std::min(size_t(batch), mine.size() - b0);
     std::vector<int64_t> x(nb * size_t(T)), y(nb * size_t(T));
@@ -172,11 +174,91 @@ double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64
       }
     const int64_t N = int64_t(nb) * T;
     Tensor logits = model.forward(from_vector(x, {int64_t(nb), T}));
-    total[0] += cross_entropy(logits.reshape({N, model.cfg.vocab}), from_vector(y, {N}, logits.device()), "sum")
-                    .item<double>();
+    const Tensor per_token =
+        cross_entropy(logits.reshape({N, model.cfg.vocab}), from_vector(y, {N}, logits.device()), "none");
+    const std::vector<double> sums = sum(per_token.reshape({int64_t(nb), T}).to(DType::f64), {0}).to_vector<double>();
+    for (int64_t t = 0; t < T; ++t) total[size_t(t)] += sums[size_t(t)];
   }
   if (sharded) sum_over_ranks(total);
-  return total[0] / (double(n) * double(T));
+  for (double& v : total) v /= double(n);
+  return total;
+}
+
+double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T,
+               int64_t batch, bool sharded) {
+  const std::vector<double> by_position = lm_loss_by_position(model, ids, starts, T, batch, sharded);
+  return std::accumulate(by_position.begin(), by_position.end(), 0.0) / double(T);  // every position has n windows
+}
+
+// ---- length extrapolation ----------------------------------------------------------------------
+
+std::string length_eval_svg(const std::vector<nlohmann::json>& lines, int64_t block) {
+  check(block >= 1, "length_eval_svg: block {} must be positive", block);
+  std::vector<int64_t> lengths;
+  for (const nlohmann::json& j : lines)
+    if (j.contains("loss_by_position")) lengths.push_back(j.at("length").get<int64_t>());
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  std::vector<LineChart> charts;
+  for (int64_t L : lengths) {
+    LineChart c;
+    c.title = fmt::format("validation loss by position, windows of {}", L);
+    c.x_label = "position in the window";
+    c.y_label = fmt::format("loss (nats), mean of {} positions", block);
+    for (const nlohmann::json& j : lines) {
+      if (!j.contains("loss_by_position") || j.at("length").get<int64_t>() != L) continue;
+      const auto v = j.at("loss_by_position").get<std::vector<double>>();
+      Series sr;
+      sr.name = fmt::format("{} (trained on {})", j.at("run").get<std::string>(), j.at("trained_context").get<int64_t>());
+      for (size_t b0 = 0; b0 < v.size(); b0 += size_t(block)) {
+        const size_t b1 = std::min(v.size(), b0 + size_t(block));
+        sr.x.push_back(double(b0 + b1 - 1) / 2);
+        sr.y.push_back(std::accumulate(v.begin() + long(b0), v.begin() + long(b1), 0.0) / double(b1 - b0));
+      }
+      c.series.push_back(std::move(sr));
+    }
+    charts.push_back(std::move(c));
+  }
+  check(!charts.empty(), "length_eval_svg: no line holds a loss_by_position");
+  return svg_line_charts(charts, int(std::min<size_t>(charts.size(), 3)));
+}
+
+std::vector<nlohmann::json> evaluate_lengths(GPT& model, const std::string& name, std::span<const int64_t> ids,
+                                             const std::vector<int64_t>& lengths, int64_t windows, int64_t batch,
+                                             const std::string& jsonl, int64_t block) {
+  std::vector<nlohmann::json> out;
+  for (int64_t L : lengths) {
+    nlohmann::json j = {{"run", name}, {"pos", model.cfg.pos}, {"trained_context", model.cfg.context}, {"length", L}};
+    if (model.cfg.pos == "learned" && L > model.cfg.context) {
+      j["error"] = fmt::format("learned positions stop at the context of {}: no position past it to evaluate",
+                               model.cfg.context);
+      fmt::print("gpt: length {}: {}\n", L, j["error"].get<std::string>());
+    } else {
+      const std::vector<int64_t> starts = eval_starts(int64_t(ids.size()), L, windows);
+      const std::vector<double> by_position = lm_loss_by_position(model, ids, starts, L, batch);
+      const double loss = std::accumulate(by_position.begin(), by_position.end(), 0.0) / double(L);
+      j["windows"] = windows, j["loss"] = loss, j["loss_by_position"] = by_position;
+      fmt::print("gpt: length {}: validation loss {:.4f} over {} windows ({} positions past the training context)\n", L,
+                 loss, windows, std::max<int64_t>(0, L - model.cfg.context));
+    }
+    out.push_back(j);
+  }
+  // append, then redraw the plot from every line of the file
+  std::vector<nlohmann::json> all;
+  if (std::filesystem::exists(jsonl)) {
+    std::istringstream in(data::read_text_file(jsonl));
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) all.push_back(nlohmann::json::parse(line));
+  }
+  std::string text;
+  for (const nlohmann::json& j : all) text += j.dump() + "\n";
+  for (const nlohmann::json& j : out) text += j.dump() + "\n", all.push_back(j);
+  write_file_atomic(jsonl, text);
+  const std::string svg = std::filesystem::path(jsonl).replace_extension(".svg").string();
+  write_file_atomic(svg, length_eval_svg(all, block));
+  fmt::print("gpt: length evaluation appended to {}, plot {}\n", jsonl, svg);
+  return out;
 }
 
 // ---- sampling ----------------------------------------------------------------------------------

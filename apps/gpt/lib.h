@@ -4,7 +4,8 @@
 //   load_gpt_text      the corpus: the King James Bible (default), the English fortunes, a UTF-8 file
 //   make_lm_data       codepoint tokenizer from the training part, ids, split 90% / 10% (contiguous)
 //   eval_starts        the fixed validation windows (evenly spaced, no randomness)
-//   lm_loss            mean next-token cross-entropy over those windows (eval mode, no tape)
+//   lm_loss            mean next-token cross-entropy over those windows (eval mode, no tape), and
+//                      lm_loss_by_position: the same per position of the window (length extrapolation)
 //   sample_next        one token from logits: softmax(logits / temperature) over the top_k, inverse CDF
 //   generate           autoregressive sampling, with the KV cache or without (same tokens)
 //   attention_maps     the last block's causal attention over a sample, one heatmap per head
@@ -98,6 +99,28 @@ std::vector<int64_t> eval_starts(int64_t len, int64_t T, int64_t n);
 // whole mean (every rank must call it; apps/common/run.h).
 double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T,
                int64_t batch, bool sharded = false);
+// The same windows' loss position by position: element t is the mean over the windows of the
+// loss of predicting token t + 1 from tokens 0..t of the window (so lm_loss is the mean of these).
+// T may pass the context the model was trained on, except with learned positions (an ag::Error).
+std::vector<double> lm_loss_by_position(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts,
+                                        int64_t T, int64_t batch, bool sharded = false);
+
+// ---- length extrapolation ----------------------------------------------------------------------
+
+// The validation loss position by position at each of `lengths` (eval_starts windows of that
+// length, `windows` of them), appended to `jsonl` as one line per length:
+//   {"run": name, "pos": cfg.pos, "trained_context": C, "length": L, "windows": n, "loss": mean,
+//    "loss_by_position": [L values]}
+// or, for a model with learned positions and L > C, {"run", "pos", "trained_context", "length",
+// "error": "..."} (printed too: such a model has no position past C). Then `jsonl` with .svg in
+// place of its extension is redrawn from every line of the file: one chart per length, one series
+// per run, the loss averaged over blocks of `block` positions, so runs evaluated by separate calls
+// land in one plot. Returns the lines written.
+std::vector<nlohmann::json> evaluate_lengths(GPT& model, const std::string& name, std::span<const int64_t> ids,
+                                             const std::vector<int64_t>& lengths, int64_t windows, int64_t batch,
+                                             const std::string& jsonl, int64_t block = 8);
+// The SVG of such a file's lines (the drawing part of evaluate_lengths).
+std::string length_eval_svg(const std::vector<nlohmann::json>& lines, int64_t block = 8);
 
 // ---- sampling ----------------------------------------------------------------------------------
 

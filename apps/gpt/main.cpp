@@ -28,6 +28,7 @@
 // draws the global batch of N x --batch windows (those of `gpt --batch N*B`) and takes its slice;
 // rank 0 writes the run directory and samples (docs/distributed.md).
 #include <CLI/CLI.hpp>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cmath>
@@ -141,6 +142,16 @@ int main(int argc, char** argv) {
   cli.add_option("--norm", cfg.norm, "norms: layernorm or rmsnorm")
       ->capture_default_str()
       ->check(CLI::IsMember({"layernorm", "rmsnorm"}));
+  std::vector<int64_t> eval_lengths;
+  std::string lengths_file;
+  cli.add_option("--eval-lengths", eval_lengths,
+                 "with --eval-only: also the validation loss by position for windows of these lengths, e.g. "
+                 "128,256,512 (length extrapolation; learned positions stop at --context)")
+      ->delimiter(',')
+      ->check(positive());
+  cli.add_option("--lengths-file", lengths_file,
+                 "--eval-lengths: the JSONL file its lines are appended to, plotted beside it as .svg (default: "
+                 "length_eval.jsonl beside the checkpoint)");
   cli.add_option("--eval-windows", eval_windows, "validation windows of T characters per evaluation")
       ->capture_default_str()
       ->check(positive());
@@ -166,6 +177,10 @@ int main(int argc, char** argv) {
   try {  // every option is checked before any data is read
     apply_run_options(o, "gpt");
     validate_gpt_config(cfg, eval_windows, s);
+    usage_check(eval_lengths.empty() || o.eval_only, "gpt: --eval-lengths {}: works with --eval-only --checkpoint FILE",
+                fmt::join(eval_lengths, ","));
+    usage_check(lengths_file.empty() || !eval_lengths.empty(), "gpt: --lengths-file {}: needs --eval-lengths",
+                lengths_file);
   } catch (const UsageError& e) {
     apps::print_usage_error("gpt", e.what());
     return kExitUsage;
@@ -206,6 +221,11 @@ int main(int argc, char** argv) {
       if (dg.attention)
         diagnose(model, d.valid, eval_starts(int64_t(d.valid.size()), T, eval_windows), T, o.batch,
                  dir.empty() ? "." : dir);
+      if (!eval_lengths.empty()) {
+        const std::string run_name = std::filesystem::path(dir.empty() ? "." : dir).filename().string();
+        evaluate_lengths(model, run_name.empty() ? o.checkpoint : run_name, d.valid, eval_lengths, eval_windows, o.batch,
+                         lengths_file.empty() ? (dir.empty() ? "." : dir) + "/length_eval.jsonl" : lengths_file);
+      }
       return 0;
     }
 

@@ -93,6 +93,52 @@ TEST_CASE("gpt: lm_loss is the mean cross-entropy over the windows, whatever the
   AG_CHECK_ERROR(lm_loss(model, ids, starts, 17, 1), "lm_loss", "17", "context 16");
 }
 
+TEST_CASE("gpt: the loss by position, past the context for relative positions, and the length evaluation file") {
+  Generator gen(12);
+  GPTConfig c = tiny_config();
+  c.pos = "rope";
+  GPT model(c, &gen);
+  const std::vector<int64_t> ids = randint(0, 11, {120}, &gen).to_vector<int64_t>();
+  const std::vector<int64_t> starts = eval_starts(120, 24, 4);  // windows of 24 > context 16
+  const std::vector<double> by = lm_loss_by_position(model, ids, starts, 24, 3);
+  REQUIRE(by.size() == 24);
+  // by hand: position t's loss averaged over the 4 windows
+  std::vector<int64_t> x, y;
+  for (int64_t s : starts)
+    for (int64_t t = 0; t < 24; ++t) x.push_back(ids[size_t(s + t)]), y.push_back(ids[size_t(s + t + 1)]);
+  {
+    model.eval();
+    NoGradGuard no_grad;
+    const Tensor per = cross_entropy(model.forward(from_vector(x, {4, 24})).reshape({96, 11}), from_vector(y, {96}),
+                                     "none");
+    const std::vector<double> ref = mean(per.reshape({4, 24}).to(DType::f64), {0}).to_vector<double>();
+    for (size_t t = 0; t < 24; ++t) CHECK(by[t] == doctest::Approx(ref[t]).epsilon(1e-6));
+    model.train();
+  }
+  double m = 0;
+  for (double v : by) m += v / 24;
+  CHECK(lm_loss(model, ids, starts, 24, 4) == doctest::Approx(m).epsilon(1e-12));
+  // learned positions refuse windows past the context; evaluate_lengths records that as a line
+  GPT learned(tiny_config(), &gen);
+  AG_CHECK_ERROR(lm_loss_by_position(learned, ids, starts, 24, 3), "window 24", "context 16", "learned");
+  TempDir tmp("gpt_lengths");
+  const std::string file = tmp.file("lengths.jsonl");
+  const auto lines = evaluate_lengths(learned, "learned", ids, {16, 24}, 4, 4, file);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].at("loss").get<double>() == doctest::Approx(lm_loss(learned, ids, eval_starts(120, 16, 4), 16, 4)));
+  CHECK(lines[1].contains("error"));
+  CHECK(lines[1].at("error").get<std::string>().find("learned positions stop at the context of 16") !=
+        std::string::npos);
+  evaluate_lengths(model, "rope", ids, {24}, 4, 4, file);  // appended, and the plot redrawn from all lines
+  const std::string text = read_bytes(file);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 3);
+  const std::string svg = read_bytes(tmp.file("lengths.svg"));
+  CHECK(svg.find("windows of 16") != std::string::npos);
+  CHECK(svg.find("windows of 24") != std::string::npos);
+  CHECK(svg.find("rope (trained on 16)") != std::string::npos);
+  CHECK(std::count(svg.begin(), svg.end(), '\n') > 10);
+}
+
 TEST_CASE("gpt: sample_next known values") {
   // logits {1, 3, 2, 3}: the max 3 is shared by ids 1 and 3; greedy takes the lower id
   std::vector<float> l = {1, 3, 2, 3};
