@@ -287,19 +287,25 @@ def make_train():
     seq = torch.randint(0, V, (B, T + 1))
     idx, target = seq[:, :T].contiguous(), seq[:, 1:].contiguous()
     out["train.in.idx"], out["train.in.target"] = idx, target
+    train_twin(out, "train", model, idx, target, V, steps)
+    return out
+
+
+def train_twin(out, case, model, idx, target, V, steps):
+    """AdamW (lr 1e-2, weight decay 0.01), gradients clipped to norm 1: <case>.losses and
+    <case>.grad_norms (before each clip), as the C++ test repeats it."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     losses, norms = [], []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(idx).view(B * T, V), target.view(B * T))
+        loss = F.cross_entropy(model(idx).view(idx.numel(), V), target.view(idx.numel()))
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
         opt.step()
         losses.append(loss.item())
-    out["train.losses"] = torch.tensor(losses, dtype=torch.float64)
-    out["train.grad_norms"] = torch.tensor(norms, dtype=torch.float64)
-    print("losses", " ".join("%.4f" % v for v in losses))
-    return out
+    out[case + ".losses"] = torch.tensor(losses, dtype=torch.float64)
+    out[case + ".grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+    print(case, "losses", " ".join("%.4f" % v for v in losses))
 
 
 # ---- parity_modern -------------------------------------------------------------------------------
@@ -397,18 +403,7 @@ def make_modern():
         seq = torch.randint(0, V, (B, T + 1))
         idx, target = seq[:, :T].contiguous(), seq[:, 1:].contiguous()
         out[c + ".in.idx"], out[c + ".in.target"] = idx, target
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-        losses, norms = [], []
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(idx).view(B * T, V), target.view(B * T))
-            loss.backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
-            opt.step()
-            losses.append(loss.item())
-        out[c + ".losses"] = torch.tensor(losses, dtype=torch.float64)
-        out[c + ".grad_norms"] = torch.tensor(norms, dtype=torch.float64)
-        print(pos, "losses", " ".join("%.4f" % v for v in losses))
+        train_twin(out, c, model, idx, target, V, steps)
     return out
 
 

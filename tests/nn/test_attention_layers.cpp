@@ -30,6 +30,17 @@ std::shared_ptr<nn::MultiHeadAttention> reference_mha() {
   return mha;
 }
 
+// gradcheck of mha's output w.r.t. x and every parameter: in = {x, qkv.weight, qkv.bias,
+// proj.weight, proj.bias}, substituted for the members before each forward
+void expect_mha_gradcheck(nn::MultiHeadAttention& mha, const nn::AttentionOptions& o, const std::vector<Tensor>& in) {
+  expect_gradcheck(
+      [&](const std::vector<Tensor>& t) {
+        mha.qkv->weight = t[1], mha.qkv->bias = t[2], mha.proj->weight = t[3], mha.proj->bias = t[4];
+        return mha.forward(t[0], o).out;
+      },
+      in);
+}
+
 std::vector<std::string> names(const nn::Module& m) {
   std::vector<std::string> out;
   for (const auto& [name, t] : m.named_parameters()) out.push_back(name);
@@ -147,12 +158,8 @@ TEST_CASE("MultiHeadAttention: gradcheck w.r.t. input and all parameters (plain 
     CAPTURE(causal);
     nn::AttentionOptions o;
     o.causal = causal;
-    expect_gradcheck(
-        [&](const std::vector<Tensor>& in) {
-          mha.qkv->weight = in[1], mha.qkv->bias = in[2], mha.proj->weight = in[3], mha.proj->bias = in[4];
-          return mha.forward(in[0], o).out;
-        },
-        {leaf64({1, 3, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 4}, 4), leaf64({4}, 5)});
+    expect_mha_gradcheck(
+        mha, o, {leaf64({1, 3, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 4}, 4), leaf64({4}, 5)});
   }
   // a transposed (non-contiguous) input, used twice in one graph (self-attention reads x as q, k and v)
   expect_gradcheck([&](const std::vector<Tensor>& in) { return mha.forward(in[0].transpose(1, 2)).out; },
@@ -334,12 +341,9 @@ TEST_CASE("MultiHeadAttention: kv_heads gradcheck of every parameter, and a KV c
       CAPTURE(causal);
       nn::AttentionOptions o;
       o.causal = causal;
-      expect_gradcheck(
-          [&](const std::vector<Tensor>& in) {
-            mha.qkv->weight = in[1], mha.qkv->bias = in[2], mha.proj->weight = in[3], mha.proj->bias = in[4];
-            return mha.forward(in[0], o).out;
-          },
-          {leaf64({2, 3, 8}, 1), leaf64({rows, 8}, 2, 0.5), leaf64({rows}, 3), leaf64({8, 8}, 4), leaf64({8}, 5)});
+      expect_mha_gradcheck(mha, o,
+                           {leaf64({2, 3, 8}, 1), leaf64({rows, 8}, 2, 0.5), leaf64({rows}, 3), leaf64({8, 8}, 4),
+                            leaf64({8}, 5)});
     }
     // decoding one token at a time caches (B, Hkv, T, hs) and equals the causal forward
     Generator g(3);
@@ -395,12 +399,8 @@ TEST_CASE("MultiHeadAttention: rope and alibi positions, by hand, through a KV c
       REQUIRE(plain.load_state_dict(mha.state_dict()).ok());
       CHECK(max(abs(plain.forward(x, causal).out - ref)).item<double>() > 1e-3);
     }
-    expect_gradcheck(
-        [&](const std::vector<Tensor>& in) {
-          mha.qkv->weight = in[1], mha.qkv->bias = in[2], mha.proj->weight = in[3], mha.proj->bias = in[4];
-          return mha.forward(in[0], causal).out;
-        },
-        {leaf64({1, 5, 8}, 1), leaf64({16, 8}, 2, 0.5), leaf64({16}, 3), leaf64({8, 8}, 4), leaf64({8}, 5)});
+    expect_mha_gradcheck(
+        mha, causal, {leaf64({1, 5, 8}, 1), leaf64({16, 8}, 2, 0.5), leaf64({16}, 3), leaf64({8, 8}, 4), leaf64({8}, 5)});
     AG_CHECK_ERROR(mha.forward(x, x), "positions", positions, "self-attention");
     // a cross-attention block keeps the positions to its self-attention
     nn::TransformerBlock block(8, 4, 16, 0.0, false, true, DType::f64, nullptr,

@@ -230,21 +230,19 @@ TEST_CASE("parity: clip_grad_norm (2-norm and inf-norm) returns torch's norm and
 // ---- a 20-step training run (parity_train.safetensors) --------------------------------------------
 // The model is the sample app's GPT (apps/gpt/model.h); tools/make_golden.py's TorchGPT is
 // written independently in PyTorch with the same names.
-TEST_CASE("parity: 20 AdamW steps of a 2-block GPT follow PyTorch's loss curve within 1e-4") {
-  const Golden g = load_golden("parity_train.safetensors");
-  const int64_t V = 16, T = 8, d = 16, H = 2, B = 4;
-  apps::GPTConfig c{.vocab = V, .context = T, .d_model = d, .n_heads = H, .n_layers = 2, .mlp_hidden = 4 * d};
-  apps::GPT model(c);
-  model.load_state_dict(with_prefix(g, "train.param."));
-  const Tensor idx = get(g, "train.in.idx"), target = get(g, "train.in.target").reshape({B * T});
-  const std::vector<double> want_loss = get(g, "train.losses").to_vector<double>();
-  const std::vector<double> want_norm = get(g, "train.grad_norms").to_vector<double>();
+namespace {
+// 20 AdamW steps (lr 1e-2, weight decay 0.01, gradients clipped to norm 1) on the stored batch of
+// case `c`, compared with PyTorch's losses (1e-4) and gradient norms before each clip.
+void expect_training_parity(apps::GPT& model, const Golden& g, const std::string& c, int64_t tokens, int64_t V) {
+  const Tensor idx = get(g, c + ".in.idx"), target = get(g, c + ".in.target").reshape({tokens});
+  const std::vector<double> want_loss = get(g, c + ".losses").to_vector<double>();
+  const std::vector<double> want_norm = get(g, c + ".grad_norms").to_vector<double>();
   REQUIRE(want_loss.size() == 20);
   optim::AdamW opt(model.parameters(), optim::AdamW::Options{.lr = 1e-2, .weight_decay = 0.01});
   std::vector<double> loss_curve, norms;
   for (int step = 0; step < 20; ++step) {
     opt.zero_grad();
-    Tensor loss = cross_entropy(model.forward(idx).reshape({B * T, V}), target);
+    Tensor loss = cross_entropy(model.forward(idx).reshape({tokens, V}), target);
     loss.backward();
     norms.push_back(optim::clip_grad_norm(model.parameters(), 1.0));
     opt.step();
@@ -256,6 +254,16 @@ TEST_CASE("parity: 20 AdamW steps of a 2-block GPT follow PyTorch's loss curve w
   check_close(loss_curve, want_loss, 1e-4, 0);
   check_close(norms, want_norm, 1e-4, 1e-4);  // the gradients agree before each clip and step
   CHECK(loss_curve.back() < 0.5 * loss_curve.front());  // it learns: the curve is not flat
+}
+}  // namespace
+
+TEST_CASE("parity: 20 AdamW steps of a 2-block GPT follow PyTorch's loss curve within 1e-4") {
+  const Golden g = load_golden("parity_train.safetensors");
+  const int64_t V = 16, T = 8, d = 16, H = 2, B = 4;
+  apps::GPTConfig c{.vocab = V, .context = T, .d_model = d, .n_heads = H, .n_layers = 2, .mlp_hidden = 4 * d};
+  apps::GPT model(c);
+  model.load_state_dict(with_prefix(g, "train.param."));
+  expect_training_parity(model, g, "train", B * T, V);
 }
 
 // ---- the same run for GPTs of current small models' parts (parity_modern.safetensors) ------------
@@ -273,21 +281,6 @@ TEST_CASE("parity: 20 AdamW steps of a GPT with rmsnorm, swiglu, grouped-query h
     apps::GPT model(cfg);
     const nn::LoadResult loaded = model.load_state_dict(with_prefix(g, c + ".param."));
     REQUIRE(loaded.ok());
-    const Tensor idx = get(g, c + ".in.idx"), target = get(g, c + ".in.target").reshape({B * T});
-    const std::vector<double> want_loss = get(g, c + ".losses").to_vector<double>();
-    const std::vector<double> want_norm = get(g, c + ".grad_norms").to_vector<double>();
-    optim::AdamW opt(model.parameters(), optim::AdamW::Options{.lr = 1e-2, .weight_decay = 0.01});
-    std::vector<double> loss_curve, norms;
-    for (int step = 0; step < 20; ++step) {
-      opt.zero_grad();
-      Tensor loss = cross_entropy(model.forward(idx).reshape({B * T, V}), target);
-      loss.backward();
-      norms.push_back(optim::clip_grad_norm(model.parameters(), 1.0));
-      opt.step();
-      loss_curve.push_back(loss.item<double>());
-    }
-    check_close(loss_curve, want_loss, 1e-4, 0);
-    check_close(norms, want_norm, 1e-4, 1e-4);
-    CHECK(loss_curve.back() < 0.5 * loss_curve.front());
+    expect_training_parity(model, g, c, B * T, V);
   }
 }
