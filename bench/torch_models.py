@@ -187,8 +187,8 @@ class GPT(nn.Module):
         h = self.wte(idx)
         if self.pos == "learned":
             h = h + self.wpe.weight[: idx.shape[1]]
-        elif self.pos == "sinusoidal":
-            h = h + sinusoidal_positions(idx.shape[1], h.shape[-1], h.device)
+        elif self.pos == "sinusoidal":  # the Transformer paper's sum: embeddings times sqrt(d), + PE
+            h = h * math.sqrt(h.shape[-1]) + sinusoidal_positions(idx.shape[1], h.shape[-1], h.device)
         for b in self.blocks:
             h = b(h)
         return self.head(self.ln_f(h))

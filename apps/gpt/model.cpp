@@ -1,5 +1,7 @@
 #include "apps/gpt/model.h"
 
+#include <cmath>
+
 #include "apps/common/gpt2_style.h"
 #include "autograd/ops.h"
 
@@ -38,8 +40,9 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   // the ids may come from the host: they go where the weights are (no copy when already there)
   Tensor h = wte->forward(idx.to(device()));  // (B, T, d)
   if (wpe) h = h + wpe->forward(T, start);     // + (T, d)
-  if (cfg.pos == "sinusoidal")
-    h = h + nn::sinusoidal_positions(start + T, cfg.d_model).narrow(0, start, T).to(h.device());
+  if (cfg.pos == "sinusoidal")  // the Transformer paper's sum: embeddings times sqrt(d), + PE
+    h = h * std::sqrt(double(cfg.d_model)) +
+        nn::sinusoidal_positions(start + T, cfg.d_model).narrow(0, start, T).to(h.device());
   for (size_t i = 0; i < blocks->size(); ++i) {
     nn::AttentionOptions o;
     o.cache = caches ? &(*caches)[i] : nullptr;

@@ -4,8 +4,11 @@
 //
 // GPT: a decoder, GPT-2's layout, or with the parts of current small models (GPTConfig).
 //                                                                   idx i64 (B, T) -> logits (B, T, V)
-//   h = wte(idx) [+ wpe(positions)]               token embeddings, + learned (wpe, pos "learned")
-//                                                 or sinusoidal (pos "sinusoidal") positions
+//   h = wte(idx) [+ wpe(positions)]               token embeddings, + learned positions (wpe, pos
+//                                                 "learned"); pos "sinusoidal": wte(idx) sqrt(d) + PE,
+//                                                 the Transformer paper's scaling (with GPT-2's 0.02
+//                                                 initialisation, unscaled embeddings would be ~35x
+//                                                 smaller than PE and drown in it)
 //   h = blocks.i(h)  for i < n_layers             pre-norm TransformerBlock, causal; pos "rope" and
 //                                                 "alibi" act inside its attention instead
 //   logits = head(ln_f(h))                        head: Linear(d, V), no bias

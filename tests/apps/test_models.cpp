@@ -72,6 +72,11 @@ TEST_CASE("models: GPT decoding with KV caches equals the full causal forward, f
     NoGradGuard no_grad;
     Tensor idx = randint(0, c.vocab, {2, 9}, &gen);
     Tensor full = gpt.forward(idx);  // (2, 9, 11)
+    if (std::string(pos) == "sinusoidal") {  // by hand: wte sqrt(d) + PE, the blocks, ln_f, head
+      Tensor h = gpt.wte->forward(idx) * std::sqrt(32.0) + nn::sinusoidal_positions(9, 32);
+      for (size_t i = 0; i < gpt.blocks->size(); ++i) h = (*gpt.blocks)[i].forward(h);
+      check_close(full, gpt.head->forward(gpt.ln_f->forward(h)), 1e-5, 1e-5);
+    }
     std::vector<nn::KVCache> caches(size_t(c.n_layers));
     // a 4-token prompt, then one token at a time
     Tensor first = gpt.forward(idx.narrow(1, 0, 4), &caches);
