@@ -199,6 +199,10 @@ std::string length_eval_svg(const std::vector<nlohmann::json>& lines, int64_t bl
     if (j.contains("loss_by_position")) lengths.push_back(j.at("length").get<int64_t>());
   std::sort(lengths.begin(), lengths.end());
   lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  std::vector<std::string> runs;  // a run keeps its colour in every chart: its place of first appearance
+  for (const nlohmann::json& j : lines)
+    if (std::find(runs.begin(), runs.end(), j.at("run").get<std::string>()) == runs.end())
+      runs.push_back(j.at("run").get<std::string>());
   std::vector<LineChart> charts;
   for (int64_t L : lengths) {
     LineChart c;
@@ -210,6 +214,7 @@ std::string length_eval_svg(const std::vector<nlohmann::json>& lines, int64_t bl
       const auto v = j.at("loss_by_position").get<std::vector<double>>();
       Series sr;
       sr.name = fmt::format("{} (trained on {})", j.at("run").get<std::string>(), j.at("trained_context").get<int64_t>());
+      sr.colour = int(std::find(runs.begin(), runs.end(), j.at("run").get<std::string>()) - runs.begin());
       for (size_t b0 = 0; b0 < v.size(); b0 += size_t(block)) {
         const size_t b1 = std::min(v.size(), b0 + size_t(block));
         sr.x.push_back(double(b0 + b1 - 1) / 2);

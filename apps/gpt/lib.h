@@ -114,8 +114,8 @@ std::vector<double> lm_loss_by_position(GPT& model, std::span<const int64_t> ids
 // or, for a model with learned positions and L > C, {"run", "pos", "trained_context", "length",
 // "error": "..."} (printed too: such a model has no position past C). Then `jsonl` with .svg in
 // place of its extension is redrawn from every line of the file: one chart per length, one series
-// per run, the loss averaged over blocks of `block` positions, so runs evaluated by separate calls
-// land in one plot. Returns the lines written.
+// per run (one colour per run in every chart), the loss averaged over blocks of `block` positions,
+// so runs evaluated by separate calls land in one plot. Returns the lines written.
 std::vector<nlohmann::json> evaluate_lengths(GPT& model, const std::string& name, std::span<const int64_t> ids,
                                              const std::vector<int64_t>& lengths, int64_t windows, int64_t batch,
                                              const std::string& jsonl, int64_t block = 8);
