@@ -1,7 +1,10 @@
 // The char-level GPT app's library (apps/gpt/lib.h): data split and tokenizer, evaluation
 // windows and loss, sampling (greedy limits, top-k, determinism), cached == uncached generation
 // past the context, the attention plot, and the config JSON. Tiny models, synthetic text.
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -340,4 +343,22 @@ TEST_CASE("gpt: the command line is checked before any text is read") {
   check_usage_error(with_sample([](auto& s) { s.temperature = -0.5; }), {"--temperature -0.5"});
   check_usage_error(with_sample([](auto& s) { s.top_k = -1; }), {"--top-k -1"});
   check_usage_error(with_sample([](auto& s) { s.seed = -2; }), {"--sample-seed -2"});
+}
+
+TEST_CASE("gpt: the binary exits 2 with one line for --eval-lengths without --eval-only, and for a bad --pos") {
+  TempDir dir("gpt_cli");
+  const std::string out = dir.file("run"), err = dir.file("stderr.txt");
+  auto run = [&](const std::string& args) {
+    const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/gpt' " + args + " --out '" + out +
+                            "' > /dev/null 2> '" + err + "'";
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == kExitUsage);
+    return read_bytes(err);
+  };
+  CHECK(run("--eval-lengths 128,256") ==
+        "gpt: --eval-lengths 128,256: works with --eval-only --checkpoint FILE (gpt --help lists every option)\n");
+  CHECK(run("--pos relative").find("--pos: relative not in {learned,sinusoidal,rope,alibi}") != std::string::npos);
+  CHECK(run("--kv-heads 3").find("--kv-heads 3 does not divide --heads 4") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out));  // nothing started
 }
