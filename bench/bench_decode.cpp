@@ -158,7 +158,6 @@ int main(int argc, char** argv) {
       Gpt mk(vocab, n + 1, d, heads, mlp, layers, &g, kv);
       // k and v of every layer for the n + 1 positions: 2 layers kv (n + 1) (d / heads) floats
       const double cache_kib = double(2 * layers * kv * (n + 1) * (d / heads) * 4) / 1024.0;
-      const std::vector<int64_t> ref = generate(mk, n, Mode::prealloc);
       const double secs = bench::median_seconds([&] { generate(mk, n, Mode::prealloc); }, reps, 1);
       const double tps = double(n) / secs;
       if (base_tps == 0) base_tps = tps;

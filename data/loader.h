@@ -59,6 +59,7 @@
 #include "autograd/tape.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/random.h"
 #include "core/tensor.h"
 
 namespace ag::data {
@@ -71,6 +72,29 @@ struct Range {
   int64_t size() const { return end - begin; }
 };
 Range shard(int64_t n, int part, int parts);
+
+// The random draws of a training loader's batches (augmentation, random windows), so that a run
+// resumed at step s, or split over ranks, draws what an uninterrupted single run would: the batch
+// of step s draws from Generator(seed) at offset s * batch + first, where batch is the global
+// batch and first this rank's first position in it (shard(batch, rank, ranks).begin); each item
+// of the batch then takes Philox blocks offset + b. next() gives the generator of the next batch
+// and moves on: a DataLoader calls make_batch for its batches strictly in order, starting with the
+// step it is seeked to, so a make_batch that calls next() once gets its own step's generator.
+class StepDraws {
+ public:
+  StepDraws(uint64_t seed, int64_t batch, int64_t first, int64_t start_step)
+      : seed_(seed), batch_(batch), first_(first), step_(start_step) {}
+  Generator next() {
+    Generator g(seed_);
+    g.set_offset(uint64_t(step_) * uint64_t(batch_) + uint64_t(first_));
+    ++step_;
+    return g;
+  }
+
+ private:
+  uint64_t seed_;
+  int64_t batch_, first_, step_;
+};
 
 // The order of epoch `epoch` over a dataset of n items (see the header comment).
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, uint64_t epoch);

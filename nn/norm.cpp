@@ -28,4 +28,10 @@ Tensor RMSNorm::forward(const Tensor& x) {
   return mul(mul(x, rrms), weight);
 }
 
+std::shared_ptr<UnaryModule> make_norm(const std::string& kind, int64_t dim, DType dtype) {
+  if (kind == "layernorm") return std::make_shared<LayerNorm>(dim, 1e-5, true, dtype);
+  check(kind == "rmsnorm", "make_norm: norm '{}': expected layernorm or rmsnorm", kind);
+  return std::make_shared<RMSNorm>(dim, 1e-6, dtype);
+}
+
 }  // namespace ag::nn

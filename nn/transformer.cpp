@@ -2,14 +2,6 @@
 
 namespace ag::nn {
 
-namespace {
-std::shared_ptr<UnaryModule> make_norm(const std::string& kind, int64_t d, DType dtype) {
-  if (kind == "layernorm") return std::make_shared<LayerNorm>(d, 1e-5, true, dtype);
-  check(kind == "rmsnorm", "TransformerBlock: norm '{}': expected layernorm or rmsnorm", kind);
-  return std::make_shared<RMSNorm>(d, 1e-6, dtype);
-}
-}  // namespace
-
 TransformerBlock::TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout,
                                    bool causal, bool cross, DType dtype, Generator* gen, const BlockConfig& config)
     : causal(causal), cross(cross) {

@@ -106,17 +106,17 @@ GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   field("n_heads", c.n_heads), field("n_layers", c.n_layers), field("mlp_hidden", c.mlp_hidden);
   if (j.contains("dropout") && j["dropout"].is_number()) c.dropout = j["dropout"].get<double>();
   if (j.contains("kv_heads")) field("kv_heads", c.kv_heads);
-  auto choice = [&](const char* name, std::string& v, std::initializer_list<const char*> allowed) {
+  auto choice = [&](const char* name, std::string& v) {
     if (!j.contains(name)) return;
-    const bool ok = j[name].is_string() && std::any_of(allowed.begin(), allowed.end(), [&](const char* a) {
-                      return j[name].get<std::string>() == a;
-                    });
+    const std::vector<std::string>& allowed = gpt_choices(name);
+    const bool ok = j[name].is_string() &&
+                    std::find(allowed.begin(), allowed.end(), j[name].get<std::string>()) != allowed.end();
     if (!ok) fail("gpt config: field '{}' is {}, expected one of {}", name, j[name].dump(), fmt::join(allowed, ", "));
     v = j[name].get<std::string>();
   };
-  choice("pos", c.pos, {"learned", "sinusoidal", "rope", "alibi"});
-  choice("mlp_kind", c.mlp_kind, {"gelu", "swiglu"});
-  choice("norm", c.norm, {"layernorm", "rmsnorm"});
+  choice("pos", c.pos);
+  choice("mlp_kind", c.mlp_kind);
+  choice("norm", c.norm);
   return c;
 }
 
@@ -151,7 +151,7 @@ std::vector<float> last_logits(const Tensor& logits) {
 
 std::vector<double> lm_loss_by_position(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts,
                                         int64_t T, int64_t batch, bool sharded) {
-  check(T >= 1 && (T <= model.cfg.context || model.cfg.pos != "learned"),
+  check(T >= 1 && model.cfg.has_positions(T),
         "lm_loss: window {} is outside [1, context {}] of a model with learned positions", T, model.cfg.context);
   check(batch >= 1, "lm_loss: batch {} must be positive", batch);
   check(!starts.empty(), "lm_loss: no windows");
@@ -184,10 +184,17 @@ std::vector<double> lm_loss_by_position(GPT& model, std::span<const int64_t> ids
   return total;
 }
 
+namespace {
+// The mean over the window's positions of the loss by position: the mean over all of its targets,
+// since every position has one target per window.
+double mean_over_positions(const std::vector<double>& by_position) {
+  return std::accumulate(by_position.begin(), by_position.end(), 0.0) / double(by_position.size());
+}
+}  // namespace
+
 double lm_loss(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T,
                int64_t batch, bool sharded) {
-  const std::vector<double> by_position = lm_loss_by_position(model, ids, starts, T, batch, sharded);
-  return std::accumulate(by_position.begin(), by_position.end(), 0.0) / double(T);  // every position has n windows
+  return mean_over_positions(lm_loss_by_position(model, ids, starts, T, batch, sharded));
 }
 
 // ---- length extrapolation ----------------------------------------------------------------------
@@ -234,14 +241,14 @@ std::vector<nlohmann::json> evaluate_lengths(GPT& model, const std::string& name
   std::vector<nlohmann::json> out;
   for (int64_t L : lengths) {
     nlohmann::json j = {{"run", name}, {"pos", model.cfg.pos}, {"trained_context", model.cfg.context}, {"length", L}};
-    if (model.cfg.pos == "learned" && L > model.cfg.context) {
+    if (!model.cfg.has_positions(L)) {
       j["error"] = fmt::format("learned positions stop at the context of {}: no position past it to evaluate",
                                model.cfg.context);
       fmt::print("gpt: length {}: {}\n", L, j["error"].get<std::string>());
     } else {
       const std::vector<int64_t> starts = eval_starts(int64_t(ids.size()), L, windows);
       const std::vector<double> by_position = lm_loss_by_position(model, ids, starts, L, batch);
-      const double loss = std::accumulate(by_position.begin(), by_position.end(), 0.0) / double(L);
+      const double loss = mean_over_positions(by_position);
       j["windows"] = windows, j["loss"] = loss, j["loss_by_position"] = by_position;
       fmt::print("gpt: length {}: validation loss {:.4f} over {} windows ({} positions past the training context)\n", L,
                  loss, windows, std::max<int64_t>(0, L - model.cfg.context));

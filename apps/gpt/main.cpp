@@ -131,17 +131,17 @@ int main(int argc, char** argv) {
                  "positions: learned (a table of --context rows, GPT-2), sinusoidal (added, fixed), rope (rotary, "
                  "inside attention) or alibi (distance biases inside attention); all but learned run past --context")
       ->capture_default_str()
-      ->check(CLI::IsMember({"learned", "sinusoidal", "rope", "alibi"}));
+      ->check(CLI::IsMember(gpt_choices("pos")));
   cli.add_option("--kv-heads", cfg.kv_heads,
                  "key/value heads, dividing --heads (grouped-query attention; 1: multi-query; 0: --heads)")
       ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--mlp-kind", cfg.mlp_kind, "feed-forward: gelu (GPT-2's MLP) or swiglu (LLaMA's, no biases)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"gelu", "swiglu"}));
+      ->check(CLI::IsMember(gpt_choices("mlp_kind")));
   cli.add_option("--norm", cfg.norm, "norms: layernorm or rmsnorm")
       ->capture_default_str()
-      ->check(CLI::IsMember({"layernorm", "rmsnorm"}));
+      ->check(CLI::IsMember(gpt_choices("norm")));
   std::vector<int64_t> eval_lengths;
   std::string lengths_file;
   cli.add_option("--eval-lengths", eval_lengths,

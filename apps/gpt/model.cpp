@@ -1,17 +1,30 @@
 #include "apps/gpt/model.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include <fmt/ranges.h>
 
 #include "apps/common/gpt2_style.h"
 #include "autograd/ops.h"
 
 namespace ag::apps {
 
+const std::vector<std::string>& gpt_choices(const std::string& field) {
+  static const std::vector<std::string> pos{"learned", "sinusoidal", "rope", "alibi"}, mlp{"gelu", "swiglu"},
+      norm{"layernorm", "rmsnorm"};
+  if (field == "pos") return pos;
+  if (field == "mlp_kind") return mlp;
+  check(field == "norm", "gpt_choices: no field '{}' (pos, mlp_kind, norm)", field);
+  return norm;
+}
+
 GPT::GPT(const GPTConfig& c, Generator* gen) : cfg(c) {
   check(c.vocab > 0 && c.context > 0 && c.n_layers > 0, "GPT: vocab {}, context {} and n_layers {} must be positive",
         c.vocab, c.context, c.n_layers);
-  check(c.pos == "learned" || c.pos == "sinusoidal" || c.pos == "rope" || c.pos == "alibi",
-        "GPT: pos '{}': expected learned, sinusoidal, rope or alibi", c.pos);
+  const auto& positions = gpt_choices("pos");
+  check(std::find(positions.begin(), positions.end(), c.pos) != positions.end(), "GPT: pos '{}': expected one of {}",
+        c.pos, fmt::join(positions, ", "));
   wte = register_module("wte", std::make_shared<nn::Embedding>(c.vocab, c.d_model, std::nullopt, DType::f32, gen));
   if (c.pos == "learned")
     wpe = register_module("wpe", std::make_shared<nn::LearnedPositions>(c.context, c.d_model, DType::f32, gen));
@@ -21,8 +34,7 @@ GPT::GPT(const GPTConfig& c, Generator* gen) : cfg(c) {
   block.norm = c.norm, block.mlp = c.mlp_kind;
   blocks = register_module("blocks",
                            make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, true, gen, block));
-  if (c.norm == "rmsnorm") ln_f = register_module("ln_f", std::make_shared<nn::RMSNorm>(c.d_model));
-  else ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model));
+  ln_f = register_module("ln_f", nn::make_norm(c.norm, c.d_model));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, DType::f32, gen));
   init_gpt2_style(*this, c.n_layers, gen);
 }
@@ -33,7 +45,7 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   check(caches == nullptr || int64_t(caches->size()) == cfg.n_layers, "GPT: {} KV caches given for {} blocks",
         caches ? caches->size() : 0, cfg.n_layers);
   const int64_t T = idx.size(1), start = caches ? (*caches)[0].length() : 0;
-  check(cfg.pos != "learned" || start + T <= cfg.context,
+  check(cfg.has_positions(start + T),
         "GPT: positions {}..{} exceed the {} learned positions of the context: a model with --pos learned has no "
         "embedding past them (sinusoidal, rope and alibi positions do)",
         start, start + T - 1, cfg.context);

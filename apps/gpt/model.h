@@ -32,11 +32,18 @@ namespace ag::apps {
 struct GPTConfig {
   int64_t vocab = 96, context = 128, d_model = 128, n_heads = 4, n_layers = 4, mlp_hidden = 512;
   double dropout = 0.0;
-  std::string pos = "learned";      // learned | sinusoidal | rope | alibi
+  std::string pos = "learned";      // gpt_choices("pos"): learned | sinusoidal | rope | alibi
   int64_t kv_heads = 0;             // key/value heads dividing n_heads; 0: n_heads
-  std::string mlp_kind = "gelu";    // gelu | swiglu
-  std::string norm = "layernorm";   // layernorm | rmsnorm
+  std::string mlp_kind = "gelu";    // gpt_choices("mlp_kind"): gelu | swiglu
+  std::string norm = "layernorm";   // gpt_choices("norm"): layernorm | rmsnorm
+
+  // Whether the model has positions 0 .. n-1: learned positions stop at the context, the others
+  // are functions of the position or of distances and go on.
+  bool has_positions(int64_t n) const { return pos != "learned" || n <= context; }
 };
+// The values GPTConfig's field `pos`, `mlp_kind` or `norm` may take (the CLI's, the checkpoint
+// reader's and the constructor's one list each).
+const std::vector<std::string>& gpt_choices(const std::string& field);
 // to_json / from_json (missing keys keep their defaults): the keyword arguments of the PyTorch twin.
 // Checkpoints use gpt_config_to_json (apps/gpt/lib.h), which leaves out the four choices above
 // at their defaults, so the configs of runs from before they existed still match.

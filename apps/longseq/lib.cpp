@@ -360,7 +360,6 @@ SeqSplits text_splits(const std::vector<std::string>& books, int64_t passage, bo
       s.train.window_hi.push_back(base + last * passage);  // the last start whose window stays in the run
     }
   }
-  if (!random_windows) s.train.source.clear();
   return s;
 }
 
@@ -409,14 +408,10 @@ std::unique_ptr<data::DataLoader<SeqBatch>> make_train_loader(const SeqDataset& 
   lo.drop_last = true;
   lo.prefetch = prefetch;
   lo.shard_rank = shard_rank, lo.shard_count = shard_count;
-  // The loader calls make_batch for its batches strictly in order, starting with the step it is
-  // seeked to, so `step` counts the batch being made (as vit's crops).
-  const int64_t first = data::shard(batch, shard_rank, shard_count).begin;
-  auto make = [&train, batch, first, step = start_step, window_seed = seed + 1](
-                  std::span<const int64_t> indices) mutable {
-    Generator gen(window_seed);
-    gen.set_offset(uint64_t(step) * uint64_t(batch) + uint64_t(first));
-    ++step;
+  // the random windows of each step's batch, this rank's part of them (data::StepDraws, as vit's crops)
+  auto make = [&train, draws = data::StepDraws(seed + 1, batch, data::shard(batch, shard_rank, shard_count).begin,
+                                               start_step)](std::span<const int64_t> indices) mutable {
+    Generator gen = draws.next();
     return make_batch(train, indices, &gen);
   };
   auto loader = std::make_unique<data::DataLoader<SeqBatch>>(train.size(), lo, make);

@@ -149,15 +149,11 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
   lo.drop_last = true;  // every step sees a full batch
   lo.prefetch = prefetch;
   lo.shard_rank = shard_rank, lo.shard_count = shard_count;
-  // this rank's images are [first, ...) of each global batch: their augmentation draws follow
-  const int64_t first = data::shard(batch, shard_rank, shard_count).begin;
-  // The loader calls make_batch for its batches strictly in order (on its worker thread, one at a
-  // time), starting with the step it is seeked to, so `step` counts the batch being made.
-  auto make = [&train, norm, augment, batch, first, step = start_step, aug_seed = seed + 1](
-                  std::span<const int64_t> indices) mutable {
-    Generator gen(aug_seed);
-    gen.set_offset(uint64_t(step) * uint64_t(batch) + uint64_t(first));
-    ++step;
+  // the augmentation draws of each step's batch, this rank's images' part of them (data::StepDraws)
+  auto make = [&train, norm, augment,
+               draws = data::StepDraws(seed + 1, batch, data::shard(batch, shard_rank, shard_count).begin,
+                                       start_step)](std::span<const int64_t> indices) mutable {
+    Generator gen = draws.next();
     return data::make_batch(train, indices, norm, augment, &gen);
   };
   auto loader = std::make_unique<data::DataLoader<data::Batch>>(train.size(), lo, make);
