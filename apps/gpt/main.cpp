@@ -128,8 +128,9 @@ int main(int argc, char** argv) {
   cli.add_option("--layers", cfg.n_layers, "transformer blocks")->capture_default_str()->check(positive());
   cli.add_option("--mlp", cfg.mlp_hidden, "MLP hidden width")->capture_default_str()->check(positive());
   cli.add_option("--pos", cfg.pos,
-                 "positions: learned (a table of --context rows, GPT-2), sinusoidal (added, fixed), rope (rotary, "
-                 "inside attention) or alibi (distance biases inside attention); all but learned run past --context")
+                 "positions: learned (a table of --context rows, GPT-2), sinusoidal (fixed, added to the embeddings "
+                 "times sqrt(d)), rope (rotary, inside attention) or alibi (distance biases inside attention); all "
+                 "but learned run past --context")
       ->capture_default_str()
       ->check(CLI::IsMember(gpt_choices("pos")));
   cli.add_option("--kv-heads", cfg.kv_heads,
