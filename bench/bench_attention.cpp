@@ -10,6 +10,10 @@
 // (ag::synchronize / torch.cuda.synchronize), and the memory is the device allocator's.
 //
 // --json prints one JSON line of our side only (no PyTorch run, no table), for bench/compare_pytorch.
+//
+// One more row, ours only: causal fused attention whose q and k first go through rope() (rotary
+// positions, its own pass over q and k each way), against the fused row without it: what a RoPE
+// fused into the attention kernel could save at most.
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 
@@ -59,6 +63,11 @@ int main(int argc, char** argv) {
     o.causal = causal;
     return scaled_dot_product_attention(q, k, v, o).out;
   };
+  auto fused_rope = [&](bool causal) {
+    SdpaOptions o;
+    o.causal = causal;
+    return scaled_dot_product_attention(rope(q), rope(k), v, o).out;
+  };
   auto unfused = [&](bool causal) {
     Tensor s = mul(matmul(q, k.mT()), scale);
     if (causal) s = masked_fill(s, future, -std::numeric_limits<double>::infinity());
@@ -95,6 +104,7 @@ int main(int argc, char** argv) {
     auto [tu, mu] = measure(unfused, causal);
     rows.push_back({tf, mf, tu, mu});
   }
+  const double rope_s = measure(fused_rope, true).first;
   if (json) {
     nlohmann::json j;
     j["device"] = dev.str();
@@ -106,6 +116,7 @@ int main(int argc, char** argv) {
                                                   {"unfused_ms", r.unfused_s * 1e3},
                                                   {"unfused_peak_mb", r.unfused_bytes / 1e6}};
     }
+    j["results"]["causal"]["rope_ms"] = rope_s * 1e3;
     fmt::print("{}\n", j.dump());
     return 0;
   }
@@ -138,6 +149,9 @@ int main(int argc, char** argv) {
                  r.unfused_bytes / 1e6, "-");
     }
   }
+  fmt::print("\ncausal, fused, with rope() on q and k first: {:.2f} ms, {:+.1f}% over fused (the most a RoPE\n"
+             "fused into the kernel could save)\n",
+             rope_s * 1e3, 100.0 * (rope_s / rows[1].fused_s - 1.0));
   fmt::print("\nspeedup = unfused / fused; torch/x = PyTorch ms / attograd ms (> 1: attograd is faster).\n");
   fmt::print("fused/unfused MB: peak bytes held beyond the inputs (alloc_stats). torch RSS MB: growth of the\n"
              "PyTorch process's max RSS over its warm-up and timed runs (CPU torch keeps no allocator stats).\n");
