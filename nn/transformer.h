@@ -21,6 +21,9 @@ struct BlockConfig {
   std::string norm = "layernorm";  // or "rmsnorm" (no bias, LLaMA's)
   std::string mlp = "gelu";        // or "swiglu" (nn::SwiGLU(d, mlp_hidden), no biases)
 };
+// The default of the constructors below: one object, rather than a temporary at every call, whose
+// inlined std::string members GCC 12 reports as maybe used uninitialized (a false positive).
+inline const BlockConfig default_block_config{};
 
 struct TransformerBlock : UnaryModule {
   bool causal, cross;
@@ -35,12 +38,12 @@ struct TransformerBlock : UnaryModule {
   // `config`: the norms, the MLP and the attentions (see BlockConfig).
   TransformerBlock(int64_t d_model, int64_t n_heads, int64_t mlp_hidden, double dropout = 0.0, bool causal = false,
                    bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr,
-                   const BlockConfig& config = {});
+                   const BlockConfig& config = default_block_config);
   // With `feed_forward` (non-null, mapping (..., d_model) to (..., d_model)) in place of the MLP.
   // dropout, dtype and gen go to the attention and norms; the feed-forward brings its own.
   TransformerBlock(int64_t d_model, int64_t n_heads, std::shared_ptr<UnaryModule> feed_forward, double dropout = 0.0,
                    bool causal = false, bool cross = false, DType dtype = DType::f32, Generator* gen = nullptr,
-                   const BlockConfig& config = {});
+                   const BlockConfig& config = default_block_config);
 
   Tensor attn_weights;  // (B, H, T, Tk) of the last self-attention, kept only when asked (need_weights)
 

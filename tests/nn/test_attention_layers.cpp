@@ -347,7 +347,9 @@ TEST_CASE("MultiHeadAttention: kv_heads gradcheck of every parameter, and a KV c
     }
     // decoding one token at a time caches (B, Hkv, T, hs) and equals the causal forward
     Generator g(3);
-    nn::TransformerBlock block(8, 4, 16, 0.0, true, false, DType::f64, &g, {.attention = {.kv_heads = kv}});
+    nn::BlockConfig config;  // set field by field: a nested designated initializer trips GCC 12's
+    config.attention.kv_heads = kv;  // -Wmaybe-uninitialized on the inner std::string (a false positive)
+    nn::TransformerBlock block(8, 4, 16, 0.0, true, false, DType::f64, &g, config);
     CHECK(block.attn->kv_heads == kv);
     const Tensor x = randn({2, 6, 8}, DType::f64, &g);
     NoGradGuard no_grad;
@@ -403,8 +405,9 @@ TEST_CASE("MultiHeadAttention: rope and alibi positions, by hand, through a KV c
         mha, causal, {leaf64({1, 5, 8}, 1), leaf64({16, 8}, 2, 0.5), leaf64({16}, 3), leaf64({8, 8}, 4), leaf64({8}, 5)});
     AG_CHECK_ERROR(mha.forward(x, x), "positions", positions, "self-attention");
     // a cross-attention block keeps the positions to its self-attention
-    nn::TransformerBlock block(8, 4, 16, 0.0, false, true, DType::f64, nullptr,
-                               {.attention = {.positions = positions}});
+    nn::BlockConfig config;  // field by field, as above
+    config.attention.positions = positions;
+    nn::TransformerBlock block(8, 4, 16, 0.0, false, true, DType::f64, nullptr, config);
     CHECK(block.attn->config.positions == positions);
     CHECK(block.cross_attn->config.positions == "none");
   }
