@@ -32,6 +32,8 @@
 //
 // Speed: on a GPU the bf16 GEMMs run on tensor cores; on the CPU the rounding is an extra pass
 // and the GEMM is the f32 one, so bf16 there is for checking what the numbers do, not for speed.
+// (ag::cpu::sbgemm runs the products natively on AVX512-BF16; matmul uses it only after
+// ag::cpu::set_sbgemm_native(true), core/kernels/matmul.h, until its packing is fast enough.)
 #include <cstdint>
 
 #include "core/dtype.h"

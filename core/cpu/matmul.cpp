@@ -86,7 +86,9 @@ void gemm_block(T* c, const T* a, const T* b, const Gemm& g, int64_t i0, int64_t
   const T* ab = a + (g.trans_a ? i0 : i0 * g.lda);
   const T* bb = b + (g.trans_b ? j0 * g.ldb : j0);
   if constexpr (std::is_same_v<T, float>) {
-    if (g.M <= kSmallRows && sgemm_kernel() != GemmKernel::openblas)  // by the whole matrix's rows
+    if (g.operands == Precision::bf16)  // only where matmul_forward chose the native bf16 products
+      sbgemm(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
+    else if (g.M <= kSmallRows && sgemm_kernel() != GemmKernel::openblas)  // by the whole matrix's rows
       sgemm_small_m(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_);
     else
       sgemm(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
@@ -150,7 +152,10 @@ template <class T>
 void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) {
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   if (P == 0 || M == 0 || N == 0) return;
-  if (g.operands != Precision::fp32) {
+  // autocast bf16 on a CPU with AVX512-BF16: sbgemm rounds while it packs and sums the products
+  // two at a time in f32 (gemm_block below); a few rows (M <= kSmallRows) keep the emulation
+  const bool native_bf16 = g.operands == Precision::bf16 && M > kSmallRows && sbgemm_native();
+  if (g.operands != Precision::fp32 && !native_bf16) {
     // autocast: the same GEMM on copies of a and b rounded to bf16 or fp16. Every product of two
     // such values (8 or 11 significant bits each) is exact in f32, so this sums the very products
     // a tensor core would, in f32; only the order of the additions can differ from a GPU's.

@@ -75,6 +75,21 @@ bool sgemm_kernel_supported(GemmKernel k);      // whether this CPU runs k
 GemmKernel gemm_kernel_named(const char* name); // "avx512" -> avx512 ... (ag::Error: unknown/unsupported)
 void set_sgemm_kernel(GemmKernel k);            // replaces the choice (ag::Error when unsupported)
 
+// sgemm's contract with both operands rounded to bf16 (as autocast rounds them) and the products
+// summed in f32 by AVX512-BF16's VDPBF16PS, two at a time (1.25-1.65x the f32 kernel on large
+// products, one thread).
+// Against sgemm on rounded copies it differs by f32 rounding (another order of the same sums),
+// and bf16 subnormals count as zero. ag::Error where the CPU has no avx512_bf16.
+void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+            const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
+bool sbgemm_supported();            // whether this CPU has AVX512-BF16
+// Whether bf16 autocast's products run sbgemm instead of the emulation (rounded copies, f32 GEMM):
+// after set_sbgemm_native(true), while the sgemm kernel is avx512 (ATTOGRAD_GEMM=avx2, portable
+// or openblas keep the emulation). Off by default: its packing is not vectorised yet, and bf16
+// training steps ran slower with it than with the emulation (core/cpu/gemm.cpp).
+bool sbgemm_native();
+void set_sbgemm_native(bool on);    // ag::Error for true where the CPU has no AVX512-BF16
+
 // c (M, N; ldc) = op(a) op(b) for a few rows (M <= kSmallRows), reading both operands where they
 // are: packing B for one row (a token's activations against a weight, in generation) costs ten
 // times the product itself. op(b) stored transposed (a Linear's weight, (N, K)): one dot product

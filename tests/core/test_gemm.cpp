@@ -32,7 +32,8 @@ struct Case {
 
 // Runs sgemm_with(k) on case cs and compares every element of c with an f64 triple loop:
 // |c - ref| <= 1e-5 * (|alpha| sum_k |a_ik b_kj| + |beta c0_ij|) + 1e-30. Returns c.
-std::vector<float> check_case(GemmKernel k, const Case& cs) {
+// With bf16, sbgemm instead, against the same loop over the operands rounded to bf16 (pw::round_bf16).
+std::vector<float> check_case(GemmKernel k, const Case& cs, bool bf16 = false) {
   const int64_t M = cs.M, N = cs.N, K = cs.K;
   // a as stored: (M, K) or, transposed, (K, M); likewise b: (K, N) or (N, K)
   const int64_t lda = (cs.ta ? M : K) + cs.pad, ldb = (cs.tb ? K : N) + cs.pad, ldc = N + cs.pad;
@@ -41,13 +42,17 @@ std::vector<float> check_case(GemmKernel k, const Case& cs) {
   std::vector<float> c0 = filled(size_t(M * ldc + 1), 3);
   if (cs.beta == 0.f) std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());
   std::vector<float> c = c0;
-  ag::cpu::sgemm_with(k, cs.ta, cs.tb, M, N, K, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
+  if (bf16)
+    ag::cpu::sbgemm(cs.ta, cs.tb, M, N, K, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
+  else
+    ag::cpu::sgemm_with(k, cs.ta, cs.tb, M, N, K, cs.alpha, a.data(), lda, b.data(), ldb, cs.beta, c.data(), ldc);
+  auto operand = [bf16](float x) { return double(bf16 ? ag::pw::round_bf16(x) : x); };
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       double acc = 0, mag = 0;
       for (int64_t p = 0; p < K; ++p) {
-        const double x = cs.ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)];
-        const double w = cs.tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)];
+        const double x = operand(cs.ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]);
+        const double w = operand(cs.tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
         acc += x * w;
         mag += std::abs(x * w);
       }
@@ -60,7 +65,7 @@ std::vector<float> check_case(GemmKernel k, const Case& cs) {
       if (!(std::abs(got - ref) <= 1e-5 * bound + 1e-30)) {
         FAIL_CHECK(fmt::format("kernel {} ta {} tb {} M {} N {} K {} alpha {} beta {} pad {}: c[{},{}] = {:.9g}, "
                                "expected {:.9g}",
-                               ag::cpu::gemm_kernel_name(k), cs.ta, cs.tb, M, N, K, cs.alpha, cs.beta, cs.pad, i, j,
+                               bf16 ? "sbgemm" : ag::cpu::gemm_kernel_name(k), cs.ta, cs.tb, M, N, K, cs.alpha, cs.beta, cs.pad, i, j,
                                got, ref));
         return c;
       }
@@ -303,4 +308,109 @@ TEST_CASE("sgemm: an unknown or unsupported kernel is an error") {
   ag::cpu::set_sgemm_kernel(GemmKernel::portable);
   CHECK(std::string(ag::cpu::sgemm_kernel_name()) == "portable");
   ag::cpu::set_sgemm_kernel(before);
+}
+
+// ---- sbgemm: bf16 operands on AVX512-BF16 ---------------------------------------------------------
+namespace {
+
+// Whether this CPU runs sbgemm; where not, a MESSAGE that CTest reads as a skip.
+bool have_bf16() {
+  if (ag::cpu::sbgemm_supported()) return true;
+  MESSAGE("[skipped: no avx512_bf16] sbgemm needs AVX512-BF16; the emulated bf16 path is tested elsewhere");
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("sbgemm: against an f64 triple loop of the bf16-rounded operands, all transposes, ragged sizes") {
+  if (!have_bf16()) return;
+  const int64_t sizes[] = {1, 5, 7, 33, 64, 100};
+  int cases = 0;
+  for (int t = 0; t < 4; ++t)
+    for (int64_t M : sizes)
+      for (int64_t N : sizes)
+        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(33), int64_t(100)}) {  // odd K: a zero pair
+          const int v = cases++;
+          const float alpha = v % 2 ? 0.5f : 1.f;
+          const float beta = v % 3 == 0 ? 0.f : v % 3 == 1 ? 1.f : 0.25f;
+          check_case(GemmKernel::avx512, {bool(t & 1), bool(t & 2), M, N, K, alpha, beta, int64_t(v % 5 == 0 ? 3 : 0)},
+                     true);
+        }
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    check_case(GemmKernel::avx512, {ta, tb, 13, 33, 1000, 1.f, 0.f}, true);       // 4 kc blocks
+    check_case(GemmKernel::avx512, {ta, tb, 31, 17, 301, 0.5f, 0.25f, 2}, true);  // 2 kc blocks of odd length
+    check_case(GemmKernel::avx512, {ta, tb, 1000, 70, 20, 1.f, 1.f}, true);       // 3 mc blocks
+  }
+  check_case(GemmKernel::avx512, {false, true, 5, 4200, 9, 1.f, 0.f}, true);  // 2 nc blocks
+}
+
+TEST_CASE("sbgemm: known values, a bias, and K = 0") {
+  if (!have_bf16()) return;
+  // 1 + 2^-9 rounds to 1 in bf16 (8 significant bits): [1+2^-9, 2; 3, 4] @ [5 6; 7 8] = [19 22; 43 50]
+  const float a[] = {1.f + 1.f / 512.f, 2, 3, 4}, b[] = {5, 6, 7, 8}, bias[] = {0.5f, -1.f};
+  float c[] = {1, 1, 1, 1};
+  ag::cpu::sbgemm(false, false, 2, 2, 2, 2.f, a, 2, b, 2, 0.5f, c, 2, bias);
+  CHECK(std::vector<float>(c, c + 4) == std::vector<float>{39.f, 43.5f, 87.f, 99.5f});
+  std::vector<float> z(4, std::numeric_limits<float>::quiet_NaN());
+  ag::cpu::sbgemm(false, false, 2, 2, 0, 1.f, a, 2, b, 2, 0.f, z.data(), 2, bias);
+  CHECK(z == std::vector<float>{0.5f, -1.f, 0.5f, -1.f});
+}
+
+TEST_CASE("sbgemm: bf16 autocast's matmul, native against the emulation, and the same bits at 1 and 2 threads") {
+  if (!have_bf16()) return;
+  const int before = ag::num_threads();
+  ag::cpu::set_sbgemm_native(true);  // off by default (core/kernels/matmul.h)
+  REQUIRE(ag::cpu::sbgemm_native());
+  ag::Generator gen(17);
+  const ag::Tensor a = ag::randn({300, 257}, ag::DType::f32, &gen), b = ag::randn({257, 190}, ag::DType::f32, &gen);
+  ag::Tensor w = ag::randn({190, 257}, ag::DType::f32, &gen).set_requires_grad(true);
+  const ag::Tensor g = ag::randn({300, 190}, ag::DType::f32, &gen);
+  // forward (matmul, linear) and backward (dW = g^T x, dx = g W): every product of the op
+  auto run = [&] {
+    ag::AutocastGuard bf16(ag::Precision::bf16);
+    w.set_grad(ag::Tensor());
+    const ag::Tensor x = a.detach().set_requires_grad(true);
+    const ag::Tensor y = ag::linear(x, w);
+    y.backward(g);
+    return std::vector<std::vector<float>>{ag::matmul(a, b).to_vector<float>(), y.to_vector<float>(),
+                                           x.grad().to_vector<float>(), w.grad().to_vector<float>()};
+  };
+  ag::set_num_threads(1);
+  const auto one = run();
+  ag::set_num_threads(2);
+  const auto two = run();
+  ag::cpu::set_sbgemm_native(false);
+  const auto emulated = run();
+  ag::set_num_threads(before);
+  for (size_t i = 0; i < one.size(); ++i) {
+    CAPTURE(i);
+    CHECK(one[i] == two[i]);
+    // the same products of rounded operands, summed in another order: f32 rounding apart
+    REQUIRE(one[i].size() == emulated[i].size());
+    double worst = 0, scale = 0;
+    for (size_t j = 0; j < one[i].size(); ++j) {
+      worst = std::max(worst, double(std::abs(one[i][j] - emulated[i][j])));
+      scale = std::max(scale, double(std::abs(emulated[i][j])));
+    }
+    CHECK(worst <= 1e-5 * scale);
+    CHECK(one[i] != emulated[i]);  // and it did run another path
+  }
+}
+
+TEST_CASE("sbgemm: refused with a message where the CPU has no AVX512-BF16, switchable where it has") {
+  float c = 0, x = 1;
+  if (ag::cpu::sbgemm_supported()) {
+    ag::cpu::set_sbgemm_native(false);
+    CHECK_FALSE(ag::cpu::sbgemm_native());
+    ag::cpu::set_sbgemm_native(true);
+    CHECK(ag::cpu::sbgemm_native() == (ag::cpu::sgemm_kernel() == GemmKernel::avx512));
+    ag::cpu::set_sbgemm_native(false);  // the default
+    ag::cpu::sbgemm(false, false, 1, 1, 1, 1.f, &x, 1, &x, 1, 0.f, &c, 1);
+    CHECK(c == 1.f);
+    return;
+  }
+  AG_CHECK_ERROR(ag::cpu::sbgemm(false, false, 1, 1, 1, 1.f, &x, 1, &x, 1, 0.f, &c, 1), "sbgemm", "avx512_bf16");
+  AG_CHECK_ERROR(ag::cpu::set_sbgemm_native(true), "set_sbgemm_native", "avx512_bf16");
+  CHECK_FALSE(ag::cpu::sbgemm_native());
 }
