@@ -204,6 +204,26 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* a,
     }
 }
 
+// The AVX-512 kernels' merge of their MR x NV accumulators into c (the rule above), shared by the
+// f32 and the bf16 kernel; always inlined, so the accumulators stay in registers.
+template <int MR, int NV>
+__attribute__((target("avx512f,avx512vl,fma"), always_inline)) inline void merge_avx512(const __m512 (&acc)[MR][NV],
+                                                                                        float* c, int64_t ldc,
+                                                                                        float alpha, float beta,
+                                                                                        const float* bias) {
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* cr = c + r * ldc + 16 * v;
+      __m512 y = beta == 0.f ? _mm512_mul_ps(va, acc[r][v])
+                             : _mm512_fmadd_ps(va, acc[r][v], _mm512_mul_ps(vb, _mm512_loadu_ps(cr)));
+      if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + 16 * v));
+      _mm512_storeu_ps(cr, y);
+    }
+}
+
 // AVX-512: MR rows x NV zmm vectors of 16 columns. With MR = 6, NV = 4: 24 accumulators + 4 B
 // loads + 1 broadcast = 29 of the 32 zmm registers. 6 x 64 against 12 x 32 (the same 24
 // accumulators; per k step 4 loads + 6 broadcasts against 2 + 12), on one core: the same on the
@@ -231,19 +251,21 @@ __attribute__((target("avx512f,avx512vl,fma"))) void kernel_avx512(int64_t kc, c
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
     }
   }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      float* cr = c + r * ldc + 16 * v;
-      __m512 y = beta == 0.f ? _mm512_mul_ps(va, acc[r][v])
-                             : _mm512_fmadd_ps(va, acc[r][v], _mm512_mul_ps(vb, _mm512_loadu_ps(cr)));
-      if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + 16 * v));
-      _mm512_storeu_ps(cr, y);
-    }
+  merge_avx512<MR, NV>(acc, c, ldc, alpha, beta, bias);
 }
 #endif
+
+// An edge tile's exact sums (tile, m x n valid of row stride ldt) merged into c with the kernels'
+// rule: the drivers' path for the ragged last rows and columns.
+void merge_tile(const float* tile, int64_t ldt, float* c, int64_t ldc, int64_t m, int64_t n, float alpha, float beta,
+                const float* bias) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      float& y = c[i * ldc + j];
+      y = beta == 0.f ? alpha * tile[i * ldt + j] : std::fma(alpha, tile[i * ldt + j], beta * y);
+      if (bias) y += bias[j];
+    }
+}
 
 // ---- the blocking driver ----------------------------------------------------------------------
 // When packing is skipped (the kernel reads op(a) or op(b) in place; only a ragged last panel is
@@ -303,12 +325,7 @@ void gemm_packed(KernelPair kernel, bool ta, bool tb, int64_t M, int64_t N, int6
               product(cq, ldc, alpha, bt, bias_q);
             } else {  // tile = acc exactly (alpha 1, beta 0), then the kernels' merge on m x n
               product(tile, NR, 1.f, 0.f, nullptr);
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) {
-                  float& y = cq[i * ldc + j];
-                  y = bt == 0.f ? alpha * tile[i * NR + j] : std::fma(alpha, tile[i * NR + j], bt * y);
-                  if (bias_q) y += bias_q[j];
-                }
+              merge_tile(tile, NR, cq, ldc, m, n, alpha, bt, bias_q);
             }
           }
         }
@@ -389,17 +406,7 @@ __attribute__((target("avx512f,avx512vl,avx512bf16,fma"))) void kernel_avx512_bf
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bv[v]);
     }
   }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      float* cr = c + r * ldc + 16 * v;
-      __m512 y = beta == 0.f ? _mm512_mul_ps(va, acc[r][v])
-                             : _mm512_fmadd_ps(va, acc[r][v], _mm512_mul_ps(vb, _mm512_loadu_ps(cr)));
-      if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + 16 * v));
-      _mm512_storeu_ps(cr, y);
-    }
+  merge_avx512<MR, NV>(acc, c, ldc, alpha, beta, bias);
 }
 
 // The five loops of gemm_packed, both operands always packed (the packing is the rounding).
@@ -432,12 +439,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
               kernel_avx512_bf16<MR, NV>(kp, aq, bq, cq, ldc, alpha, bt, bias_q);
             } else {  // as gemm_packed: the exact sums into a tile, then the merge on m x n
               kernel_avx512_bf16<MR, NV>(kp, aq, bq, tile, NR, 1.f, 0.f, nullptr);
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) {
-                  float& y = cq[i * ldc + j];
-                  y = bt == 0.f ? alpha * tile[i * NR + j] : std::fma(alpha, tile[i * NR + j], bt * y);
-                  if (bias_q) y += bias_q[j];
-                }
+              merge_tile(tile, NR, cq, ldc, m, n, alpha, bt, bias_q);
             }
           }
         }
