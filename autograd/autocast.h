@@ -12,7 +12,7 @@
 //   - matmul and linear round both operands to bf16 (round to nearest, ties to even) and
 //     accumulate the products in f32; their backward GEMMs do the same with the gradient
 //     (dA = round(g) round(B)^T, ...): GPU tensor cores run exactly this (cublasGemmEx, bf16
-//     inputs, f32 compute), the CPU computes the same numbers in its f32 GEMM on rounded copies;
+//     inputs, f32 compute), the CPU computes the same numbers (sbgemm, or its f32 GEMM on rounded copies: below);
 //   - scaled_dot_product_attention rounds q, k and v to bf16 and computes softmax and both
 //     products in f32;
 //   - everything else (norms, softmax, losses, the optimizer) stays f32, and so do the weights
@@ -30,10 +30,11 @@
 // before backward and divide the gradients by S before the step, adjusting S as overflows show up
 // (optim::GradScaler, optim/grad_scaler.h, as torch.cuda.amp.GradScaler).
 //
-// Speed: on a GPU the bf16 GEMMs run on tensor cores; on the CPU the rounding is an extra pass
-// and the GEMM is the f32 one, so bf16 there is for checking what the numbers do, not for speed.
-// (ag::cpu::sbgemm runs the products natively on AVX512-BF16; matmul uses it only after
-// ag::cpu::set_sbgemm_native(true), core/kernels/matmul.h, until its packing is fast enough.)
+// Speed: on a GPU the bf16 GEMMs run on tensor cores. On a CPU with AVX512-BF16 (ag::cpu::sbgemm,
+// core/kernels/matmul.h) matmul and linear round while packing their operands and multiply with
+// VDPBF16PS, twice the f32 FMA's work per instruction. Elsewhere the CPU computes the same
+// products in its f32 GEMM on rounded copies: the rounding is an extra pass, so bf16 there is
+// for checking what the numbers do, not for speed.
 #include <cstdint>
 
 #include "core/dtype.h"

@@ -15,13 +15,20 @@
 // of the thread that woke it, and the "ag" columns of the short-K products then run at one core's
 // speed (docs/benchmarks.md). `env -u OPENBLAS_CORETYPE` lets OpenBLAS pick its AVX-512
 // (Cooperlake/SkylakeX) kernels instead of Haswell's AVX2 ones.
-// Usage: bench_matmul [min_reps]      (OMP_NUM_THREADS sets attograd's thread count)
+// With --bf16 (on a CPU with AVX512-BF16), instead: the products of one Linear layer (forward
+// y = x W^T, "NT": W stored (N, K); dX, NN; dW, TN) and large squares in ag::matmul three ways,
+// at the thread count and then on one thread: f32; bf16 autocast emulated (operands rounded into
+// copies, the f32 GEMM); bf16 autocast native (ag::cpu::sbgemm: rounding while packing,
+// VDPBF16PS). --json PATH appends one JSON line per measured row.
+// Usage: bench_matmul [min_reps] [--bf16] [--json PATH]   (OMP_NUM_THREADS sets attograd's threads)
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -57,6 +64,7 @@ struct Shape {
   const char* model;  // which app model runs it ("" for the squares)
   bool ta;            // A stored (K, M) and read transposed: the dW = X^T dY products
   int64_t M, K, N;
+  bool tb = false;    // B stored (N, K) and read transposed: a Linear's forward x W^T
 };
 
 // Medians in GFLOP/s of the variants, measured as described at the top.
@@ -81,16 +89,93 @@ std::vector<double> measure(const Shape& s, std::vector<Variant>& vs, int min_re
 
 std::string shape_name(const Shape& s) {
   char name[80];
-  std::snprintf(name, sizeof name, "%s %s[%lld,%lld]@[%lld,%lld]", s.model, s.ta ? "TN " : "", (long long)s.M,
-                (long long)s.K, (long long)s.K, (long long)s.N);
+  std::snprintf(name, sizeof name, "%s %s[%lld,%lld]@[%lld,%lld]", s.model, s.ta ? "TN " : s.tb ? "NT " : "",
+                (long long)s.M, (long long)s.K, (long long)s.K, (long long)s.N);
   return name;
+}
+
+// The bf16 section (--bf16): f32, bf16 emulated and bf16 native, each through ag::matmul.
+int run_bf16(int min_reps, const std::string& json_path) {
+  if (!ag::cpu::sbgemm_supported()) {
+    std::fprintf(stderr, "bench_matmul: --bf16: this CPU has no AVX512-BF16 (avx512_bf16)\n");
+    return 2;
+  }
+  const int nt = ag::num_threads();
+  std::ofstream json;
+  if (!json_path.empty()) {
+    json.open(json_path, std::ios::app);
+    if (!json) {
+      std::fprintf(stderr, "bench_matmul: --json %s: cannot open for appending\n", json_path.c_str());
+      return 2;
+    }
+  }
+  const bool native_default = ag::cpu::sbgemm_native();
+  std::printf("attograd threads: %d; sgemm kernel %s; bf16 products native by default: %s\n", nt,
+              ag::cpu::sgemm_kernel_name(), native_default ? "yes" : "no");
+  std::printf("GFLOP/s = 2*M*N*K / median time, ag::matmul in f32 and under bf16 autocast\n");
+  const Shape shapes[] = {{"V fwd", false, 6400, 64, 192, true}, {"V dX", false, 6400, 192, 64},
+                          {"V dW", true, 192, 6400, 64},         {"G fwd", false, 4096, 128, 512, true},
+                          {"G dX", false, 4096, 512, 128},       {"G dW", true, 512, 4096, 128},
+                          {"", false, 1024, 1024, 1024},         {"NT", false, 4096, 1024, 1024, true},
+                          {"", false, 4096, 1024, 1024},         {"TN", true, 1024, 4096, 1024}};
+  ag::NoGradGuard no_grad;
+  ag::Generator gen(0);
+  for (int pass = 0; pass < 2; ++pass) {
+    const int threads = pass == 0 ? nt : 1;
+    ag::set_num_threads(threads);
+    std::printf("\n%d thread%s\n%-34s %9s %9s %9s %8s %8s\n", threads, threads == 1 ? "" : "s", "shape", "f32",
+                "bf16 emu", "bf16 nat", "nat/f32", "nat/emu");
+    for (const Shape& s : shapes) {
+      const ag::Tensor a = ag::randn(s.ta ? ag::Shape{s.K, s.M} : ag::Shape{s.M, s.K}, ag::DType::f32, &gen);
+      const ag::Tensor b = ag::randn(s.tb ? ag::Shape{s.N, s.K} : ag::Shape{s.K, s.N}, ag::DType::f32, &gen);
+      const ag::Tensor opa = s.ta ? a.mT() : a, opb = s.tb ? b.mT() : b;
+      auto bf16 = [&](bool native) {
+        ag::cpu::set_sbgemm_native(native);
+        ag::AutocastGuard guard(ag::Precision::bf16);
+        ag::matmul(opa, opb);
+      };
+      std::vector<Variant> vs = {{"f32", [&] { ag::matmul(opa, opb); }, {}},
+                                 {"bf16 emulated", [&] { bf16(false); }, {}},
+                                 {"bf16 native", [&] { bf16(true); }, {}}};
+      const std::vector<double> g = measure(s, vs, min_reps, threads);
+      std::printf("%-34s %9.1f %9.1f %9.1f %8.3f %8.3f\n", shape_name(s).c_str(), g[0], g[1], g[2], g[2] / g[0],
+                  g[2] / g[1]);
+      std::fflush(stdout);
+      if (json)
+        json << "{\"bench\":\"bench_matmul --bf16\",\"shape\":\"" << shape_name(s) << "\",\"threads\":" << threads
+             << ",\"gflops_f32\":" << g[0] << ",\"gflops_bf16_emulated\":" << g[1]
+             << ",\"gflops_bf16_native\":" << g[2] << "}\n";
+    }
+  }
+  ag::cpu::set_sbgemm_native(native_default);
+  ag::set_num_threads(nt);
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using ag::cpu::GemmKernel;
-  const int min_reps = argc > 1 ? std::max(20, std::atoi(argv[1])) : 20;
+  int min_reps = 20;
+  bool bf16 = false;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--bf16") == 0) {
+      bf16 = true;
+    } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      char* end = nullptr;
+      const long n = std::strtol(argv[i], &end, 10);
+      if (end == argv[i] || *end != '\0' || n < 1 || n > 1000000) {
+        std::fprintf(stderr, "bench_matmul: unexpected argument '%s' (usage: bench_matmul [min_reps] [--bf16] "
+                             "[--json PATH])\n", argv[i]);
+        return 2;
+      }
+      min_reps = std::max(20, int(n));
+    }
+  }
+  if (bf16) return run_bf16(min_reps, json_path);
   const int nt = ag::num_threads();
   const GemmKernel ours = ag::cpu::sgemm_kernel();
   std::printf("attograd threads: %d; our sgemm kernel: %s; OpenBLAS %s, core %s\n", nt, ag::cpu::gemm_kernel_name(ours),

@@ -38,10 +38,11 @@
 // --precision bf16 runs forward under ag::AutocastGuard (autograd/autocast.h: matmul, linear and
 // attention on bf16 operands, f32 sums, f32 weights and AdamW) and PyTorch's forward under
 // torch.autocast(dtype=torch.bfloat16); on a GPU the GEMMs then run on tensor cores on both sides.
+// --bf16-gemm native|emulated picks how the CPU computes those products (ag::cpu::set_sbgemm_native).
 //
 //   bench_train [--configs V,G,C,L] [--device cpu|cuda] [--precision fp32|bf16] [--reps 10]
 //               [--warmup 3] [--threads N] [--script PATH] [--roofline] [--json] [--deterministic]
-//               [--profile N] [--profile-top 15]
+//               [--profile N] [--profile-top 15] [--bf16-gemm native|emulated]
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <malloc.h>
@@ -311,6 +312,7 @@ Tensor random_ints(std::mt19937_64& rng, int64_t low, int64_t high, const Shape&
 int main(int argc, char** argv) {
   CLI::App app{"attograd: one training step (fwd, loss, bwd, clip, AdamW) of each sample model, beside PyTorch"};
   std::string configs = "V,G,C", script, device_name = "cpu", precision_name = "fp32";
+  std::string bf16_gemm;
   int reps = 10, warmup = 3, threads = 0, profile = 0, profile_top = 15;
   bool roofline = false, json = false, deterministic = false;
   app.add_option("--configs", configs,
@@ -321,6 +323,10 @@ int main(int argc, char** argv) {
                  "fp32, or bf16: forward under autocast on both sides (bf16 matmul operands, f32 sums)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--bf16-gemm", bf16_gemm,
+                 "with --precision bf16 on the CPU: native (AVX512-BF16 products, ag::cpu::sbgemm) or emulated "
+                 "(rounded copies, f32 GEMM); default: the library's choice")
+      ->check(CLI::IsMember({"native", "emulated"}));
   app.add_option("--reps", reps, "timed steps (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")
@@ -338,6 +344,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
   if (deterministic) set_deterministic(true);
+  if (!bf16_gemm.empty()) {
+    if (bf16_gemm == "native" && !cpu::sbgemm_supported()) {
+      fmt::print(stderr, "bench_train: --bf16-gemm native: this CPU has no AVX512-BF16 (avx512_bf16)\n");
+      return 2;
+    }
+    cpu::set_sbgemm_native(bf16_gemm == "native");
+  }
   const std::optional<Device> parsed = bench::parse_device("bench_train", device_name);
   if (!parsed) return 1;
   const Device dev = *parsed;
@@ -373,9 +386,13 @@ int main(int argc, char** argv) {
 
   if (!json)
     fmt::print("attograd bench_train: one step = forward, cross-entropy, backward, clip_grad_norm 1.0, AdamW "
-             "(lr 1e-3, wd 0.05), zero_grad; {}, dropout 0, on {}, {} threads, OMP_WAIT_POLICY {}, sgemm kernel {} "
+             "(lr 1e-3, wd 0.05), zero_grad; {}{}, dropout 0, on {}, {} threads, OMP_WAIT_POLICY {}, sgemm kernel {} "
                "(OpenBLAS core {}), deterministic {}\n",
-               precision == Precision::bf16 ? "bf16 autocast" : "f32", dev, num_threads(), bench::omp_wait_policy(),
+               precision == Precision::bf16 ? "bf16 autocast" : "f32",
+               precision != Precision::bf16 || dev.is_cuda() ? ""
+               : cpu::sbgemm_native()                        ? " (native bf16 products)"
+                                                             : " (emulated bf16 products)",
+               dev, num_threads(), bench::omp_wait_policy(),
                cpu::sgemm_kernel_name(), openblas_get_corename(), is_deterministic() ? "on" : "off");
 
   std::vector<Result> results;

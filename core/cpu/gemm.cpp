@@ -339,57 +339,132 @@ void gemm_packed(KernelPair kernel, bool ta, bool tb, int64_t M, int64_t N, int6
 // to nearest, ties to even, as autocast rounds them) and the products summed in f32, by
 // VDPBF16PS: per 32-bit lane, two bf16 products added into an f32 sum (each product is exact in
 // f32: 8 x 8 significant bits). One instruction does 32 multiply-adds where an f32 FMA does 16.
-// The rounding happens in the packing, which stores k in pairs: a packed A panel holds, per pair
-// of k steps, MR 32-bit words (row r's bf16 values at k = 2pp and 2pp + 1, low half first), a
-// packed B panel NR such words per pair (column j's values at the same two k). An odd last step
-// pairs with a zero. The kernel broadcasts A's word of row r and multiplies it against NR/16
-// vectors of B words: MR x NR sums in 24 zmm registers, as the f32 kernel.
+// The rounding happens in the packing, which stores k in pairs of 32-bit words (row r's bf16
+// values at k = 2pp and 2pp + 1, low half first): A as rows of such words, or as panels of MR
+// words per pair (pack_a_bf16), B as panels of NR words per pair (column j's values at the same
+// two k). An odd last step pairs with a zero. The packing is vectorised (16 values rounded per
+// instruction sequence, the same bits as pw::round_bf16): it is the one pass over the operands
+// that the emulation's rounded copies make too. The kernel broadcasts A's word of row r and
+// multiplies it against NR/16 vectors of B words: MR x NR sums in 24 zmm registers, as the f32
+// kernel.
 // Against the f32 GEMM on rounded copies (the emulation), the same products are summed, but two
 // by two: the sums differ by f32 rounding only. VDPBF16PS also treats bf16 subnormal inputs
 // (|x| < 2^-126) as zero and flushes subnormal sums to zero. Determinism as the f32 kernels: kc
 // depends on K alone, each tile sums its pairs in order, so results do not depend on the thread
 // count.
-uint32_t bf16_pair(float lo, float hi) {
-  return (pw::float_bits(pw::round_bf16(lo)) >> 16) | (pw::float_bits(pw::round_bf16(hi)) & 0xffff0000u);
+#if defined(__x86_64__)
+#define AG_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+// Each 32-bit lane shifted right by 16. (The maskz form with every lane kept: GCC 12 warns
+// maybe-uninitialized on the plain _mm512_srli_epi32, whose pass-through operand is undefined.)
+AG_BF16_TARGET inline __m512i srl16(__m512i u) { return _mm512_maskz_srli_epi32(__mmask16(0xffff), u, 16); }
+
+// 16 floats rounded to bf16 exactly as pw::round_bf16 rounds them (ties to even, NaN made quiet),
+// each left in the top half of its 32-bit lane; the low halves are garbage.
+AG_BF16_TARGET inline __m512i round_bf16_hi(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(srl16(u), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
 }
 
-// op(a)[i0:+mb, p0:+kb] into panels of MR rows: dst[q*kp*MR + pp*MR + r], kp = ceil(kb / 2).
-template <int MR>
-void pack_a_bf16(uint32_t* dst, const float* a, int64_t lda, bool ta, int64_t i0, int64_t mb, int64_t p0,
-                 int64_t kb) {
+// Lane i of lo and of hi rounded and paired into one word: lo's bf16 in the low half.
+AG_BF16_TARGET inline __m512i pair_lanes(__m512 lo, __m512 hi) {
+  return _mm512_mask_blend_epi16(0xAAAAAAAAu, srl16(round_bf16_hi(lo)), round_bf16_hi(hi));
+}
+
+// n <= 32 consecutive floats x[0, n) (zeros past n) rounded and paired: word i = (x[2i], x[2i+1]).
+AG_BF16_TARGET inline __m512i pair_run(const float* x, int64_t n) {
+  const __mmask16 m0 = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+  const __mmask16 m1 = n >= 32 ? __mmask16(0xffff) : n <= 16 ? __mmask16(0) : __mmask16((1u << (n - 16)) - 1);
+  const __m512i r0 = round_bf16_hi(_mm512_maskz_loadu_ps(m0, x)), r1 = round_bf16_hi(_mm512_maskz_loadu_ps(m1, x + 16));
+  // the top halves of the 32 lanes in order: 16-bit elements 1, 3, ..., 63 of (r0, r1)
+  const __m512i odd16 = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                                         25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_epi16(r0, odd16, r1);
+}
+
+// A row of kb floats as kp = ceil(kb / 2) words of pairs, the odd last one paired with a zero.
+AG_BF16_TARGET inline void pack_row_bf16(uint32_t* dst, const float* x, int64_t kb) {
   const int64_t kp = (kb + 1) / 2;
-  auto at = [&](int64_t i, int64_t p) { return p < kb ? (ta ? a[(p0 + p) * lda + i] : a[i * lda + p0 + p]) : 0.f; };
+  for (int64_t pp = 0; pp < kp; pp += 16) {
+    const __m512i w = pair_run(x + 2 * pp, std::min<int64_t>(32, kb - 2 * pp));
+    _mm512_mask_storeu_epi32(dst + pp, kp - pp >= 16 ? __mmask16(0xffff) : __mmask16((1u << (kp - pp)) - 1), w);
+  }
+}
+
+// op(a)[i0:+mb, p0:+kb] in the layout the bf16 kernel reads, kp = ceil(kb / 2) words per row:
+//   a stored as is (ta false): row by row, row i at dst[i*kp + pp] (the kernel's kRowsA: each
+//     row's pairs are adjacent floats of the source);
+//   a stored transposed: panels of MR rows, dst[q*kp*MR + pp*MR + r] (a row's pair lies in two
+//     source rows lda apart, each giving MR adjacent values).
+// Rows past mb, up to a multiple of MR, are zeros.
+template <int MR>
+AG_BF16_TARGET void pack_a_bf16(uint32_t* dst, const float* a, int64_t lda, bool ta, int64_t i0, int64_t mb,
+                                int64_t p0, int64_t kb) {
+  const int64_t kp = (kb + 1) / 2, rows = round_up(mb, MR);
+  if (!ta) {
+    for (int64_t i = 0; i < mb; ++i) pack_row_bf16(dst + i * kp, a + (i0 + i) * lda + p0, kb);
+    std::memset(dst + mb * kp, 0, size_t((rows - mb) * kp) * sizeof(uint32_t));
+    return;
+  }
   for (int64_t q = 0; q < mb; q += MR, dst += kp * MR) {
     const int64_t m = std::min<int64_t>(MR, mb - q);
-    for (int64_t pp = 0; pp < kp; ++pp)
-      for (int64_t r = 0; r < MR; ++r)
-        dst[pp * MR + r] = r < m ? bf16_pair(at(i0 + q + r, 2 * pp), at(i0 + q + r, 2 * pp + 1)) : 0u;
+    const __mmask16 mask = __mmask16((1u << m) - 1), all = __mmask16((1u << MR) - 1);
+    const float* s = a + p0 * lda + i0 + q;
+    for (int64_t pp = 0; pp < kp; ++pp, s += 2 * lda) {
+      const __m512 lo = _mm512_maskz_loadu_ps(mask, s);
+      const __m512 hi = 2 * pp + 1 < kb ? _mm512_maskz_loadu_ps(mask, s + lda) : _mm512_setzero_ps();
+      _mm512_mask_storeu_epi32(dst + pp * MR, all, pair_lanes(lo, hi));
+    }
   }
 }
 
-// op(b)[p0:+kb, j0:+nb] into panels of NR columns: dst[q*kp*NR + pp*NR + j].
+// op(b)[p0:+kb, j0:+nb] into panels of NR columns, dst[q*kp*NR + pp*NR + j], columns past nb zeros:
+//   b stored as is (tb false): a pair lies in two source rows, each giving NR adjacent values;
+//   b stored transposed: a column's pairs are adjacent floats of one source row, paired into a
+//     row of words and then written down the panel's column (a transpose of 32-bit words).
 template <int NR>
-void pack_b_bf16(uint32_t* dst, const float* b, int64_t ldb, bool tb, int64_t p0, int64_t kb, int64_t j0,
-                 int64_t nb) {
+AG_BF16_TARGET void pack_b_bf16(uint32_t* dst, const float* b, int64_t ldb, bool tb, int64_t p0, int64_t kb,
+                                int64_t j0, int64_t nb) {
   const int64_t kp = (kb + 1) / 2;
-  auto at = [&](int64_t p, int64_t j) { return p < kb ? (tb ? b[j * ldb + p0 + p] : b[(p0 + p) * ldb + j]) : 0.f; };
+  alignas(64) uint32_t row[kKcMax / 2 + 16];
   for (int64_t q = 0; q < nb; q += NR, dst += kp * NR) {
     const int64_t n = std::min<int64_t>(NR, nb - q);
-    for (int64_t pp = 0; pp < kp; ++pp)
-      for (int64_t j = 0; j < NR; ++j)
-        dst[pp * NR + j] = j < n ? bf16_pair(at(2 * pp, j0 + q + j), at(2 * pp + 1, j0 + q + j)) : 0u;
+    if (!tb) {
+      const float* s = b + p0 * ldb + j0 + q;
+      for (int64_t pp = 0; pp < kp; ++pp, s += 2 * ldb) {
+        const bool has_hi = 2 * pp + 1 < kb;
+#pragma GCC unroll 4
+        for (int64_t v = 0; v < NR / 16; ++v) {
+          const int64_t left = n - 16 * v;
+          const __mmask16 mask = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+          const __m512 lo = _mm512_maskz_loadu_ps(mask, s + 16 * v);
+          const __m512 hi = has_hi ? _mm512_maskz_loadu_ps(mask, s + ldb + 16 * v) : _mm512_setzero_ps();
+          _mm512_storeu_si512(dst + pp * NR + 16 * v, pair_lanes(lo, hi));
+        }
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        pack_row_bf16(row, b + (j0 + q + j) * ldb + p0, kb);
+        for (int64_t pp = 0; pp < kp; ++pp) dst[pp * NR + j] = row[pp];
+      }
+      for (int64_t pp = 0; pp < kp && n < NR; ++pp) std::fill(dst + pp * NR + n, dst + pp * NR + NR, 0u);
+    }
   }
 }
+#endif
 
 thread_local PackBuffer<uint32_t> t_pack_a16, t_pack_b16;
 
 #if defined(__x86_64__)
-// c (MR, NR; ldc) = alpha acc + beta c (+ bias), acc = the sums over the kp pairs of the packed
-// panels a (MR words per pair) and b (NR words per pair), merged as the f32 kernels merge.
-template <int MR, int NV>
-__attribute__((target("avx512f,avx512vl,avx512bf16,fma"))) void kernel_avx512_bf16(
-    int64_t kp, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, float alpha, float beta,
-    const float* bias) {
+// c (MR, NR; ldc) = alpha acc + beta c (+ bias), acc = the sums over the kp pairs of A's words
+// (A(r, pp) = a[pp*MR + r] in a panel, a[r*kp + pp] with kRowsA) and the packed B panel b (NR
+// words per pair), merged as the f32 kernels merge.
+template <int MR, int NV, bool kRowsA>
+AG_BF16_TARGET void kernel_avx512_bf16(int64_t kp, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
+                                       float alpha, float beta, const float* bias) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
@@ -401,7 +476,7 @@ __attribute__((target("avx512f,avx512vl,avx512bf16,fma"))) void kernel_avx512_bf
     for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + pp * NV * 16 + 16 * v);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(a[pp * MR + r]));
+      const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(kRowsA ? a[r * kp + pp] : a[pp * MR + r]));
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bv[v]);
     }
@@ -418,6 +493,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   uint32_t* bp = t_pack_b16.get(size_t(kpmax * std::min(nc, round_up(N, NR))));
   uint32_t* ap = t_pack_a16.get(size_t(kpmax * std::min(mc, round_up(M, MR))));
   alignas(64) float tile[MR * NR];
+  const auto kernel = ta ? kernel_avx512_bf16<MR, NV, false> : kernel_avx512_bf16<MR, NV, true>;
   for (int64_t jc = 0; jc < N; jc += nc) {
     const int64_t nb = std::min(nc, N - jc);
     for (int64_t pc = 0; pc < K; pc += kc) {
@@ -436,9 +512,9 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
             float* cq = c + (ic + ir) * ldc + jc + jr;
             const float* bias_q = bias && pc == 0 ? bias + jc + jr : nullptr;
             if (m == MR && n == NR) {
-              kernel_avx512_bf16<MR, NV>(kp, aq, bq, cq, ldc, alpha, bt, bias_q);
+              kernel(kp, aq, bq, cq, ldc, alpha, bt, bias_q);
             } else {  // as gemm_packed: the exact sums into a tile, then the merge on m x n
-              kernel_avx512_bf16<MR, NV>(kp, aq, bq, tile, NR, 1.f, 0.f, nullptr);
+              kernel(kp, aq, bq, tile, NR, 1.f, 0.f, nullptr);
               merge_tile(tile, NR, cq, ldc, m, n, alpha, bt, bias_q);
             }
           }
@@ -458,11 +534,9 @@ bool cpu_has_bf16() {
 #endif
 }
 
-// Off until set_sbgemm_native(true): sbgemm alone runs 1.25-1.65x the f32 kernel's speed on large
-// products, but its scalar packing (the rounding) makes bf16 training steps slower than the
-// emulation (bench_train G 200 against 174 ms): the emulation stays the default until the
-// packing is vectorised.
-std::atomic<bool> g_bf16_native{false};
+// Native bf16 products: -1 until the first use (then whether the CPU has AVX512-BF16), or what
+// set_sbgemm_native chose.
+std::atomic<int> g_bf16_native{-1};
 
 constexpr const char* kKernelNames[] = {"avx512", "avx2", "portable", "openblas"};
 
@@ -559,12 +633,17 @@ void sgemm_with(GemmKernel k, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 bool sbgemm_supported() { return cpu_has_bf16(); }
 
 bool sbgemm_native() {
-  return g_bf16_native.load(std::memory_order_relaxed) && sgemm_kernel() == GemmKernel::avx512;
+  int on = g_bf16_native.load(std::memory_order_relaxed);
+  if (on < 0) {
+    on = int(cpu_has_bf16());
+    g_bf16_native.store(on, std::memory_order_relaxed);
+  }
+  return on && sgemm_kernel() == GemmKernel::avx512;
 }
 
 void set_sbgemm_native(bool on) {
   check(!on || cpu_has_bf16(), "set_sbgemm_native: this CPU has no AVX512-BF16 (avx512_bf16)");
-  g_bf16_native.store(on, std::memory_order_relaxed);
+  g_bf16_native.store(int(on), std::memory_order_relaxed);
 }
 
 void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,

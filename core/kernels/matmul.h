@@ -84,9 +84,9 @@ void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
             const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
 bool sbgemm_supported();            // whether this CPU has AVX512-BF16
 // Whether bf16 autocast's products run sbgemm instead of the emulation (rounded copies, f32 GEMM):
-// after set_sbgemm_native(true), while the sgemm kernel is avx512 (ATTOGRAD_GEMM=avx2, portable
-// or openblas keep the emulation). Off by default: its packing is not vectorised yet, and bf16
-// training steps ran slower with it than with the emulation (core/cpu/gemm.cpp).
+// by default wherever the CPU has AVX512-BF16, while the sgemm kernel is avx512 (ATTOGRAD_GEMM=avx2,
+// portable or openblas keep the emulation). set_sbgemm_native(false) keeps the emulation too: the
+// same products, summed in another order (a comparison, bench_train --bf16-gemm).
 bool sbgemm_native();
 void set_sbgemm_native(bool on);    // ag::Error for true where the CPU has no AVX512-BF16
 

@@ -1,10 +1,14 @@
 // --precision bf16 and fp16 in the apps (autograd/autocast.h): the real binaries at the tiny size
 // of tests/apps/tiny_apps.h, run once in fp32 and once in 16-bit autocast from the same seed.
 //
-//   the loss curves agree to 2e-3 relative: bf16 operands carry a relative rounding error of at
-//   most 2^-8 per element (fp16: 2^-11), the sums are f32, and these 30 steps stay on the fp32
-//   curve (measured: about 4e-5 relative for gpt in bf16); a loss that drifted further would mean
-//   the autocast reached an op it should not (a norm, the loss, the optimizer)
+//   the loss curves agree to 2e-3 relative (textclf in bf16: 4e-3): bf16 operands carry a relative
+//   rounding error of at most 2^-8 per element (fp16: 2^-11), the sums are f32, and these 30 steps
+//   stay near the fp32 curve. Measured in bf16, the largest deviation over the curve: gpt 3.5e-5,
+//   vit 2.2e-4, textclf 1.8e-3 with the emulated products and 2.0e-3 with AVX512-BF16's (the same
+//   products summed in another order). textclf's curve falls fastest (to 0.25) and amplifies most:
+//   the two bf16 paths, which differ by f32 rounding only, are 2e-4 apart by step 25. A loss that
+//   drifted further would mean the autocast reached an op it should not (the loss, the optimizer)
+//   the first two points agree to 1e-4 relative (measured: at most 3.3e-5 in bf16)
 //   the curves are NOT bit-equal: a flag that changed nothing would fail
 //   the report and its JSON name the precision (fp16: and the loss scale), and the checkpoint is
 //   an ordinary f32 one that an fp32 --eval-only reads
@@ -38,16 +42,17 @@ std::vector<double> losses(const std::string& path) {
   return out;
 }
 
-void follows_fp32(const std::string& app, const std::string& precision) {
+void follows_fp32(const std::string& app, const std::string& precision, double rtol = 2e-3) {
   Apps apps("precision_" + app + "_" + precision);
   run_app(apps.command(app, "fp32", kSteps, kEvery, 1), apps.logs(), "fp32");
   const Child low = run_app(apps.command(app, "low", kSteps, kEvery, 1, {"--precision", precision}), apps.logs(), "low");
   const std::string a = apps.tmp.file("fp32") + "/metrics.jsonl", b = apps.tmp.file("low") + "/metrics.jsonl";
   REQUIRE(read_metrics(a, "eval").size() == size_t(kSteps / kEvery));
   REQUIRE(read_metrics(a, "train").size() == size_t(kSteps / kEvery));
-  check_close_losses(b, a, 1e-6, 2e-3);
+  check_close_losses(b, a, 1e-6, rtol);
   const std::vector<double> la = losses(a), lb = losses(b);
   REQUIRE(la.size() == lb.size());
+  for (size_t i = 0; i < 2 && i < la.size(); ++i) CHECK(std::abs(lb[i] - la[i]) <= 1e-4 * std::abs(la[i]));
   int differ = 0;
   for (size_t i = 0; i < la.size(); ++i) differ += la[i] != lb[i];
   CHECK(differ > int(la.size()) / 2);  // the operands really were rounded
@@ -75,7 +80,7 @@ void follows_fp32(const std::string& app, const std::string& precision) {
 TEST_CASE("precision: gpt --precision bf16 follows the fp32 loss curve, not bit for bit") { follows_fp32("gpt", "bf16"); }
 TEST_CASE("precision: vit --precision bf16 follows the fp32 loss curve, not bit for bit") { follows_fp32("vit", "bf16"); }
 TEST_CASE("precision: textclf --precision bf16 follows the fp32 loss curve, not bit for bit") {
-  follows_fp32("textclf", "bf16");
+  follows_fp32("textclf", "bf16", 4e-3);
 }
 TEST_CASE("precision: gpt --precision fp16 follows the fp32 loss curve with a loss scale") { follows_fp32("gpt", "fp16"); }
 TEST_CASE("precision: vit --precision fp16 follows the fp32 loss curve with a loss scale") { follows_fp32("vit", "fp16"); }

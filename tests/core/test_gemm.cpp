@@ -357,10 +357,62 @@ TEST_CASE("sbgemm: known values, a bias, and K = 0") {
   CHECK(z == std::vector<float>{0.5f, -1.f, 0.5f, -1.f});
 }
 
+TEST_CASE("sbgemm: its packing rounds as pw::round_bf16 does: ties to even, carries, NaN, all layouts") {
+  if (!have_bf16()) return;
+  // c = op(a) @ I picks out the rounded entries of a one by one, and a @ op(b) those of b: the
+  // packing of A (rows or panels) and of B (panels, from either layout) each checked for exact bits
+  const float specials[] = {1.f + 0x1p-8f,           // a tie: to 1 (even)
+                            1.f + 3 * 0x1p-8f,       // a tie: to 1 + 2^-6 (even)
+                            -(1.f + 0x1p-8f),        // the same below zero
+                            1.f + 0x1p-8f + 0x1p-20f,  // just past the tie: up
+                            1.99999f,                // a carry into the exponent: 2
+                            0x1.fffffep-100f,        // a carry in a small normal
+                            3.0e38f,                 // large, finite in bf16
+                            -0.f};
+  const int64_t M = 13, K = 37;  // odd K: a zero pair; M over three panels of 6
+  std::vector<float> x(size_t(M * K));
+  uint32_t seed = 5;
+  for (size_t i = 0; i < x.size(); ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    x[i] = i % 5 == 0 ? specials[(i / 5) % 8] : std::ldexp(float(seed >> 8) / float(1 << 23) - 1.f, int(seed % 7));
+  }
+  std::vector<float> xt(x.size()), eye(size_t(K * K), 0.f);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) xt[size_t(k * M + i)] = x[size_t(i * K + k)];
+  for (int64_t k = 0; k < K; ++k) eye[size_t(k * K + k)] = 1.f;
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    CAPTURE(ta);
+    CAPTURE(tb);
+    std::vector<float> c(size_t(M * K), -7.f), d(size_t(K * M), -7.f);
+    ag::cpu::sbgemm(ta, tb, M, K, K, 1.f, ta ? xt.data() : x.data(), ta ? M : K, eye.data(), K, 0.f, c.data(), K);
+    // d = I @ op(b) with op(b) = x^T (K x M): b stored as xt (as is) or as x (transposed)
+    ag::cpu::sbgemm(ta, tb, K, M, K, 1.f, eye.data(), K, tb ? x.data() : xt.data(), tb ? K : M, 0.f, d.data(), M);
+    int bad = 0;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t want = ag::pw::float_bits(ag::pw::round_bf16(x[size_t(i * K + k)]));
+        // + 0.f: -0 @ 1 summed from +0 gives +0 either way
+        const uint32_t want_sum = ag::pw::float_bits(ag::pw::round_bf16(x[size_t(i * K + k)]) + 0.f);
+        bad += ag::pw::float_bits(c[size_t(i * K + k)]) != want_sum && ag::pw::float_bits(c[size_t(i * K + k)]) != want;
+        bad += ag::pw::float_bits(d[size_t(k * M + i)]) != want_sum && ag::pw::float_bits(d[size_t(k * M + i)]) != want;
+      }
+    CHECK(bad == 0);
+  }
+  // NaN stays NaN through the rounding (made quiet, never turned into inf)
+  const float nan_payload = ag::pw::bits_float(0x7f800001u), one = 1.f;
+  float y = 0.f;
+  ag::cpu::sbgemm(false, false, 1, 1, 1, 1.f, &nan_payload, 1, &one, 1, 0.f, &y, 1);
+  CHECK(std::isnan(y));
+  ag::cpu::sbgemm(false, false, 1, 1, 1, 1.f, &one, 1, &nan_payload, 1, 0.f, &y, 1);
+  CHECK(std::isnan(y));
+}
+
 TEST_CASE("sbgemm: bf16 autocast's matmul, native against the emulation, and the same bits at 1 and 2 threads") {
   if (!have_bf16()) return;
   const int before = ag::num_threads();
-  ag::cpu::set_sbgemm_native(true);  // off by default (core/kernels/matmul.h)
+  const bool native_before = ag::cpu::sbgemm_native();
+  ag::cpu::set_sbgemm_native(true);
   REQUIRE(ag::cpu::sbgemm_native());
   ag::Generator gen(17);
   const ag::Tensor a = ag::randn({300, 257}, ag::DType::f32, &gen), b = ag::randn({257, 190}, ag::DType::f32, &gen);
@@ -382,6 +434,7 @@ TEST_CASE("sbgemm: bf16 autocast's matmul, native against the emulation, and the
   const auto two = run();
   ag::cpu::set_sbgemm_native(false);
   const auto emulated = run();
+  ag::cpu::set_sbgemm_native(native_before);
   ag::set_num_threads(before);
   for (size_t i = 0; i < one.size(); ++i) {
     CAPTURE(i);
@@ -400,12 +453,15 @@ TEST_CASE("sbgemm: bf16 autocast's matmul, native against the emulation, and the
 
 TEST_CASE("sbgemm: refused with a message where the CPU has no AVX512-BF16, switchable where it has") {
   float c = 0, x = 1;
+  // on by default wherever it runs (each test case is a process of its own under CTest)
+  CHECK(ag::cpu::sbgemm_native() == (ag::cpu::sbgemm_supported() && ag::cpu::sgemm_kernel() == GemmKernel::avx512));
   if (ag::cpu::sbgemm_supported()) {
+    const bool before = ag::cpu::sbgemm_native();
     ag::cpu::set_sbgemm_native(false);
     CHECK_FALSE(ag::cpu::sbgemm_native());
     ag::cpu::set_sbgemm_native(true);
     CHECK(ag::cpu::sbgemm_native() == (ag::cpu::sgemm_kernel() == GemmKernel::avx512));
-    ag::cpu::set_sbgemm_native(false);  // the default
+    ag::cpu::set_sbgemm_native(before);
     ag::cpu::sbgemm(false, false, 1, 1, 1, 1.f, &x, 1, &x, 1, 0.f, &c, 1);
     CHECK(c == 1.f);
     return;
