@@ -455,6 +455,7 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     j["device"] = dev.str();
     j["precision"] = precision_name;
+    if (precision == Precision::bf16 && !dev.is_cuda()) j["bf16_gemm"] = cpu::sbgemm_native() ? "native" : "emulated";
     j["threads"] = num_threads();
     j["deterministic"] = is_deterministic();
     j["openblas_core"] = openblas_get_corename();
