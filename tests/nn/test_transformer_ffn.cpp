@@ -129,8 +129,12 @@ TEST_CASE("SwiGLU: matches PyTorch (LLaMA's FeedForward), gradcheck of every wei
 
 TEST_CASE("TransformerBlock: BlockConfig rmsnorm + swiglu (LLaMA's block), names, by hand, gradcheck, errors") {
   Generator gen(9);
-  nn::TransformerBlock block(8, 4, 12, 0.0, true, false, DType::f64, &gen,
-                             {.attention = {.kv_heads = 2, .positions = "rope"}, .norm = "rmsnorm", .mlp = "swiglu"});
+  nn::BlockConfig llama;  // field by field: a designated temporary trips GCC 12's maybe-uninitialized
+  llama.attention.kv_heads = 2;
+  llama.attention.positions = "rope";
+  llama.norm = "rmsnorm";
+  llama.mlp = "swiglu";
+  nn::TransformerBlock block(8, 4, 12, 0.0, true, false, DType::f64, &gen, llama);
   CHECK(block.mlp == nullptr);
   CHECK(names_of(block.named_parameters()) ==
         std::vector<std::string>{"ln1.weight", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
