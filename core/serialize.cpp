@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/allocator.h"
+#include "core/kernels/pointwise.h"
 
 namespace ag {
 
@@ -57,6 +59,25 @@ bool parse_dtype(const std::string& s, DType* out) {
       return true;
     }
   return false;
+}
+
+// The 16-bit float formats, stored in a file and held as f32 in memory.
+const char* stored_name(FloatStorage s) { return s == FloatStorage::bf16 ? "BF16" : "F16"; }
+
+// The bits of x, a value already rounded to the format (so the conversion is exact). bf16 is the
+// top half of an f32; half goes through the compiler's _Float16 (IEEE binary16).
+uint16_t to_16bit(float x, FloatStorage s) {
+  if (s == FloatStorage::bf16) return uint16_t(pw::float_bits(x) >> 16);
+  const _Float16 h = static_cast<_Float16>(x);
+  uint16_t bits;
+  std::memcpy(&bits, &h, sizeof bits);
+  return bits;
+}
+float from_16bit(uint16_t bits, FloatStorage s) {
+  if (s == FloatStorage::bf16) return pw::bits_float(uint32_t(bits) << 16);
+  _Float16 h;
+  std::memcpy(&h, &bits, sizeof h);
+  return static_cast<float>(h);
 }
 
 // ---- saving ---------------------------------------------------------------------------------
@@ -138,7 +159,8 @@ template <class... Args>
 
 struct Entry {
   std::string name;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;                // in memory
+  FloatStorage stored = FloatStorage::f32;  // in the file: bf16 or f16 for BF16 and F16 (dtype f32)
   Shape shape;
   uint64_t begin = 0, end = 0;  // [begin, end) in bytes from the start of the data part
 };
@@ -156,16 +178,19 @@ Entry parse_entry(const std::string& path, const std::string& name, const ordere
   // dtype
   auto dt = v.find("dtype");
   if (dt == v.end() || !dt->is_string()) load_error(path, "tensor '{}': missing or non-string \"dtype\"", name);
-  if (!parse_dtype(dt->get<std::string>(), &e.dtype))
-    load_error(path, "tensor '{}': unknown dtype '{}' (attograd reads F32, F64, I64 and BOOL)", name,
-               dt->get<std::string>());
+  const std::string dts = dt->get<std::string>();
+  if (dts == "BF16" || dts == "F16")
+    e.stored = dts == "BF16" ? FloatStorage::bf16 : FloatStorage::f16;
+  else if (!parse_dtype(dts, &e.dtype))
+    load_error(path, "tensor '{}': unknown dtype '{}' (attograd reads F32, F64, I64, BOOL, BF16 and F16)", name,
+               dts);
 
   // shape: a list of at most kMaxDims non-negative integers whose byte size fits in a uint64
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) load_error(path, "tensor '{}': missing or non-list \"shape\"", name);
   if (sh->size() > size_t(kMaxDims))
     load_error(path, "tensor '{}': shape has {} dims, attograd supports at most {}", name, sh->size(), kMaxDims);
-  uint64_t nbytes = itemsize(e.dtype);
+  uint64_t nbytes = e.stored == FloatStorage::f32 ? itemsize(e.dtype) : 2;
   bool overflow = false, has_zero = false;
   for (const ordered_json& d : *sh) {
     // nlohmann stores a non-negative integer literal as unsigned; -1 is signed, 2.0 is a float
@@ -196,14 +221,15 @@ Entry parse_entry(const std::string& path, const std::string& name, const ordere
                e.begin, e.end, data_bytes);
   if (e.end - e.begin != nbytes)
     load_error(path, "tensor '{}': data_offsets [{}, {}] span {} bytes, but {} {} needs {}", name, e.begin, e.end,
-               e.end - e.begin, safetensors_dtype(e.dtype), e.shape, nbytes);
+               e.end - e.begin, e.stored == FloatStorage::f32 ? safetensors_dtype(e.dtype) : stored_name(e.stored),
+               e.shape, nbytes);
   return e;
 }
 
 }  // namespace
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, FloatStorage f32_as) {
   // 1. The header (keys in file order, "__metadata__" first as the reference writes it) and the
   //    row-major host copies whose bytes follow it.
   ordered_json header = ordered_json::object();
@@ -214,6 +240,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   std::set<std::string> seen;
   std::vector<Tensor> host;
   host.reserve(tensors.size());
+  std::vector<std::vector<uint16_t>> halves(tensors.size());  // the 16-bit forms of f32 tensors
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
@@ -222,14 +249,29 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     if (!seen.insert(name).second) save_error(path, "duplicate tensor name '{}'", name);
     if (!t.defined()) save_error(path, "tensor '{}' is undefined", name);
     const Tensor h = host_row_major(t);
+    const bool narrow = f32_as != FloatStorage::f32 && h.dtype() == DType::f32;
+    uint64_t nbytes = h.nbytes();
+    if (narrow) {
+      const float* x = h.data<float>();
+      std::vector<uint16_t>& out = halves[i];
+      out.resize(size_t(h.numel()));
+      for (int64_t k = 0; k < h.numel(); ++k) {
+        const float r = f32_as == FloatStorage::bf16 ? pw::round_bf16(x[k]) : pw::round_fp16(x[k]);
+        if (std::isinf(r) && std::isfinite(x[k]))
+          save_error(path, "tensor '{}': element {} = {} is beyond F16's range (largest 65504); save it as BF16 or F32",
+                     name, k, x[k]);
+        out[size_t(k)] = to_16bit(r, f32_as);
+      }
+      nbytes = out.size() * sizeof(uint16_t);
+    }
     ordered_json entry = ordered_json::object();
-    entry["dtype"] = safetensors_dtype(h.dtype());
+    entry["dtype"] = narrow ? stored_name(f32_as) : safetensors_dtype(h.dtype());
     entry["shape"] = ordered_json::array();
     for (int64_t d : h.shape()) entry["shape"].push_back(d);
-    entry["data_offsets"] = ordered_json::array({offset, offset + h.nbytes()});
+    entry["data_offsets"] = ordered_json::array({offset, offset + nbytes});
     header[name] = std::move(entry);
-    offset += h.nbytes();
-    host.push_back(h);
+    offset += nbytes;
+    host.push_back(narrow ? Tensor() : h);
   }
   std::string text;
   try {
@@ -247,7 +289,10 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   if (tmp.fd < 0) save_error(path, "cannot create temporary file '{}': {}", tmp.path, std::strerror(errno));
   bool ok = write_all(tmp.fd, &header_len, 8) && write_all(tmp.fd, text.data(), text.size());
   for (size_t i = 0; ok && i < host.size(); ++i)
-    if (host[i].nbytes() > 0) ok = write_all(tmp.fd, host[i].raw_data(), host[i].nbytes());
+    if (!host[i].defined())
+      ok = halves[i].empty() || write_all(tmp.fd, halves[i].data(), halves[i].size() * sizeof(uint16_t));
+    else if (host[i].nbytes() > 0)
+      ok = write_all(tmp.fd, host[i].raw_data(), host[i].nbytes());
   if (!ok) save_error(path, "cannot write temporary file '{}': {}", tmp.path, std::strerror(errno));
   if (::fsync(tmp.fd) != 0) save_error(path, "cannot fsync temporary file '{}': {}", tmp.path, std::strerror(errno));
   int fd = tmp.fd;
@@ -359,10 +404,16 @@ std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& 
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
     const uint64_t n = e.end - e.begin;
+    std::vector<uint16_t> half(e.stored == FloatStorage::f32 ? 0 : size_t(n / 2));
     if (n > 0) {
       f.seekg(std::streamoff(8 + header_len + e.begin));
-      if (!f.read(static_cast<char*>(t.raw_data()), std::streamsize(n)))
+      char* into = half.empty() ? static_cast<char*>(t.raw_data()) : reinterpret_cast<char*>(half.data());
+      if (!f.read(into, std::streamsize(n)))
         load_error(path, "tensor '{}': cannot read its {} bytes (file changed while reading?)", e.name, n);
+    }
+    if (!half.empty()) {  // BF16 or F16: widened to f32, exactly
+      float* x = t.data<float>();
+      for (size_t i = 0; i < half.size(); ++i) x[i] = from_16bit(half[i], e.stored);
     }
     if (e.dtype == DType::b8) {  // a C++ bool must hold 0 or 1: check the bytes before they are used
       const unsigned char* b = static_cast<const unsigned char*>(t.raw_data());

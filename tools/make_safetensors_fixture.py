@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes tests/golden/reference.safetensors, the file tests/core/test_serialize.cpp loads.
+"""Writes tests/golden/reference.safetensors and tests/golden/half.safetensors, the files
+tests/core/test_serialize.cpp loads.
 
     /usr/bin/python3 tools/make_safetensors_fixture.py      # needs torch (1.13 has no safetensors)
 
@@ -14,6 +15,10 @@ the way the reference writer (huggingface/safetensors, `serialize`) lays it out:
 
 The test checks the names, shapes and values below, and that save_safetensors writes the same
 tensors (in this order, with this metadata) to the identical bytes.
+
+half.safetensors holds HALF_SOURCE rounded by torch to bfloat16 ("BF16") and to float16 ("F16"):
+the C++ test reads them as f32 (the rounded values, exactly) and writes the f32 source values
+with FloatStorage::bf16 / f16 to the identical bytes, so torch's rounding checks ours.
 """
 import os
 
@@ -40,11 +45,26 @@ METADATA = {"format": "pt", "step": "42"}
 
 RANK = {torch.bool: 0, torch.float32: 1, torch.float64: 2, torch.int64: 3}  # larger dtypes first
 
+HALF_OUT = os.path.join(os.path.dirname(OUT), "half.safetensors")
+# f32 values (the C++ test lists the same ones): ties both ways, a carry, small and large values,
+# a bf16 subnormal, half's largest value and its smallest subnormal
+HALF_SOURCE = {
+    "b.bf16": torch.tensor([[1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -0.1], [3.0e38, 1e-40, 1.99999, 0.1]],
+                           dtype=torch.float32),
+    "h.f16": torch.tensor([1.0, 1.0 + 2**-11, -0.1, 65504.0, 2**-24, 1e-6, 0.1, -3.14159],
+                          dtype=torch.float32),
+}
+
 
 def main():
     order = sorted(TENSORS, key=lambda n: (-RANK[TENSORS[n].dtype], n))
     write_safetensors(OUT, {n: TENSORS[n] for n in order}, METADATA)
     print("wrote", OUT, "tensor order:", order)
+    half = {"b.bf16": HALF_SOURCE["b.bf16"].to(torch.bfloat16), "h.f16": HALF_SOURCE["h.f16"].to(torch.float16)}
+    write_safetensors(HALF_OUT, half)
+    print("wrote", HALF_OUT)
+    for name, t in half.items():
+        print(name, [f"{v:.9g}" for v in t.float().reshape(-1).tolist()])
 
 
 if __name__ == "__main__":

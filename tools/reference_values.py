@@ -21,7 +21,7 @@ def show(name, t):
 
 
 SAFETENSORS_DTYPES = {torch.float32: ("F32", "f"), torch.float64: ("F64", "d"), torch.int64: ("I64", "q"),
-                      torch.bool: ("BOOL", "?")}
+                      torch.bool: ("BOOL", "?"), torch.bfloat16: ("BF16", "h"), torch.float16: ("F16", "h")}
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -33,7 +33,9 @@ def write_safetensors(path, tensors, metadata=None):
     for name, t in tensors.items():
         t = t.detach().contiguous()
         code, fmt = SAFETENSORS_DTYPES[t.dtype]
-        vals = t.reshape(-1).tolist()
+        flat = t.reshape(-1)
+        # 16-bit floats as their bits (struct has no bfloat16)
+        vals = (flat.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else flat).tolist()
         b = struct.pack("<%d%s" % (len(vals), fmt), *vals)
         header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
         blobs.append(b)

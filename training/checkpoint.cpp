@@ -15,6 +15,9 @@ constexpr const char* kFormat = "attograd-checkpoint-1";
 constexpr const char* kModel = "model.";
 constexpr const char* kOptim = "optim.";
 constexpr const char* kExtra = "extra.";
+// save_model's files say so: they hold no optimizer state and cannot resume training
+constexpr const char* kContents = "contents";
+constexpr const char* kModelOnly = "model";
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
@@ -39,19 +42,36 @@ uint64_t parse_decimal(const std::string& path, const std::map<std::string, std:
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt, int64_t step,
-                     const Generator& rng, const std::map<std::string, std::string>& extra) {
-  check(step >= 0, "save_checkpoint: '{}': step must be >= 0, got {}", path, step);
+namespace {
+
+// save_checkpoint and save_model: the model's tensors, the optimizer's when given, the metadata.
+void save(const std::string& path, const char* op, const nn::Module& model, const optim::Optimizer* opt, int64_t step,
+          const Generator& rng, const std::map<std::string, std::string>& extra, FloatStorage weights) {
+  check(step >= 0, "{}: '{}': step must be >= 0, got {}", op, path, step);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model.state_dict()) tensors.emplace_back(kModel + name, t);
-  for (auto& [name, t] : opt.state_dict()) tensors.emplace_back(kOptim + name, t);
+  if (opt)
+    for (auto& [name, t] : opt->state_dict()) tensors.emplace_back(kOptim + name, t);
 
   std::map<std::string, std::string> meta{{"format", kFormat},
                                           {"step", std::to_string(step)},
                                           {"rng.seed", std::to_string(rng.seed())},
                                           {"rng.offset", std::to_string(rng.offset())}};
+  if (!opt) meta[kContents] = kModelOnly;
   for (const auto& [key, value] : extra) meta[kExtra + key] = value;
-  save_safetensors(path, tensors, meta);
+  save_safetensors(path, tensors, meta, weights);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt, int64_t step,
+                     const Generator& rng, const std::map<std::string, std::string>& extra) {
+  save(path, "save_checkpoint", model, &opt, step, rng, extra, FloatStorage::f32);
+}
+
+void save_model(const std::string& path, const nn::Module& model, int64_t step, const Generator& rng,
+                const std::map<std::string, std::string>& extra, FloatStorage weights) {
+  save(path, "save_model", model, nullptr, step, rng, extra, weights);
 }
 
 Checkpoint load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt, Generator* rng) {
@@ -69,6 +89,9 @@ Checkpoint load_checkpoint(const std::string& path, nn::Module& model, optim::Op
   if (format == meta.end()) load_error(path, "not an attograd checkpoint (no 'format' in its metadata)");
   if (format->second != kFormat)
     load_error(path, "not an attograd checkpoint: format '{}', expected '{}'", format->second, kFormat);
+  if (opt && meta.count(kContents) && meta.at(kContents) == kModelOnly)
+    load_error(path, "holds a model without optimizer state (written by save_model, for evaluation and generation): "
+                     "it cannot resume training");
   Checkpoint out;
   out.step = int64_t(parse_decimal(path, meta, "step", uint64_t(std::numeric_limits<int64_t>::max())));
   const uint64_t seed = parse_decimal(path, meta, "rng.seed", std::numeric_limits<uint64_t>::max());

@@ -11,6 +11,7 @@
 //              "rng.seed"       the Generator's seed, decimal
 //              "rng.offset"     the Generator's offset (Philox blocks used so far), decimal
 //              "extra.<key>"    the caller's own entries (data position, config, ...)
+//              "contents"       "model" in save_model's files (no "optim." tensors), else absent
 //
 // There is no schedule state to save: a schedule (optim/schedule.h) is a pure function of the
 // step, so the saved step IS the schedule's position. A resumed loop runs
@@ -25,6 +26,7 @@
 #include <string>
 
 #include "core/random.h"
+#include "core/serialize.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 
@@ -34,6 +36,13 @@ namespace ag::training {
 // metadata under "extra.<key>". Errors are those of save_safetensors (ag::Error naming the file).
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt, int64_t step,
                      const Generator& rng, const std::map<std::string, std::string>& extra = {});
+
+// The model alone, without optimizer state, for evaluation and generation: the same layout and
+// metadata (plus "contents": "model"), its f32 tensors stored as `weights` (FloatStorage::bf16 or
+// f16: half the file, rounded to nearest even). load_checkpoint reads it with opt == nullptr (the
+// 16-bit tensors come back as f32), and refuses it with an optimizer: it cannot resume training.
+void save_model(const std::string& path, const nn::Module& model, int64_t step, const Generator& rng,
+                const std::map<std::string, std::string>& extra = {}, FloatStorage weights = FloatStorage::f32);
 
 // What load_checkpoint returns besides what it writes into the model, optimizer and generator.
 struct Checkpoint {

@@ -157,6 +157,10 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
   cli.add_option("--data-dir", o.data_dir, "where the data is")->capture_default_str();
   cli.add_flag("--eval-only", o.eval_only, "evaluate --checkpoint (or the run directory's) and exit");
   cli.add_option("--checkpoint", o.checkpoint, "checkpoint file for --eval-only");
+  cli.add_option("--export-bf16", o.export_bf16,
+                 "at the end of training, also write the model that was tested, its weights rounded to bf16 "
+                 "(half the size, no optimizer state), to this file: for --eval-only --checkpoint FILE and "
+                 "generation, not for --resume");
   cli.add_flag("--quiet", o.quiet, "no progress bar (evaluation lines and the report only)");
   cli.add_option("--stop-at", o.stop_at,
                  "stop after this step of the --steps schedule as Ctrl-C would: save, report, exit 0; continue "
@@ -180,6 +184,9 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
   // CLI11 already refuses most of these at parse time; checked again here for callers that fill
   // RunOptions themselves, and for the combinations no single option's check can see
   usage_check(o.steps >= 1, "{}: --steps {}: expected at least 1", app, o.steps);
+  usage_check(o.export_bf16.empty() || !o.eval_only,
+              "{}: --export-bf16 {}: writes the model at the end of training; --eval-only trains nothing", app,
+              o.export_bf16);
   usage_check(o.batch >= 1, "{}: --batch {}: expected at least 1", app, o.batch);
   usage_check(o.lr > 0 && std::isfinite(o.lr), "{}: --lr {}: expected a finite value > 0", app, o.lr);
   usage_check(o.min_lr >= 0 && o.min_lr <= o.lr, "{}: --min-lr {}: expected 0 <= min-lr <= --lr {}", app, o.min_lr,
@@ -796,6 +803,15 @@ void Run::finish(RunReport& report) {
   report.early_stopped = early_stop_;
   if (!dist::is_main()) return;  // rank 0 reports for the job
   fmt::print("{}", report.to_text());
+  if (!o_.export_bf16.empty()) {  // the model just tested: the best by validation, else the last
+    const int64_t step = best_.step >= 0 ? best_.step : last_step_;
+    std::map<std::string, std::string> meta = extra_;
+    meta["config"] = config_.dump();
+    meta["steps"] = std::to_string(o_.steps);
+    training::save_model(o_.export_bf16, model_, step, gen_, meta, FloatStorage::bf16);
+    fmt::print("{}: the model of step {} in bf16: {} ({:.2f} MB)\n", app_, step, o_.export_bf16,
+               double(fs::file_size(o_.export_bf16)) / 1e6);
+  }
   nlohmann::json j = report.to_json();
   j["config"] = config_;
   write_file_atomic(path("report.json"), j.dump(2) + "\n");

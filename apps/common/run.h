@@ -149,6 +149,7 @@ struct RunOptions {
   std::string data_dir;        // where the data is (each app has its default)
   bool eval_only = false;      // evaluate --checkpoint and exit
   std::string checkpoint;      // for --eval-only (default <out>/checkpoint.safetensors)
+  std::string export_bf16;     // also write the tested model's weights in bf16 here (save_model)
   bool quiet = false;          // no progress bar
   int64_t stop_at = 0;         // stop after this step as Ctrl-C would: save, report, exit 0 (0: off)
   int64_t max_skips = 10;      // stop (exit 1) after this many non-finite steps in a row (0: never)

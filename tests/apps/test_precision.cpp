@@ -14,6 +14,8 @@
 //   an ordinary f32 one that an fp32 --eval-only reads
 //   fp16: --stop-at then --resume ends bit for bit where a straight run does (the loss scale and
 //   its growth count travel in the checkpoint)
+//   --export-bf16: the tested model's weights rounded to bf16 (half the bytes), which --eval-only
+//   reads and --resume cannot
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -22,7 +24,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/kernels/pointwise.h"
+#include "nn/linear.h"
+#include "optim/adam.h"
 #include "tests/apps/tiny_apps.h"
+#include "training/checkpoint.h"
 #include "tests/helpers.h"
 #include "tests/spawn.h"
 
@@ -104,4 +110,52 @@ TEST_CASE("precision: gpt --precision fp16 resumes bit for bit, the loss scale i
   CHECK(meta.at("extra.run.loss_scale_tracker") == "5");
   run_app(apps.command("gpt", "split", 12, 4, 1, second), apps.logs(), "second");
   check_checkpoints(apps.checkpoint("split"), apps.checkpoint("straight"));
+}
+
+TEST_CASE("precision: --export-bf16 writes the tested model in bf16, which --eval-only reads and --resume refuses") {
+  Apps apps("precision_export");
+  const std::string exported = apps.tmp.file("model.bf16.safetensors");
+  run_app(apps.command("gpt", "run", 20, 5, 1, {"--export-bf16", exported}), apps.logs(), "export");
+  // the best model by validation, each f32 weight rounded to bf16, stored as BF16
+  std::map<std::string, std::string> meta;
+  const auto best = load_safetensors_map(apps.tmp.file("run") + "/best.safetensors");
+  const auto got = load_safetensors_map(exported, &meta);
+  CHECK(meta.at("contents") == "model");
+  std::ifstream in(apps.tmp.file("run") + "/report.json");
+  const nlohmann::json report = nlohmann::json::parse(in);
+  CHECK(meta.at("step") == std::to_string(report.at("best_step").get<int64_t>()));
+  int64_t model_tensors = 0, bad = 0, f32_bytes = 0;
+  for (const auto& [name, t] : best) {
+    if (name.rfind("model.", 0) != 0) {
+      CHECK(got.count(name) == 0);  // no optimizer state
+      continue;
+    }
+    ++model_tensors;
+    REQUIRE(got.count(name) == 1);
+    if (t.dtype() != DType::f32) continue;
+    f32_bytes += t.nbytes();
+    const std::vector<float> a = t.to_vector<float>(), b = got.at(name).to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) bad += pw::float_bits(b[i]) != pw::float_bits(pw::round_bf16(a[i]));
+  }
+  CHECK(model_tensors > 5);
+  CHECK(bad == 0);
+  CHECK(got.size() == size_t(model_tensors));
+  const auto size = std::filesystem::file_size(exported);
+  CHECK(size < size_t(f32_bytes) / 2 + 8192);  // half the weights' bytes, and a header
+  // --eval-only reads it; --export-bf16 with --eval-only is refused
+  std::vector<std::string> eval = apps.command("gpt", "run", 20, 5, 1);
+  eval.insert(eval.end(), {"--eval-only", "--checkpoint", exported});
+  const Child ok = run_app(eval, apps.logs(), "eval");
+  CHECK(ok.output().find("validation loss") != std::string::npos);
+  eval.insert(eval.end(), {"--export-bf16", apps.tmp.file("again.safetensors")});
+  const Child refused = run_app(eval, apps.logs(), "refused", 2);
+  CHECK(refused.output().find("--export-bf16") != std::string::npos);
+  CHECK(refused.output().find("--eval-only") != std::string::npos);
+  // a training run cannot continue from it: the file has no optimizer state
+  nn::Linear lin(2, 3);
+  optim::AdamW opt(lin.parameters(), {});
+  training::save_model(apps.tmp.file("lin.safetensors"), lin, 7, Generator(1), {}, FloatStorage::bf16);
+  AG_CHECK_ERROR(training::load_checkpoint(apps.tmp.file("lin.safetensors"), lin, &opt, nullptr), "lin.safetensors",
+                 "without optimizer state", "cannot resume");
+  CHECK(training::load_checkpoint(apps.tmp.file("lin.safetensors"), lin, nullptr, nullptr).step == 7);
 }

@@ -1,6 +1,7 @@
 // safetensors files (core/serialize.h): round trips, the byte layout the spec gives, the reference
-// file written by tools/make_safetensors_fixture.py, every class of corrupt file, atomic saves
-// (also under SIGKILL: a child process saving in a loop is killed at random points).
+// files written by tools/make_safetensors_fixture.py (BF16 and F16 included), every class of
+// corrupt file, atomic saves (also under SIGKILL: a child process saving in a loop is killed at
+// random points).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "core/kernels/pointwise.h"
 #include "core/parallel.h"
 #include "core/serialize.h"
 #include "cuda/memory.h"
@@ -185,6 +187,99 @@ TEST_CASE("serialize: reads the reference file and writes it back byte for byte"
   CHECK(read_bytes(path) == read_bytes(golden));
 }
 
+TEST_CASE("serialize: BF16 and F16 tensors, rounded by PyTorch, read as f32 and written back byte for byte") {
+  // tests/golden/half.safetensors: these f32 values rounded by torch's .to(bfloat16) / .to(float16)
+  const std::vector<float> bf16_source = {1.f, 1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, -0.1f,
+                                          3.0e38f, 1e-40f, 1.99999f, 0.1f};
+  const std::vector<float> f16_source = {1.f, 1.f + 0x1p-11f, -0.1f, 65504.f, 0x1p-24f, 1e-6f, 0.1f, -3.14159f};
+  // what torch stored (the file's bits), by hand: ties to even (1 + 2^-8 -> 1, 1 + 3 2^-8 ->
+  // 1 + 2^-6; half: 1 + 2^-11 -> 1), a carry (1.99999 -> 2), a bf16 subnormal (1e-40 -> 2^-133 x 64)
+  const std::vector<uint32_t> bf16_bits = {0x3f80, 0x3f80, 0x3f82, 0xbdcd, 0x7f62, 0x0001, 0x4000, 0x3dcd};
+  const std::vector<float> f16_values = {1.f, 1.f, -0.0999755859f, 65504.f, 5.96046448e-08f, 1.01327896e-06f,
+                                         0.0999755859f, -3.140625f};
+  const std::string golden = std::string(ATTOGRAD_TEST_DATA) + "/half.safetensors";
+  const auto ts = load_safetensors(golden);
+  REQUIRE(ts.size() == 2);
+  const Tensor& b = find(ts, "b.bf16");
+  const Tensor& h = find(ts, "h.f16");
+  CHECK(b.dtype() == DType::f32);
+  CHECK(b.shape() == Shape{2, 4});
+  CHECK(h.dtype() == DType::f32);
+  const std::vector<float> bv = b.to_vector<float>(), hv = h.to_vector<float>();
+  for (size_t i = 0; i < 8; ++i) {
+    CAPTURE(i);
+    CHECK(pw::float_bits(bv[i]) == bf16_bits[i] << 16);
+    CHECK(pw::float_bits(bv[i]) == pw::float_bits(pw::round_bf16(bf16_source[i])));  // ours rounds as torch does
+    CHECK(hv[i] == f16_values[i]);
+    CHECK(hv[i] == pw::round_fp16(f16_source[i]));
+  }
+  // the f32 sources saved as BF16 and as F16: the bytes torch wrote
+  TempDir tmp("half");
+  const Tensor bs = from_vector<float>(bf16_source, {2, 4}), hs = from_vector<float>(f16_source, {8});
+  const std::string golden_bytes = read_bytes(golden);
+  // one file holds both formats: write each half with its own storage and compare the data parts
+  save_safetensors(tmp.file("b.safetensors"), {{"b.bf16", bs}}, {}, FloatStorage::bf16);
+  save_safetensors(tmp.file("h.safetensors"), {{"h.f16", hs}}, {}, FloatStorage::f16);
+  const std::string bfile = read_bytes(tmp.file("b.safetensors")), hfile = read_bytes(tmp.file("h.safetensors"));
+  CHECK(bfile.substr(bfile.size() - 16) == golden_bytes.substr(golden_bytes.size() - 32, 16));
+  CHECK(hfile.substr(hfile.size() - 16) == golden_bytes.substr(golden_bytes.size() - 16));
+  CHECK(bfile.find("\"dtype\":\"BF16\"") != std::string::npos);
+  CHECK(hfile.find("\"dtype\":\"F16\"") != std::string::npos);
+  // and what is written reads back as the rounded values
+  CHECK(load_safetensors_map(tmp.file("b.safetensors")).at("b.bf16").to_vector<float>() == bv);
+  CHECK(load_safetensors_map(tmp.file("h.safetensors")).at("h.f16").to_vector<float>() == hv);
+}
+
+TEST_CASE("serialize: FloatStorage rounds only f32 tensors, halves the file, keeps NaN, refuses F16 overflow") {
+  TempDir tmp("storage");
+  Generator gen(3);
+  const Tensor w = randn({64, 32}, DType::f32, &gen);
+  const Tensor d = from_vector<double>({1.0 / 3.0, -2.0}, {2});
+  const Tensor i = from_vector<int64_t>({5, -7}, {2});
+  const Tensor m = gt(from_vector<float>({1.f, -1.f, 2.f}, {3}), 0.0);  // b8: 1 0 1
+  const Tensor odd = from_vector<float>({std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
+                                         -0.f, 7e-45f},
+                                        {4});
+  const std::vector<std::pair<std::string, Tensor>> ts = {{"w", w}, {"d", d}, {"i", i}, {"m", m}, {"odd", odd}};
+  save_safetensors(tmp.file("f32.safetensors"), ts);
+  for (FloatStorage s : {FloatStorage::bf16, FloatStorage::f16}) {
+    const bool bf = s == FloatStorage::bf16;
+    CAPTURE(bf);
+    const std::string path = tmp.file(bf ? "bf16.safetensors" : "f16.safetensors");
+    save_safetensors(path, ts, {{"k", "v"}}, s);
+    std::map<std::string, std::string> meta;
+    const auto back = load_safetensors_map(path, &meta);
+    CHECK(meta.at("k") == "v");
+    // w's 8 KiB became 4 KiB: the file shrinks by the f32 tensors' half (header sizes aside)
+    const auto f32_size = fs::file_size(tmp.file("f32.safetensors")), size = fs::file_size(path);
+    CHECK(f32_size - size >= (64 * 32 + 4) * 2 - 64);
+    CHECK(f32_size - size <= (64 * 32 + 4) * 2 + 64);
+    const std::vector<float> wv = w.to_vector<float>(), got = back.at("w").to_vector<float>();
+    int bad = 0;
+    for (size_t k = 0; k < wv.size(); ++k)
+      bad += pw::float_bits(got[k]) != pw::float_bits(bf ? pw::round_bf16(wv[k]) : pw::round_fp16(wv[k]));
+    CHECK(bad == 0);
+    CHECK(back.at("d").dtype() == DType::f64);  // other dtypes as they were
+    CHECK(back.at("d").to_vector<double>() == d.to_vector<double>());
+    CHECK(back.at("i").to_vector<int64_t>() == i.to_vector<int64_t>());
+    CHECK(back.at("m").to_vector<int>() == std::vector<int>{1, 0, 1});
+    const std::vector<float> o = back.at("odd").to_vector<float>();
+    CHECK(std::isnan(o[0]));
+    CHECK(o[1] == -std::numeric_limits<float>::infinity());
+    CHECK(pw::float_bits(o[2]) == 0x80000000u);  // -0 stays -0
+    CHECK(o[3] == (bf ? pw::round_bf16(7e-45f) : 0.f));  // below half's smallest subnormal: 0
+  }
+  // past 65504 a half is inf: refused for F16 (naming the tensor and the value), fine in BF16
+  const Tensor big = from_vector<float>({1.f, 70000.f}, {2});
+  const std::string path = tmp.file("big.safetensors");
+  save_safetensors(path, {{"x", w}});
+  const std::string before = read_bytes(path);
+  AG_CHECK_ERROR(save_safetensors(path, {{"big", big}}, {}, FloatStorage::f16), "'big'", "element 1", "70000", "F16");
+  CHECK(read_bytes(path) == before);  // the old file is untouched
+  save_safetensors(path, {{"big", big}}, {}, FloatStorage::bf16);
+  CHECK(load_safetensors_map(path).at("big").to_vector<float>() == std::vector<float>{1.f, 70144.f});
+}
+
 TEST_CASE("serialize: names must be unique and non-empty") {
   TempDir tmp("names");
   const std::string path = tmp.file("n.safetensors");
@@ -269,7 +364,10 @@ TEST_CASE("serialize: every malformed header is an error naming the file and the
       {"duplicate name",
        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
        f8, {"duplicate key 'a'"}},
-      {"unknown dtype", R"({"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}})", f8, {"'a'", "unknown dtype 'F16'"}},
+      {"unknown dtype", R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", f8,
+       {"'a'", "unknown dtype 'F8_E4M3'"}},
+      {"BF16 of the wrong size", R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})", f8,
+       {"'a'", "BF16 [2] needs 4"}},
       {"dtype not a string", R"({"a":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", f8, {"'a'", "dtype"}},
       {"missing dtype", R"({"a":{"shape":[2],"data_offsets":[0,8]}})", f8, {"'a'", "dtype"}},
       {"unexpected key", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", f8, {"'a'", "'x'"}},
