@@ -187,6 +187,11 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
   usage_check(o.export_bf16.empty() || !o.eval_only,
               "{}: --export-bf16 {}: writes the model at the end of training; --eval-only trains nothing", app,
               o.export_bf16);
+  if (!o.export_bf16.empty()) {  // found out now, not after the training
+    const fs::path dir = fs::path(o.export_bf16).parent_path();
+    usage_check(!fs::is_directory(o.export_bf16) && (dir.empty() || fs::is_directory(dir)),
+                "{}: --export-bf16 {}: expected a file in an existing folder", app, o.export_bf16);
+  }
   usage_check(o.batch >= 1, "{}: --batch {}: expected at least 1", app, o.batch);
   usage_check(o.lr > 0 && std::isfinite(o.lr), "{}: --lr {}: expected a finite value > 0", app, o.lr);
   usage_check(o.min_lr >= 0 && o.min_lr <= o.lr, "{}: --min-lr {}: expected 0 <= min-lr <= --lr {}", app, o.min_lr,

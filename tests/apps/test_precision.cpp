@@ -151,6 +151,11 @@ TEST_CASE("precision: --export-bf16 writes the tested model in bf16, which --eva
   const Child refused = run_app(eval, apps.logs(), "refused", 2);
   CHECK(refused.output().find("--export-bf16") != std::string::npos);
   CHECK(refused.output().find("--eval-only") != std::string::npos);
+  // a file in a folder that is not there is refused before training, not after it
+  const Child nowhere = run_app(apps.command("gpt", "run2", 20, 5, 1, {"--export-bf16", apps.tmp.file("no/such.st")}),
+                                apps.logs(), "nowhere", 2);
+  CHECK(nowhere.output().find("expected a file in an existing folder") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(apps.tmp.file("run2")));
   // a training run cannot continue from it: the file has no optimizer state
   nn::Linear lin(2, 3);
   optim::AdamW opt(lin.parameters(), {});
