@@ -64,20 +64,26 @@ bool parse_dtype(const std::string& s, DType* out) {
 // The 16-bit float formats, stored in a file and held as f32 in memory.
 const char* stored_name(FloatStorage s) { return s == FloatStorage::bf16 ? "BF16" : "F16"; }
 
-// The bits of x, a value already rounded to the format (so the conversion is exact). bf16 is the
-// top half of an f32; half goes through the compiler's _Float16 (IEEE binary16).
+// The bits of x, a value already rounded to the format (pw::round_bf16, pw::round_fp16), so
+// the conversion is exact. bf16 is the top half of an f32. IEEE half: sign, 5 exponent bits (bias
+// 15), 10 mantissa bits; an f32 exponent e (bias 127) of a normal half becomes e - 112, and a
+// subnormal half holds |x| / 2^-24, an integer below 1024.
 uint16_t to_16bit(float x, FloatStorage s) {
-  if (s == FloatStorage::bf16) return uint16_t(pw::float_bits(x) >> 16);
-  const _Float16 h = static_cast<_Float16>(x);
-  uint16_t bits;
-  std::memcpy(&bits, &h, sizeof bits);
-  return bits;
+  const uint32_t u = pw::float_bits(x);
+  if (s == FloatStorage::bf16) return uint16_t(u >> 16);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u)  // inf, or NaN (quiet, the top of its payload kept)
+    return uint16_t(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u));
+  if (a >= 0x38800000u) return uint16_t(sign | (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu));  // >= 2^-14
+  return uint16_t(sign | uint32_t(std::fabs(x) * 0x1p24f));  // subnormal or zero: exact multiples of 2^-24
 }
 float from_16bit(uint16_t bits, FloatStorage s) {
   if (s == FloatStorage::bf16) return pw::bits_float(uint32_t(bits) << 16);
-  _Float16 h;
-  std::memcpy(&h, &bits, sizeof h);
-  return static_cast<float>(h);
+  const uint32_t sign = uint32_t(bits & 0x8000u) << 16, e = (bits >> 10) & 0x1fu, m = bits & 0x3ffu;
+  if (e == 0x1f) return pw::bits_float(sign | 0x7f800000u | (m << 13));  // inf, NaN
+  if (e == 0) return pw::bits_float(sign | pw::float_bits(float(m) * 0x1p-24f));  // subnormal or zero
+  return pw::bits_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
 // ---- saving ---------------------------------------------------------------------------------

@@ -230,6 +230,31 @@ TEST_CASE("serialize: BF16 and F16 tensors, rounded by PyTorch, read as f32 and 
   CHECK(load_safetensors_map(tmp.file("h.safetensors")).at("h.f16").to_vector<float>() == hv);
 }
 
+TEST_CASE("serialize: every finite half value is written as its own bits and read back as itself") {
+  // the values of all 63488 finite IEEE half bit patterns, by the definition (in double, exact)
+  std::vector<float> values;
+  std::vector<uint16_t> bits;
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) continue;  // inf and NaN: the FloatStorage case below
+    const double mag = e == 0 ? std::ldexp(double(m), -24) : std::ldexp(1.0 + double(m) / 1024.0, int(e) - 15);
+    values.push_back(float(h & 0x8000u ? -mag : mag));
+    bits.push_back(uint16_t(h));
+  }
+  REQUIRE(values.size() == 63488);
+  TempDir tmp("allhalf");
+  const std::string path = tmp.file("all.safetensors");
+  save_safetensors(path, {{"h", from_vector<float>(values, {int64_t(values.size())})}}, {}, FloatStorage::f16);
+  const std::string file = read_bytes(path);
+  std::vector<uint16_t> written(bits.size());
+  std::memcpy(written.data(), file.data() + file.size() - 2 * bits.size(), 2 * bits.size());
+  CHECK(written == bits);
+  const std::vector<float> back = load_safetensors_map(path).at("h").to_vector<float>();
+  int bad = 0;
+  for (size_t k = 0; k < values.size(); ++k) bad += pw::float_bits(back[k]) != pw::float_bits(values[k]);
+  CHECK(bad == 0);
+}
+
 TEST_CASE("serialize: FloatStorage rounds only f32 tensors, halves the file, keeps NaN, refuses F16 overflow") {
   TempDir tmp("storage");
   Generator gen(3);
