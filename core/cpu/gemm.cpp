@@ -409,14 +409,35 @@ AG_BF16_TARGET void pack_a_bf16(uint32_t* dst, const float* a, int64_t lda, bool
     std::memset(dst + mb * kp, 0, size_t((rows - mb) * kp) * sizeof(uint32_t));
     return;
   }
-  for (int64_t q = 0; q < mb; q += MR, dst += kp * MR) {
-    const int64_t m = std::min<int64_t>(MR, mb - q);
-    const __mmask16 mask = __mmask16((1u << m) - 1), all = __mmask16((1u << MR) - 1);
-    const float* s = a + p0 * lda + i0 + q;
+  // 8 panels (48 rows) at a time: per pair of k steps, 3 vectors of 16 rows from each of the two
+  // source rows (whole cache lines), paired, then each panel's MR words stored from the vector
+  // lanes that hold them (one masked store, or two where a panel straddles two vectors)
+  static_assert(MR == 6, "the 48-row groups hold 8 panels of 6");
+  for (int64_t q0 = 0; q0 < mb; q0 += 48) {
+    const int64_t rows = std::min<int64_t>(48, mb - q0), panels = (rows + MR - 1) / MR;
+    __mmask16 mask[3];
+    for (int v = 0; v < 3; ++v) {
+      const int64_t left = rows - 16 * v;
+      mask[v] = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+    }
+    const float* s = a + p0 * lda + i0 + q0;
+    uint32_t* d0 = dst + q0 * kp;  // panel q0 / MR
     for (int64_t pp = 0; pp < kp; ++pp, s += 2 * lda) {
-      const __m512 lo = _mm512_maskz_loadu_ps(mask, s);
-      const __m512 hi = 2 * pp + 1 < kb ? _mm512_maskz_loadu_ps(mask, s + lda) : _mm512_setzero_ps();
-      _mm512_mask_storeu_epi32(dst + pp * MR, all, pair_lanes(lo, hi));
+      const bool has_hi = 2 * pp + 1 < kb;
+      __m512i w[3];
+#pragma GCC unroll 3
+      for (int v = 0; v < 3; ++v) {
+        const __m512 lo = _mm512_maskz_loadu_ps(mask[v], s + 16 * v);
+        const __m512 hi = has_hi ? _mm512_maskz_loadu_ps(mask[v], s + lda + 16 * v) : _mm512_setzero_ps();
+        w[v] = pair_lanes(lo, hi);
+      }
+      for (int64_t t = 0; t < panels; ++t) {
+        // rows MR t .. MR t + 5 of the group: lanes off .. off + 5 of vector v (and on into v + 1)
+        const int v = int(MR * t / 16), off = int(MR * t % 16), first = std::min(MR, 16 - off);
+        uint32_t* d = d0 + t * kp * MR + pp * MR;  // the panel's MR words for this pair
+        _mm512_mask_storeu_epi32(d - off, __mmask16(((1u << first) - 1) << off), w[v]);
+        if (first < MR) _mm512_mask_storeu_epi32(d + first, __mmask16((1u << (MR - first)) - 1), w[v + 1]);
+      }
     }
   }
 }
