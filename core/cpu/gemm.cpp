@@ -267,6 +267,17 @@ void merge_tile(const float* tile, int64_t ldt, float* c, int64_t ldc, int64_t m
     }
 }
 
+// c = beta c (+ bias[j]), c not read when beta == 0: what a GEMM with K == 0 or alpha == 0
+// computes, sgemm's and sbgemm's alike.
+void scale_c(int64_t M, int64_t N, float beta, float* c, int64_t ldc, const float* bias) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      float& y = c[i * ldc + j];
+      y = beta == 0.f ? 0.f : beta * y;
+      if (bias) y += bias[j];
+    }
+}
+
 // ---- the blocking driver ----------------------------------------------------------------------
 // When packing is skipped (the kernel reads op(a) or op(b) in place; only a ragged last panel is
 // packed, zero-padded): packing op(b) pays off over the M/MR row panels that reuse each B panel
@@ -369,6 +380,11 @@ AG_BF16_TARGET inline __m512i round_bf16_hi(__m512 x) {
   return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
 }
 
+// A mask of the first n lanes of 16 (none for n <= 0, all for n >= 16).
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
 // Lane i of lo and of hi rounded and paired into one word: lo's bf16 in the low half.
 AG_BF16_TARGET inline __m512i pair_lanes(__m512 lo, __m512 hi) {
   return _mm512_mask_blend_epi16(0xAAAAAAAAu, srl16(round_bf16_hi(lo)), round_bf16_hi(hi));
@@ -376,9 +392,8 @@ AG_BF16_TARGET inline __m512i pair_lanes(__m512 lo, __m512 hi) {
 
 // n <= 32 consecutive floats x[0, n) (zeros past n) rounded and paired: word i = (x[2i], x[2i+1]).
 AG_BF16_TARGET inline __m512i pair_run(const float* x, int64_t n) {
-  const __mmask16 m0 = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-  const __mmask16 m1 = n >= 32 ? __mmask16(0xffff) : n <= 16 ? __mmask16(0) : __mmask16((1u << (n - 16)) - 1);
-  const __m512i r0 = round_bf16_hi(_mm512_maskz_loadu_ps(m0, x)), r1 = round_bf16_hi(_mm512_maskz_loadu_ps(m1, x + 16));
+  const __m512i r0 = round_bf16_hi(_mm512_maskz_loadu_ps(first_lanes(n), x)),
+                r1 = round_bf16_hi(_mm512_maskz_loadu_ps(first_lanes(n - 16), x + 16));
   // the top halves of the 32 lanes in order: 16-bit elements 1, 3, ..., 63 of (r0, r1)
   const __m512i odd16 = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
                                          25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
@@ -390,7 +405,7 @@ AG_BF16_TARGET inline void pack_row_bf16(uint32_t* dst, const float* x, int64_t 
   const int64_t kp = (kb + 1) / 2;
   for (int64_t pp = 0; pp < kp; pp += 16) {
     const __m512i w = pair_run(x + 2 * pp, std::min<int64_t>(32, kb - 2 * pp));
-    _mm512_mask_storeu_epi32(dst + pp, kp - pp >= 16 ? __mmask16(0xffff) : __mmask16((1u << (kp - pp)) - 1), w);
+    _mm512_mask_storeu_epi32(dst + pp, first_lanes(kp - pp), w);
   }
 }
 
@@ -415,11 +430,7 @@ AG_BF16_TARGET void pack_a_bf16(uint32_t* dst, const float* a, int64_t lda, bool
   static_assert(MR == 6, "the 48-row groups hold 8 panels of 6");
   for (int64_t q0 = 0; q0 < mb; q0 += 48) {
     const int64_t rows = std::min<int64_t>(48, mb - q0), panels = (rows + MR - 1) / MR;
-    __mmask16 mask[3];
-    for (int v = 0; v < 3; ++v) {
-      const int64_t left = rows - 16 * v;
-      mask[v] = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
-    }
+    const __mmask16 mask[3] = {first_lanes(rows), first_lanes(rows - 16), first_lanes(rows - 32)};
     const float* s = a + p0 * lda + i0 + q0;
     uint32_t* d0 = dst + q0 * kp;  // panel q0 / MR
     for (int64_t pp = 0; pp < kp; ++pp, s += 2 * lda) {
@@ -459,8 +470,7 @@ AG_BF16_TARGET void pack_b_bf16(uint32_t* dst, const float* b, int64_t ldb, bool
         const bool has_hi = 2 * pp + 1 < kb;
 #pragma GCC unroll 4
         for (int64_t v = 0; v < NR / 16; ++v) {
-          const int64_t left = n - 16 * v;
-          const __mmask16 mask = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+          const __mmask16 mask = first_lanes(n - 16 * v);
           const __m512 lo = _mm512_maskz_loadu_ps(mask, s + 16 * v);
           const __m512 hi = has_hi ? _mm512_maskz_loadu_ps(mask, s + ldb + 16 * v) : _mm512_setzero_ps();
           _mm512_storeu_si512(dst + pp * NR + 16 * v, pair_lanes(lo, hi));
@@ -627,10 +637,8 @@ void sgemm_with(GemmKernel k, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
     add_bias();
     return;
   }
-  if (K <= 0 || alpha == 0.f) {  // c = beta c, without reading a or b (and not c when beta == 0)
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
-    add_bias();
+  if (K <= 0 || alpha == 0.f) {  // without reading a or b
+    scale_c(M, N, beta, c, ldc, bias);
     return;
   }
   switch (k) {
@@ -671,13 +679,8 @@ void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
             const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   check(cpu_has_bf16(), "sbgemm: this CPU has no AVX512-BF16 (avx512_bf16)");
   if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.f) {  // c = beta c (+ bias), as sgemm_with
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) {
-        float& y = c[i * ldc + j];
-        y = beta == 0.f ? 0.f : beta * y;
-        if (bias) y += bias[j];
-      }
+  if (K <= 0 || alpha == 0.f) {  // without reading a or b, as sgemm_with
+    scale_c(M, N, beta, c, ldc, bias);
     return;
   }
 #if defined(__x86_64__)
