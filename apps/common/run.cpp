@@ -749,10 +749,15 @@ bool Run::save(int64_t step) {
   return true;
 }
 
-void Run::write_checkpoint(const std::string& file, int64_t step) {
+std::map<std::string, std::string> Run::model_metadata() const {
   std::map<std::string, std::string> meta = extra_;
   meta["config"] = config_.dump();
   meta["steps"] = std::to_string(o_.steps);
+  return meta;
+}
+
+void Run::write_checkpoint(const std::string& file, int64_t step) {
+  std::map<std::string, std::string> meta = model_metadata();
   meta["run.loss_sum"] = fmt::format("{:.17g}", loss_sum_);
   meta["run.loss_count"] = std::to_string(loss_count_);
   meta["run.skipped"] = std::to_string(skipped_);
@@ -810,10 +815,7 @@ void Run::finish(RunReport& report) {
   fmt::print("{}", report.to_text());
   if (!o_.export_bf16.empty()) {  // the model just tested: the best by validation, else the last
     const int64_t step = best_.step >= 0 ? best_.step : last_step_;
-    std::map<std::string, std::string> meta = extra_;
-    meta["config"] = config_.dump();
-    meta["steps"] = std::to_string(o_.steps);
-    training::save_model(o_.export_bf16, model_, step, gen_, meta, FloatStorage::bf16);
+    training::save_model(o_.export_bf16, model_, step, gen_, model_metadata(), FloatStorage::bf16);
     fmt::print("{}: the model of step {} in bf16: {} ({:.2f} MB)\n", app_, step, o_.export_bf16,
                double(fs::file_size(o_.export_bf16)) / 1e6);
   }

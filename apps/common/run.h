@@ -380,6 +380,9 @@ class Run {
   double last_grad_norm_ = 0;
   int64_t skipped_ = 0, skips_in_a_row_ = 0, last_saved_step_ = -1;
   void write_checkpoint(const std::string& file, int64_t step);
+  // What a saved model of this run carries to read_checkpoint_info: the caller's extra entries,
+  // the config, --steps (checkpoints add the run's own state to it; --export-bf16 files do not).
+  std::map<std::string, std::string> model_metadata() const;
   std::string select_metric_, select_tie_;
   bool select_higher_ = true;
   Best best_;
