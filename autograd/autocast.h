@@ -16,9 +16,12 @@
 //   - scaled_dot_product_attention rounds q, k and v to bf16 and computes softmax and both
 //     products in f32;
 //   - everything else (norms, softmax, losses, the optimizer) stays f32, and so do the weights
-//     (the "master weights"), the activations and the gradients: only the operands of the big
+//     (the "master weights"), the outputs and the gradients: only the operands of the big
 //     products lose precision. The outputs of matmul and linear are f32 (torch.autocast returns
-//     bf16 ones): here no activation memory is saved, and the numbers are a little closer to f32.
+//     bf16 ones), so the numbers are a little closer to f32;
+//   - what linear (its input) and the fused CPU attention (q, k, v) keep for backward is the
+//     rounded operand itself, as a bf16 tensor (core/half.h): half those activations' memory, the
+//     same numbers (docs/mixed-precision.md).
 // bf16 needs no loss scaling: its range is f32's. f64 tensors are never cast (gradient checks
 // stay exact). The ops read the precision when they run forward and keep it for their backward,
 // so backward needs no guard of its own.

@@ -142,7 +142,9 @@ Tensor sum_to(const Tensor& x, const Shape& shape, Site site = Site::current());
 //   shapes:  x [...] -> y of x's shape
 //   saves:   x's device or dtype
 //   note:    a dtype conversion is differentiable between f32 and f64 only: to or from i64 and b8
-//            it records nothing
+//            it records nothing. To bf16 or f16 (16-bit storage: core/half.h) it rounds to nearest
+//            even, through f32 for an f64; from them it is exact. A tensor that requires grad is
+//            refused there while grad mode is on (detach it first): no gradient is dropped silently
 
 // ========================== indexing (autograd/ops/index.cpp) =================================
 // index_select: gather slices along one dim at given indices

@@ -8,13 +8,18 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/half.h"  // bf16, f16
 
 namespace ag {
 
 // ---- dtype --------------------------------------------------------------------------------
 // f32 is the default; f64 is for gradient checks on the CPU; i64 holds indices and labels;
-// b8 (one byte, 0 or 1) is what comparisons return and what masks are.
-enum class DType : uint8_t { f32, f64, i64, b8 };
+// b8 (one byte, 0 or 1) is what comparisons return and what masks are. bf16 and f16 (core/half.h)
+// are storage: half the bytes of f32 for weights, activations kept for backward and caches. They
+// are created, converted (.to), copied, viewed, printed and saved like any tensor, and read by the
+// 16-bit products (matmul, linear, attention); the other ops compute in f32 or f64 and ask for a
+// conversion, naming themselves and the dtype.
+enum class DType : uint8_t { f32, f64, i64, b8, bf16, f16 };
 
 inline constexpr size_t itemsize(DType t) {
   switch (t) {
@@ -22,6 +27,8 @@ inline constexpr size_t itemsize(DType t) {
     case DType::f64: return 8;
     case DType::i64: return 8;
     case DType::b8: return 1;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
   }
   return 0;
 }
@@ -31,27 +38,57 @@ inline constexpr const char* name(DType t) {
     case DType::f64: return "f64";
     case DType::i64: return "i64";
     case DType::b8: return "b8";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
   }
   return "?";
 }
+// The dtypes the ops compute in (and gradients flow through): f32 and f64.
 inline constexpr bool is_floating(DType t) { return t == DType::f32 || t == DType::f64; }
+inline constexpr bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
 template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::b8; };
+template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
+template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
 template <class T> inline constexpr DType dtype_v = dtype_of<T>::value;
 
-// Calls f.template operator()<T>() with the C++ type of `t` (bool for b8):
-//   visit_dtype(x.dtype(), [&]<class T>() { cpu::fill<T>(x.data<T>(), ...); });
+// The error of an op given a 16-bit tensor it does not compute in.
+[[noreturn]] inline void fail_half(const char* op, DType t) {
+  fail("{}: {} tensors are storage (matmul, linear and attention read them); convert with .to(DType::f32) "
+       "for this op",
+       op, name(t));
+}
+
+// Calls f.template operator()<T>() with the C++ type of `t` (bool for b8), for the dtypes the ops
+// compute in; `op` names the caller in the error for a 16-bit tensor:
+//   visit_dtype("fill_", x.dtype(), [&]<class T>() { cpu::fill<T>(x.data<T>(), ...); });
 template <class F>
-decltype(auto) visit_dtype(DType t, F&& f) {
+decltype(auto) visit_dtype(const char* op, DType t, F&& f) {
   switch (t) {
     case DType::f32: return f.template operator()<float>();
     case DType::f64: return f.template operator()<double>();
     case DType::i64: return f.template operator()<int64_t>();
     case DType::b8: return f.template operator()<bool>();
+    case DType::bf16:
+    case DType::f16: fail_half(op, t);
+  }
+  fail("internal: unknown dtype {}", int(t));
+}
+// Every dtype, the 16-bit storage types included (ag::bf16, ag::f16): for the code that moves
+// or converts elements without computing on them (copies, casts, fills, concatenation).
+template <class F>
+decltype(auto) visit_storage(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    case DType::i64: return f.template operator()<int64_t>();
+    case DType::b8: return f.template operator()<bool>();
+    case DType::bf16: return f.template operator()<bf16>();
+    case DType::f16: return f.template operator()<f16>();
   }
   fail("internal: unknown dtype {}", int(t));
 }
@@ -61,6 +98,8 @@ decltype(auto) visit_floating(const char* op, DType t, F&& f) {
   switch (t) {
     case DType::f32: return f.template operator()<float>();
     case DType::f64: return f.template operator()<double>();
+    case DType::bf16:
+    case DType::f16: fail_half(op, t);
     default: fail("{}: expected a floating dtype (f32 or f64), got {}", op, name(t));
   }
 }
@@ -71,6 +110,8 @@ decltype(auto) visit_numeric(const char* op, DType t, F&& f) {
     case DType::f32: return f.template operator()<float>();
     case DType::f64: return f.template operator()<double>();
     case DType::i64: return f.template operator()<int64_t>();
+    case DType::bf16:
+    case DType::f16: fail_half(op, t);
     default: fail("{}: expected a numeric dtype (f32, f64 or i64), got {}", op, name(t));
   }
 }

@@ -13,19 +13,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/half.h"  // bf16, f16 (the 16-bit storage types)
+#include "core/hd.h"    // AG_HD
 #include "core/precision.h"
-
-// AG_HD marks the per-element math (core/kernels/pointwise.h) callable from host and device code.
-// On the CPU it is also forced inline: it runs inside loops that must vectorise, and GCC's
-// heuristics sometimes left a functor (or the fast_exp under it) as a call in one copy of a loop,
-// which stops vectorisation (measured: the one-thread branch of parallel_for ran GELU 3x slower).
-#if defined(__CUDACC__)
-#define AG_HD __host__ __device__
-#elif defined(__GNUC__)
-#define AG_HD __attribute__((always_inline))
-#else
-#define AG_HD
-#endif
 
 namespace ag {
 

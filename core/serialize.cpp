@@ -27,7 +27,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/allocator.h"
-#include "core/kernels/pointwise.h"
 
 namespace ag {
 
@@ -48,42 +47,19 @@ const char* safetensors_dtype(DType t) {
     case DType::f64: return "F64";
     case DType::i64: return "I64";
     case DType::b8: return "BOOL";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
   }
   fail("internal: unknown dtype {}", int(t));
 }
 
 bool parse_dtype(const std::string& s, DType* out) {
-  for (DType t : {DType::f32, DType::f64, DType::i64, DType::b8})
+  for (DType t : {DType::f32, DType::f64, DType::i64, DType::b8, DType::bf16, DType::f16})
     if (s == safetensors_dtype(t)) {
       *out = t;
       return true;
     }
   return false;
-}
-
-// The 16-bit float formats, stored in a file and held as f32 in memory.
-const char* stored_name(FloatStorage s) { return s == FloatStorage::bf16 ? "BF16" : "F16"; }
-
-// The bits of x, a value already rounded to the format (pw::round_bf16, pw::round_fp16), so
-// the conversion is exact. bf16 is the top half of an f32. IEEE half: sign, 5 exponent bits (bias
-// 15), 10 mantissa bits; an f32 exponent e (bias 127) of a normal half becomes e - 112, and a
-// subnormal half holds |x| / 2^-24, an integer below 1024.
-uint16_t to_16bit(float x, FloatStorage s) {
-  const uint32_t u = pw::float_bits(x);
-  if (s == FloatStorage::bf16) return uint16_t(u >> 16);
-  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
-  const uint32_t a = u & 0x7fffffffu;
-  if (a >= 0x7f800000u)  // inf, or NaN (quiet, the top of its payload kept)
-    return uint16_t(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u));
-  if (a >= 0x38800000u) return uint16_t(sign | (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu));  // >= 2^-14
-  return uint16_t(sign | uint32_t(std::fabs(x) * 0x1p24f));  // subnormal or zero: exact multiples of 2^-24
-}
-float from_16bit(uint16_t bits, FloatStorage s) {
-  if (s == FloatStorage::bf16) return pw::bits_float(uint32_t(bits) << 16);
-  const uint32_t sign = uint32_t(bits & 0x8000u) << 16, e = (bits >> 10) & 0x1fu, m = bits & 0x3ffu;
-  if (e == 0x1f) return pw::bits_float(sign | 0x7f800000u | (m << 13));  // inf, NaN
-  if (e == 0) return pw::bits_float(sign | pw::float_bits(float(m) * 0x1p-24f));  // subnormal or zero
-  return pw::bits_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
 // ---- saving ---------------------------------------------------------------------------------
@@ -165,8 +141,7 @@ template <class... Args>
 
 struct Entry {
   std::string name;
-  DType dtype = DType::f32;                // in memory
-  FloatStorage stored = FloatStorage::f32;  // in the file: bf16 or f16 for BF16 and F16 (dtype f32)
+  DType dtype = DType::f32;
   Shape shape;
   uint64_t begin = 0, end = 0;  // [begin, end) in bytes from the start of the data part
 };
@@ -185,9 +160,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const ordere
   auto dt = v.find("dtype");
   if (dt == v.end() || !dt->is_string()) load_error(path, "tensor '{}': missing or non-string \"dtype\"", name);
   const std::string dts = dt->get<std::string>();
-  if (dts == "BF16" || dts == "F16")
-    e.stored = dts == "BF16" ? FloatStorage::bf16 : FloatStorage::f16;
-  else if (!parse_dtype(dts, &e.dtype))
+  if (!parse_dtype(dts, &e.dtype))
     load_error(path, "tensor '{}': unknown dtype '{}' (attograd reads F32, F64, I64, BOOL, BF16 and F16)", name,
                dts);
 
@@ -196,7 +169,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const ordere
   if (sh == v.end() || !sh->is_array()) load_error(path, "tensor '{}': missing or non-list \"shape\"", name);
   if (sh->size() > size_t(kMaxDims))
     load_error(path, "tensor '{}': shape has {} dims, attograd supports at most {}", name, sh->size(), kMaxDims);
-  uint64_t nbytes = e.stored == FloatStorage::f32 ? itemsize(e.dtype) : 2;
+  uint64_t nbytes = itemsize(e.dtype);
   bool overflow = false, has_zero = false;
   for (const ordered_json& d : *sh) {
     // nlohmann stores a non-negative integer literal as unsigned; -1 is signed, 2.0 is a float
@@ -227,8 +200,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const ordere
                e.begin, e.end, data_bytes);
   if (e.end - e.begin != nbytes)
     load_error(path, "tensor '{}': data_offsets [{}, {}] span {} bytes, but {} {} needs {}", name, e.begin, e.end,
-               e.end - e.begin, e.stored == FloatStorage::f32 ? safetensors_dtype(e.dtype) : stored_name(e.stored),
-               e.shape, nbytes);
+               e.end - e.begin, safetensors_dtype(e.dtype), e.shape, nbytes);
   return e;
 }
 
@@ -246,7 +218,6 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   std::set<std::string> seen;
   std::vector<Tensor> host;
   host.reserve(tensors.size());
-  std::vector<std::vector<uint16_t>> halves(tensors.size());  // the 16-bit forms of f32 tensors
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
@@ -254,30 +225,29 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     if (name == "__metadata__") save_error(path, "'__metadata__' is reserved and cannot name a tensor");
     if (!seen.insert(name).second) save_error(path, "duplicate tensor name '{}'", name);
     if (!t.defined()) save_error(path, "tensor '{}' is undefined", name);
-    const Tensor h = host_row_major(t);
-    const bool narrow = f32_as != FloatStorage::f32 && h.dtype() == DType::f32;
-    uint64_t nbytes = h.nbytes();
-    if (narrow) {
-      const float* x = h.data<float>();
-      std::vector<uint16_t>& out = halves[i];
-      out.resize(size_t(h.numel()));
-      for (int64_t k = 0; k < h.numel(); ++k) {
-        const float r = f32_as == FloatStorage::bf16 ? pw::round_bf16(x[k]) : pw::round_fp16(x[k]);
-        if (std::isinf(r) && std::isfinite(x[k]))
-          save_error(path, "tensor '{}': element {} = {} is beyond F16's range (largest 65504); save it as BF16 or F32",
-                     name, k, x[k]);
-        out[size_t(k)] = to_16bit(r, f32_as);
+    Tensor h = host_row_major(t);
+    if (f32_as != FloatStorage::f32 && h.dtype() == DType::f32) {
+      const Tensor x = h;
+      h = cast(x, f32_as == FloatStorage::bf16 ? DType::bf16 : DType::f16);
+      if (f32_as == FloatStorage::f16) {  // the first finite value that rounded to inf, named
+        const float* xv = x.data<float>();
+        const f16* hv = h.data<f16>();
+        for (int64_t k = 0; k < h.numel(); ++k)
+          if (std::isinf(float(hv[k])) && std::isfinite(xv[k]))
+            save_error(path,
+                       "tensor '{}': element {} = {} is beyond F16's range (largest 65504); save it as BF16 or F32",
+                       name, k, xv[k]);
       }
-      nbytes = out.size() * sizeof(uint16_t);
     }
+    const uint64_t nbytes = h.nbytes();
     ordered_json entry = ordered_json::object();
-    entry["dtype"] = narrow ? stored_name(f32_as) : safetensors_dtype(h.dtype());
+    entry["dtype"] = safetensors_dtype(h.dtype());
     entry["shape"] = ordered_json::array();
     for (int64_t d : h.shape()) entry["shape"].push_back(d);
     entry["data_offsets"] = ordered_json::array({offset, offset + nbytes});
     header[name] = std::move(entry);
     offset += nbytes;
-    host.push_back(narrow ? Tensor() : h);
+    host.push_back(h);
   }
   std::string text;
   try {
@@ -295,10 +265,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   if (tmp.fd < 0) save_error(path, "cannot create temporary file '{}': {}", tmp.path, std::strerror(errno));
   bool ok = write_all(tmp.fd, &header_len, 8) && write_all(tmp.fd, text.data(), text.size());
   for (size_t i = 0; ok && i < host.size(); ++i)
-    if (!host[i].defined())
-      ok = halves[i].empty() || write_all(tmp.fd, halves[i].data(), halves[i].size() * sizeof(uint16_t));
-    else if (host[i].nbytes() > 0)
-      ok = write_all(tmp.fd, host[i].raw_data(), host[i].nbytes());
+    if (host[i].nbytes() > 0) ok = write_all(tmp.fd, host[i].raw_data(), host[i].nbytes());
   if (!ok) save_error(path, "cannot write temporary file '{}': {}", tmp.path, std::strerror(errno));
   if (::fsync(tmp.fd) != 0) save_error(path, "cannot fsync temporary file '{}': {}", tmp.path, std::strerror(errno));
   int fd = tmp.fd;
@@ -410,16 +377,10 @@ std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& 
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
     const uint64_t n = e.end - e.begin;
-    std::vector<uint16_t> half(e.stored == FloatStorage::f32 ? 0 : size_t(n / 2));
     if (n > 0) {
       f.seekg(std::streamoff(8 + header_len + e.begin));
-      char* into = half.empty() ? static_cast<char*>(t.raw_data()) : reinterpret_cast<char*>(half.data());
-      if (!f.read(into, std::streamsize(n)))
+      if (!f.read(static_cast<char*>(t.raw_data()), std::streamsize(n)))
         load_error(path, "tensor '{}': cannot read its {} bytes (file changed while reading?)", e.name, n);
-    }
-    if (!half.empty()) {  // BF16 or F16: widened to f32, exactly
-      float* x = t.data<float>();
-      for (size_t i = 0; i < half.size(); ++i) x[i] = from_16bit(half[i], e.stored);
     }
     if (e.dtype == DType::b8) {  // a C++ bool must hold 0 or 1: check the bytes before they are used
       const unsigned char* b = static_cast<const unsigned char*>(t.raw_data());

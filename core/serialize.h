@@ -12,10 +12,11 @@
 //
 // data_offsets are [begin, end) in bytes, counted from the first byte after the header. The
 // tensors' bytes (row-major, little-endian) tile the data part exactly: no gaps, no overlaps,
-// no trailing bytes. attograd reads and writes the dtypes F32, F64, I64 and BOOL, and reads BF16
-// and F16 (the formats models are shared in for inference) as f32 tensors: every bfloat16 and
-// IEEE half value is exact in f32, so nothing is lost. It writes f32 tensors as BF16 or F16 when
-// asked (FloatStorage): half the bytes, rounded to nearest even (pw::round_bf16, pw::round_fp16).
+// no trailing bytes. attograd reads and writes the dtypes F32, F64, I64, BOOL, BF16 and F16 (the
+// 16-bit formats models are shared in for inference) as the tensors of that dtype (DType::bf16,
+// DType::f16: core/half.h); nn::Module::load_state_dict widens 16-bit ones into f32 parameters
+// exactly. It also writes f32 tensors as BF16 or F16 when asked (FloatStorage): half the bytes,
+// rounded to nearest even (pw::round_bf16, pw::round_fp16).
 #include <map>
 #include <string>
 #include <utility>
@@ -35,8 +36,9 @@ enum class FloatStorage : uint8_t { f32, bf16, f16 };
 // The write is atomic: the bytes go to `path + ".tmp.<pid>"`, which is fsynced and then renamed
 // over `path`, so a crash mid-save leaves the previous file intact. The temporary files that
 // killed saves left next to `path` (their process gone) are removed by the next save.
-// With `f32_as` bf16 or f16, f32 tensors are written rounded (other dtypes as they are); a finite
-// value beyond half's range (|x| > 65504 rounds to inf) is refused for F16, naming the tensor.
+// With `f32_as` bf16 or f16, f32 tensors are written rounded (other dtypes, 16-bit ones included,
+// as they are); a finite value beyond half's range (|x| > 65504 rounds to inf) is refused for
+// F16, naming the tensor.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {},
                       FloatStorage f32_as = FloatStorage::f32);

@@ -126,7 +126,7 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  visit_dtype(dtype, [&]<class T>() { KERNEL(device, fill<T>, t.data<T>(), layout(t), T(value)); });
+  visit_storage(dtype, [&]<class T>() { KERNEL(device, fill<T>, t.data<T>(), layout(t), storage_cast<T>(value)); });
   return t;
 }
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0, dtype, device); }
@@ -193,7 +193,7 @@ Tensor host_contiguous(const Tensor& t) {
   if (!t.device().is_cpu()) {
     if (!t.is_contiguous()) {  // a view: gathered on its device first, then one copy of just its elements
       src = empty(t.shape(), t.dtype(), t.device());
-      visit_dtype(t.dtype(), [&]<class T>() { KERNEL(t.device(), cast_copy, src.data<T>(), t.data<T>(), layout(t)); });
+      visit_storage(t.dtype(), [&]<class T>() { KERNEL(t.device(), cast_copy, src.data<T>(), t.data<T>(), layout(t)); });
     }
     Tensor h = empty(t.shape(), t.dtype());
     device_copy(h.raw_data(), Device::cpu(), src.raw_data(), src.device(), src.nbytes());
@@ -201,8 +201,16 @@ Tensor host_contiguous(const Tensor& t) {
   }
   if (src.is_contiguous()) return src;
   Tensor out = empty(t.shape(), t.dtype());
-  visit_dtype(t.dtype(), [&]<class T>() { cpu::cast_copy<T, T>(out.data<T>(), src.data<T>(), layout(src)); });
+  visit_storage(t.dtype(), [&]<class T>() { cpu::cast_copy<T, T>(out.data<T>(), src.data<T>(), layout(src)); });
   return out;
+}
+
+Tensor cast(const Tensor& t, DType dtype) {
+  Tensor y = empty(t.shape(), dtype, t.device());
+  visit_storage(dtype, [&]<class To>() {
+    visit_storage(t.dtype(), [&]<class From>() { KERNEL(t.device(), cast_copy, y.data<To>(), t.data<From>(), layout(t)); });
+  });
+  return y;
 }
 
 // static_cast<T>(v), defined for every v: a float going to an integer type is truncated toward
@@ -212,7 +220,9 @@ Tensor host_contiguous(const Tensor& t) {
 namespace {
 template <class T, class S>
 T convert(S v) {
-  if constexpr (std::is_floating_point_v<S> && std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+  if constexpr (is_half_v<S>) {
+    return convert<T>(float(v));  // exact
+  } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     if (std::isnan(v)) return T(0);
     if (v >= S(0x1p63)) return T(std::numeric_limits<int64_t>::max());
     if (v < S(-0x1p63)) return T(std::numeric_limits<int64_t>::min());
@@ -227,7 +237,7 @@ template <class T>
 std::vector<T> Tensor::to_vector() const {
   Tensor h = host_contiguous(*this);
   std::vector<T> out(size_t(h.numel()));
-  visit_dtype(h.dtype(), [&]<class S>() {
+  visit_storage(h.dtype(), [&]<class S>() {
     const S* p = h.data<S>();
     for (size_t i = 0; i < out.size(); ++i) out[i] = convert<T>(p[i]);
   });
@@ -243,7 +253,7 @@ template <class T>
 T Tensor::item() const {
   check(numel() == 1, "item: expected a tensor with one element, got shape {}", shape());
   Tensor h = host_contiguous(*this);
-  return visit_dtype(h.dtype(), [&]<class S>() { return convert<T>(*h.data<S>()); });
+  return visit_storage(h.dtype(), [&]<class S>() { return convert<T>(*h.data<S>()); });
 }
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;

@@ -183,6 +183,10 @@ Layout layout(const Tensor& t);
 Layout layout_as(const Tensor& t, const Shape& shape);
 // A contiguous copy of `t` on the CPU, dtype unchanged (no autograd); `t` itself when it already is.
 Tensor host_contiguous(const Tensor& t);
+// A contiguous copy of `t` with its elements converted to `dtype` (storage_cast, core/half.h: 16-bit
+// values through their f32, rounding to nearest even), on t's device, no autograd: what
+// Tensor::to(DType) computes before it records the conversion.
+Tensor cast(const Tensor& t, DType dtype);
 
 // Every in-place write calls this once it has written `t`: it bumps the version of t's storage,
 // which the tape compares with the version it saw when an op saved the tensor (autograd/tape.h),

@@ -23,7 +23,7 @@ __global__ void cast_copy_kernel(To* dst, const From* src, Plan<1> p) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[1];
     plan_offsets(p, i, off);
-    dst[i] = static_cast<To>(src[off[0]]);
+    dst[i] = storage_cast<To>(src[off[0]]);
   }
 }
 

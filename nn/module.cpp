@@ -154,7 +154,7 @@ LoadResult Module::load_state_dict(const NamedTensors& dict, bool strict) {
       continue;
     }
     const Tensor& src = *it->second;
-    if (!src.defined() || src.shape() != dst.shape() || src.dtype() != dst.dtype()) {
+    if (!src.defined() || src.shape() != dst.shape() || !loads_into(src.dtype(), dst.dtype())) {
       r.mismatched.push_back(src.defined() ? fmt::format("{}: expected {} {}, got {} {}", n, dst.shape(),
                                                          dst.dtype(), src.shape(), src.dtype())
                                            : fmt::format("{}: expected {} {}, got an undefined tensor", n,

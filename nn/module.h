@@ -31,6 +31,11 @@ namespace ag::nn {
 // (name, tensor) pairs in registration order: the form of named_parameters() and state_dict().
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// Whether load_state_dict copies a `from` tensor into a `to` parameter or buffer: the same dtype,
+// or a 16-bit one (bf16, f16: a model saved for inference) into f32 or f64, which holds its values
+// exactly. Narrowing is never done silently.
+inline bool loads_into(DType from, DType to) { return from == to || (is_half(from) && is_floating(to)); }
+
 // What load_state_dict found; each list is empty when everything matched.
 struct LoadResult {
   std::vector<std::string> missing;     // the module's names absent from the dict

@@ -123,7 +123,7 @@ Checkpoint load_checkpoint(const std::string& path, nn::Module& model, optim::Op
     model_matches = own.size() == model_dict.size() && given.size() == model_dict.size();
     for (const auto& [n, dst] : own) {
       auto it = given.find(n);
-      if (it == given.end() || it->second->shape() != dst.shape() || it->second->dtype() != dst.dtype())
+      if (it == given.end() || it->second->shape() != dst.shape() || !nn::loads_into(it->second->dtype(), dst.dtype()))
         model_matches = false;
     }
   }

@@ -15,6 +15,15 @@ namespace ag {
 
 namespace {
 
+// Calls f.template operator()<T>() with the element type q, k and v are kept in: f32 or f64, or
+// bf16 or f16 (autocast's rounded copies on the CPU).
+template <class F>
+void visit_half_or_floating(const char* op, DType t, F&& f) {
+  if (t == DType::bf16) f.template operator()<bf16>();
+  else if (t == DType::f16) f.template operator()<f16>();
+  else visit_floating(op, t, f);
+}
+
 // Visible[b, i, j]: may query i of batch element b see key j? As b8 (B, 1, Tq, Tk), computed on the
 // host by the rule the kernels call (core/kernels/attention_mask.h: causal bottom-right aligned,
 // window, key padding, block mask).
@@ -181,12 +190,18 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
         check(std::isfinite(m), "{}: alibi_slopes holds {}, expected finite slopes", op, m);
     slopes = o.alibi_slopes.detach().to(q.device()).contiguous();
   }
+  // autocast (autograd/autocast.h): q, k and v rounded to bf16 or fp16 (straight-through
+  // gradients), the rest in f32, so the fused and the composed path compute the same function. The
+  // fused CPU kernel keeps the rounded q, k, v in 16 bits (`half`: attention_forward_16, half the
+  // memory of f32 copies); elsewhere they are rounded by round_bf16 / round_fp16 and kept in f32.
+  DType half = DType::f32;
   if (const Precision p = autocast_operands(q.dtype()); p != Precision::fp32) {
-    // autocast (autograd/autocast.h): q, k and v rounded to bf16 or fp16 (straight-through
-    // gradients), the rest in f32, so the fused and the composed path compute the same function.
-    AutocastGuard f32(Precision::fp32);
-    auto r = [p](const Tensor& x) { return p == Precision::bf16 ? round_bf16(x) : round_fp16(x); };
-    return scaled_dot_product_attention(r(q), r(k), r(v), o, site);
+    if (!q.device().is_cpu() || o.return_weights) {
+      AutocastGuard f32(Precision::fp32);
+      auto r = [p](const Tensor& x) { return p == Precision::bf16 ? round_bf16(x) : round_fp16(x); };
+      return scaled_dot_product_attention(r(q), r(k), r(v), o, site);
+    }
+    half = p == Precision::bf16 ? DType::bf16 : DType::f16;
   }
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 
@@ -209,6 +224,10 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   };
   cpu::AttentionGeom g;
   Tensor qc = readable(q, g.q), kc = readable(k, g.k), vc = readable(v, g.v);
+  if (half != DType::f32) {  // the 16-bit copies, contiguous (default Strides)
+    qc = cast(qc, half), kc = cast(kc, half), vc = cast(vc, half);
+    g.q = g.k = g.v = cpu::Strides{};
+  }
   Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
   g.BH = B * H, g.H = H, g.G = G, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;
   g.causal = o.causal, g.window = o.window;
@@ -222,19 +241,33 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     Generator& gen = o.generator ? *o.generator : default_generator();
     g.dropout = o.dropout, g.seed = gen.seed(), g.offset = gen.advance(dropout_blocks(B * H * Tq * Tk));
   }
-  visit_floating(op, q.dtype(), [&]<class T>() {
-    KERNEL(q.device(), attention_forward<T>, out.data<T>(), lse.data<T>(), qc.data<T>(), kc.data<T>(), vc.data<T>(), g);
+  visit_half_or_floating(op, qc.dtype(), [&]<class In>() {
+    if constexpr (is_half_v<In>) {
+      const detail::KernelScope scope("attention_forward_16", q.device(), typeid(g));
+      cpu::attention_forward_16<In>(out.data<float>(), lse.data<float>(), qc.data<In>(), kc.data<In>(), vc.data<In>(), g);
+    } else {
+      KERNEL(q.device(), attention_forward<In>, out.data<In>(), lse.data<In>(), qc.data<In>(), kc.data<In>(),
+             vc.data<In>(), g);
+    }
   });
   // saves q, k, v, out and lse (O(T) per row), and the masks and slopes the geometry points into
   record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, blocks, slopes,
                               g](const Tensor& dout) {
     // contiguous; dk and dv per query head (B, H, Tk, .), each group summed below when G > 1
     const int64_t B = g.BH / g.H, Tk = g.Tk;
-    Tensor gc = dout.contiguous(), dq = zeros_like(qc), dk = zeros({B, g.H, Tk, g.D}, qc.dtype(), qc.device()),
-           dv = zeros({B, g.H, Tk, g.Dv}, qc.dtype(), qc.device());
-    visit_floating("scaled_dot_product_attention", qc.dtype(), [&]<class T>() {
-      KERNEL(qc.device(), attention_backward<T>, dq.data<T>(), dk.data<T>(), dv.data<T>(), gc.data<T>(),
-             qc.data<T>(), kc.data<T>(), vc.data<T>(), o_.data<T>(), lse.data<T>(), g);
+    const DType gt = o_.dtype();  // of the gradients: f32 when q, k, v are kept in 16 bits
+    Tensor gc = dout.contiguous(), dq = zeros(qc.shape(), gt, qc.device()), dk = zeros({B, g.H, Tk, g.D}, gt, qc.device()),
+           dv = zeros({B, g.H, Tk, g.Dv}, gt, qc.device());
+    visit_half_or_floating("scaled_dot_product_attention", qc.dtype(), [&]<class In>() {
+      if constexpr (is_half_v<In>) {
+        const detail::KernelScope scope("attention_backward_16", qc.device(), typeid(g));
+        cpu::attention_backward_16<In>(dq.data<float>(), dk.data<float>(), dv.data<float>(), gc.data<float>(),
+                                       qc.data<In>(), kc.data<In>(), vc.data<In>(), o_.data<float>(),
+                                       lse.data<float>(), g);
+      } else {
+        KERNEL(qc.device(), attention_backward<In>, dq.data<In>(), dk.data<In>(), dv.data<In>(), gc.data<In>(),
+               qc.data<In>(), kc.data<In>(), vc.data<In>(), o_.data<In>(), lse.data<In>(), g);
+      }
     });
     if (g.G > 1) {
       const int64_t Hkv = g.H / g.G;

@@ -272,7 +272,7 @@ Tensor compare(const char* op, const Tensor& a_, const Tensor& b_, F f) {
   check_same(op, a_, b_);
   Shape s = broadcast_shapes(op, a_.shape(), b_.shape());
   Tensor y = empty(s, DType::b8, a_.device());
-  visit_dtype(a_.dtype(), [&]<class T>() {
+  visit_dtype(op, a_.dtype(), [&]<class T>() {
     KERNEL(a_.device(), map2, y.data<bool>(), a_.data<T>(), layout_as(a_, s), b_.data<T>(), layout_as(b_, s), f);
   });
   return y;
@@ -324,7 +324,7 @@ Tensor where(const Tensor& cond, const Tensor& a_, const Tensor& b_, Site site) 
   Shape s = broadcast_shapes("where", broadcast_shapes("where", cond.shape(), a_.shape()), b_.shape());
   Tensor a = a_.expand(s), b = b_.expand(s);
   Tensor y = empty(s, a.dtype(), a.device());
-  visit_dtype(a.dtype(), [&]<class T>() {
+  visit_dtype("where", a.dtype(), [&]<class T>() {
     KERNEL(a.device(), map3, y.data<T>(), cond.data<bool>(), layout_as(cond, s), a.data<T>(), layout(a),
            b.data<T>(), layout(b), pw::Where{});
   });

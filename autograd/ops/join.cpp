@@ -49,7 +49,7 @@ Tensor cat(const std::vector<Tensor>& xs, int dim, Site site) {
     Layout dst = layout(y);
     dst.shape[d] = x.shape()[d];
     if (x.numel() > 0) {
-      visit_dtype(y.dtype(), [&]<class T>() {
+      visit_storage(y.dtype(), [&]<class T>() {
         KERNEL(y.device(), strided_copy, y.data<T>() + off * y.strides()[d], dst, x.data<T>(), layout(x));
       });
     }

@@ -193,7 +193,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
   });
   const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
   const Shape x_shape = x.shape();
-  auto backward = [xs, ws, x_shape, rows, in, out, ldx, ldw, operands, gx, gw, gb](const Tensor& g) {
+  // Under bf16 or fp16 autocast dW's product reads x rounded to that format anyway: keep x for
+  // backward as that rounded copy, in 16 bits (half the activation memory of every Linear), and
+  // widen it back (exactly) when dW is computed. The same numbers as keeping x itself.
+  Tensor saved = gw ? xs : Tensor();
+  int64_t ld_saved = ldx;
+  if (gw && operands != Precision::fp32) {
+    saved = cast(xs, operands == Precision::bf16 ? DType::bf16 : DType::f16);
+    ld_saved = std::max<int64_t>(in, 1);
+  }
+  auto backward = [saved, ws, x_shape, rows, in, out, ld_saved, ldw, operands, gx, gw, gb](const Tensor& g) {
     // in the forward pass this was  y[r, o] = sum_i x[r, i] w[o, i] + b[o]  for every row r, so now
     //   dx[r, i] = sum_o g[r, o] w[o, i]     dx = g W        (rows, out) @ (out, in)
     //   dw[o, i] = sum_r g[r, o] x[r, i]     dw = g^T X      (out, rows) @ (rows, in): W's own layout
@@ -201,6 +210,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
     Tensor dout = g.contiguous();
     Tensor dx = gx ? empty(x_shape, g.dtype(), g.device()) : Tensor();
     Tensor dw = gw ? empty({out, in}, g.dtype(), g.device()) : Tensor();
+    const Tensor xs = gw && is_half(saved.dtype()) ? cast(saved, g.dtype()) : saved;
     visit_floating("linear", g.dtype(), [&]<class T>() {
       if (gx)
         KERNEL(g.device(), matmul_forward, dx.data<T>(), dout.data<T>(), ws.data<T>(),
@@ -208,7 +218,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
                static_cast<const T*>(nullptr));
       if (gw)
         KERNEL(g.device(), matmul_forward, dw.data<T>(), dout.data<T>(), xs.data<T>(),
-               cpu::Gemm{out, in, rows, true, false, std::max<int64_t>(out, 1), ldx, nullptr, nullptr, operands},
+               cpu::Gemm{out, in, rows, true, false, std::max<int64_t>(out, 1), ld_saved, nullptr, nullptr, operands},
                static_cast<const T*>(nullptr));
     });
     Tensor db = gb ? sum(dout.reshape({rows, out}), {0}) : Tensor();

@@ -296,7 +296,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape, Site site) {
 // ---- copies ------------------------------------------------------------------------------
 Tensor Tensor::clone() const {
   Tensor y = empty(shape(), dtype(), device());
-  visit_dtype(dtype(), [&]<class T>() { KERNEL(device(), cast_copy, y.data<T>(), data<T>(), layout(*this)); });
+  visit_storage(dtype(), [&]<class T>() { KERNEL(device(), cast_copy, y.data<T>(), data<T>(), layout(*this)); });
   record("clone", {*this}, y, [](const Tensor& g) { return std::vector{g}; });
   return y;
 }
@@ -304,12 +304,11 @@ Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
-  Tensor y = empty(shape(), target, device());
-  visit_dtype(target, [&]<class To>() {
-    visit_dtype(dtype(), [&]<class From>() {
-      KERNEL(device(), cast_copy, y.data<To>(), data<From>(), layout(*this));
-    });
-  });
+  check(!(is_half(target) && requires_grad() && grad_enabled()),
+        "to: a {} tensor carries no gradient, and this {} tensor of shape {} requires one: detach() it first, or "
+        "compute under autocast (ag::AutocastGuard), whose products read 16-bit operands and pass gradients",
+        name(target), name(dtype()), shape());
+  Tensor y = cast(*this, target);
   if (is_floating(target) && is_floating(dtype())) {
     DType from = dtype();
     record("to_dtype", {*this}, y, [from](const Tensor& g) { return std::vector{g.to(from)}; });
@@ -330,7 +329,7 @@ Tensor Tensor::to(Device target) const {
 // ---- in-place ------------------------------------------------------------------------------
 Tensor& Tensor::fill_(double value) {
   check_writable("fill_", *this);
-  visit_dtype(dtype(), [&]<class T>() { KERNEL(device(), fill<T>, data<T>(), layout(*this), T(value)); });
+  visit_storage(dtype(), [&]<class T>() { KERNEL(device(), fill<T>, data<T>(), layout(*this), storage_cast<T>(value)); });
   mark_modified(*this);
   return *this;
 }
@@ -343,7 +342,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
         "copy_: source of shape {} does not broadcast to destination shape {}", src.shape(), shape());
   Tensor s = src.dtype() == dtype() ? src : src.detach().to(dtype());
   Layout ls = layout_as(s, shape());
-  visit_dtype(dtype(), [&]<class T>() { KERNEL(device(), strided_copy<T>, data<T>(), layout(*this), s.data<T>(), ls); });
+  visit_storage(dtype(), [&]<class T>() { KERNEL(device(), strided_copy<T>, data<T>(), layout(*this), s.data<T>(), ls); });
   mark_modified(*this);
   return *this;
 }

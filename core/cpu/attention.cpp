@@ -19,6 +19,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/vecmath.h"
@@ -261,11 +264,27 @@ void tile_product(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t 
 // apart, thrashed the L1 (the 32 stores of a row of x fell into 4 cache sets) and took 14% of the
 // step (perf); as here, the step took 12-17% less time.
 // x has row stride ld (>= cols); xt has row stride ldt (>= rows), from transposed_ld.
-template <class T>
-void transpose(T* xt, int64_t ldt, const T* x, int64_t rows, int64_t cols, int64_t ld) {
+// A 16-bit x (attention_forward_16) is widened to T on the way, exactly.
+template <class T, class In>
+void transpose(T* xt, int64_t ldt, const In* x, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t c = 0; c < cols; ++c)
 #pragma omp simd
-    for (int64_t r = 0; r < rows; ++r) xt[c * ldt + r] = x[r * ld + c];
+    for (int64_t r = 0; r < rows; ++r) xt[c * ldt + r] = storage_cast<T>(x[r * ld + c]);
+}
+
+// Rows [0, n) of x (row stride ld, cols elements each) as T: x itself when it is T, else widened
+// (exactly) into buf, row stride cols. The products read T.
+template <class T, class In>
+std::pair<const T*, int64_t> rows_as(const In* x, int64_t ld, int64_t n, int64_t cols, std::vector<T>& buf) {
+  if constexpr (std::is_same_v<In, T>) {
+    return {x, ld};
+  } else {
+    buf.resize(size_t(n * cols));
+    for (int64_t r = 0; r < n; ++r)
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) buf[size_t(r * cols + c)] = storage_cast<T>(x[r * ld + c]);
+    return {buf.data(), cols};
+  }
 }
 
 // The row stride of K^T and V^T for Tk keys: Tk rounded up to a cache line, plus one line. A tile
@@ -292,8 +311,10 @@ int64_t kv_head(const AttentionGeom& g, int64_t bh) { return (bh / g.H) * (g.H /
 
 }  // namespace
 
-template <class T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionGeom& g) {
+namespace {
+
+template <class T, class In>
+void forward(T* out, T* lse, const In* q, const In* k, const In* v, const AttentionGeom& g) {
   const int64_t nqb = (g.Tq + kBq - 1) / kBq, D = g.D, Dv = g.Dv;
   const T ninf = -std::numeric_limits<T>::infinity();
   const int64_t item_work = std::min(kBq, g.Tq) * g.Tk * (D + Dv);
@@ -301,16 +322,24 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   parallel_for(g.BH * nqb, grain_for(item_work), [&](int64_t w0, int64_t w1) {
     const int64_t ldt = transposed_ld<T>(g.Tk);
     std::vector<T> S(size_t(kBq * kBk)), Kt(size_t(D * ldt)), acc(size_t(kBq * Dv)), m(kBq), l(kBq);
+    std::vector<T> Qw, Vw;  // 16-bit q and v widened (rows_as); unused when In is T
     int64_t kt_of = -1;  // the key head whose K^T is in Kt: a thread's work items run head by head
+    const T* V = nullptr;  // that head's values, row stride ldv
+    int64_t ldv = 0;
     std::vector<KeyRange> range(kBq);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t bh = w / nqb, i0 = (w % nqb) * kBq, nq = std::min(kBq, g.Tq - i0), b = bh / g.H;
       const int64_t kvh = kv_head(g, bh);
       const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, kvh, g.H / g.G, g.Tk, D),
                      hv = head_view(g.v, kvh, g.H / g.G, g.Tk, Dv);
-      const T* Q = q + hq.offset + i0 * hq.ld;
-      const T* V = v + hv.offset;
-      if (kt_of != kvh) transpose(Kt.data(), ldt, k + hk.offset, g.Tk, D, hk.ld), kt_of = kvh;  // K^T (D, Tk)
+      const T* Q;
+      int64_t ldq;
+      std::tie(Q, ldq) = rows_as<T>(q + hq.offset + i0 * hq.ld, hq.ld, nq, D, Qw);
+      if (kt_of != kvh) {
+        transpose(Kt.data(), ldt, k + hk.offset, g.Tk, D, hk.ld);  // K^T (D, Tk)
+        std::tie(V, ldv) = rows_as<T>(v + hv.offset, hv.ld, g.Tk, Dv, Vw);
+        kt_of = kvh;
+      }
       // the keys any row of the block sees: no key past the last one is read
       const KeyRange span = key_hull(vis, b, i0, i0 + nq);
       for (int64_t i = 0; i < nq; ++i) {
@@ -320,7 +349,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       std::fill(acc.begin(), acc.begin() + nq * Dv, T(0));
       for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
         // S = scale Q K_j^T   (nq, nk)
-        tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, ldt, S.data(), kBk, false);
+        tile_product(nq, nk, D, T(g.scale), Q, ldq, 1, Kt.data() + j0, ldt, S.data(), kBk, false);
         for (int64_t i = 0; i < nq; ++i) {
           T* s = S.data() + i * kBk;
           if (g.alibi) add_alibi(s, g, bh, i0 + i, j0, nk);
@@ -349,7 +378,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
             for (int64_t j = 0; j < nk; ++j) s[j] *= keep_factor<T>(g, bh, i0 + i, j0 + j);
         }
         // acc += P V_j   (nq, Dv)
-        tile_product(nq, Dv, nk, T(1), S.data(), kBk, 1, V + j0 * hv.ld, hv.ld, acc.data(), Dv, true);
+        tile_product(nq, Dv, nk, T(1), S.data(), kBk, 1, V + j0 * ldv, ldv, acc.data(), Dv, true);
       });
       for (int64_t i = 0; i < nq; ++i) {
         T* o = out + (bh * g.Tq + i0 + i) * Dv;
@@ -372,27 +401,31 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 //   dS_ij = P_ij (dP_ij - D_i),   D_i = sum_j P_ij dP_ij = dO_i . O_i   (the softmax backward)
 //   dQ_i  = scale sum_j dS_ij K_j,   dK_j = scale sum_i dS_ij Q_i
 // with each tile's P rebuilt from the saved lse instead of stored.
-template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const T* lse, const AttentionGeom& g) {
+template <class T, class In>
+void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, const In* v, const T* out, const T* lse,
+              const AttentionGeom& g) {
   const int64_t D = g.D, Dv = g.Dv;
   const Visibility vis = visibility(g);
   parallel_for(g.BH, grain_for(2 * g.Tq * g.Tk * (D + Dv)), [&](int64_t w0, int64_t w1) {
     const int64_t ldt = transposed_ld<T>(g.Tk);
     std::vector<T> P(size_t(kBq * kBk)), dP(size_t(kBq * kBk)), Kt(size_t(D * ldt)), Vt(size_t(Dv * ldt)), Dd(kBq);
+    std::vector<T> Qw, Kw;  // 16-bit q and k widened (rows_as); unused when In is T
     std::vector<KeyRange> range(kBq);
     for (int64_t bh = w0; bh < w1; ++bh) {
       const int64_t b = bh / g.H;
       const int64_t kvh = kv_head(g, bh);
       const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, kvh, g.H / g.G, g.Tk, D),
                      hv = head_view(g.v, kvh, g.H / g.G, g.Tk, Dv);
-      const T* K = k + hk.offset;
+      const T *K, *Qh;
+      int64_t ldk, ldq;
+      std::tie(K, ldk) = rows_as<T>(k + hk.offset, hk.ld, g.Tk, D, Kw);
+      std::tie(Qh, ldq) = rows_as<T>(q + hq.offset, hq.ld, g.Tq, D, Qw);
       T *dK = dk + bh * g.Tk * D, *dV = dv + bh * g.Tk * Dv;
-      transpose(Kt.data(), ldt, K, g.Tk, D, hk.ld);              // K^T (D, Tk)
+      transpose(Kt.data(), ldt, K, g.Tk, D, ldk);                 // K^T (D, Tk)
       transpose(Vt.data(), ldt, v + hv.offset, g.Tk, Dv, hv.ld);  // V^T (Dv, Tk)
       for (int64_t i0 = 0; i0 < g.Tq; i0 += kBq) {
         const int64_t nq = std::min(kBq, g.Tq - i0);
-        const T *Q = q + hq.offset + i0 * hq.ld, *dO = dout + (bh * g.Tq + i0) * Dv, *O = out + (bh * g.Tq + i0) * Dv;
+        const T *Q = Qh + i0 * ldq, *dO = dout + (bh * g.Tq + i0) * Dv, *O = out + (bh * g.Tq + i0) * Dv;
         const T* L = lse + bh * g.Tq + i0;
         T* dQ = dq + (bh * g.Tq + i0) * D;
         const KeyRange span = key_hull(vis, b, i0, i0 + nq);  // as in the forward
@@ -404,7 +437,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           Dd[i] = d;
         }
         for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
-          tile_product(nq, nk, D, T(g.scale), Q, hq.ld, 1, Kt.data() + j0, ldt, P.data(), kBk, false);  // S
+          tile_product(nq, nk, D, T(g.scale), Q, ldq, 1, Kt.data() + j0, ldt, P.data(), kBk, false);  // S
           tile_product(nq, nk, Dv, T(1), dO, Dv, 1, Vt.data() + j0, ldt, dP.data(), kBk, false);    // dO V^T
           for (int64_t i = 0; i < nq; ++i) {
             T *p = P.data() + i * kBk, *dp = dP.data() + i * kBk;
@@ -431,15 +464,42 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           }
           // dV_j += (P M)^T dO ;  dQ_i += scale dS K_j ;  dK_j += scale dS^T Q_i
           tile_product(nk, Dv, nq, T(1), P.data(), 1, kBk, dO, Dv, dV + j0 * Dv, Dv, true);
-          tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * hk.ld, hk.ld, dQ, D, true);
-          tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, hq.ld, dK + j0 * D, D, true);
+          tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * ldk, ldk, dQ, D, true);
+          tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, ldq, dK + j0 * D, D, true);
         });
       }
     }
   });
 }
 
+}  // namespace
+
+template <class T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionGeom& g) {
+  forward(out, lse, q, k, v, g);
+}
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                        const T* lse, const AttentionGeom& g) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, g);
+}
+template <class In>
+void attention_forward_16(float* out, float* lse, const In* q, const In* k, const In* v, const AttentionGeom& g) {
+  forward(out, lse, q, k, v, g);
+}
+template <class In>
+void attention_backward_16(float* dq, float* dk, float* dv, const float* dout, const In* q, const In* k, const In* v,
+                           const float* out, const float* lse, const AttentionGeom& g) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, g);
+}
+
 // The kernels of core/kernels/attention.h for the dtypes listed there.
 AG_INSTANTIATE_ATTENTION_KERNELS
+template void attention_forward_16<bf16>(float*, float*, const bf16*, const bf16*, const bf16*, const AttentionGeom&);
+template void attention_forward_16<f16>(float*, float*, const f16*, const f16*, const f16*, const AttentionGeom&);
+template void attention_backward_16<bf16>(float*, float*, float*, const float*, const bf16*, const bf16*, const bf16*,
+                                          const float*, const float*, const AttentionGeom&);
+template void attention_backward_16<f16>(float*, float*, float*, const float*, const f16*, const f16*, const f16*,
+                                         const float*, const float*, const AttentionGeom&);
 
 }  // namespace ag::cpu

@@ -8,7 +8,7 @@ namespace ag::cpu {
 
 template <class To, class From>
 void cast_copy(To* dst, const From* src, const Layout& src_layout) {
-  map1(dst, src, src_layout, [](From v) { return static_cast<To>(v); });
+  map1(dst, src, src_layout, [](From v) { return storage_cast<To>(v); });
 }
 
 template <class T>

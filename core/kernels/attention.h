@@ -38,4 +38,17 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   AG_INSTANTIATE(attention_forward<float>) AG_INSTANTIATE(attention_forward<double>)           \
   AG_INSTANTIATE(attention_backward<float>) AG_INSTANTIATE(attention_backward<double>)
 
+#if AG_KERNELS_CPU
+// ---- CPU only ----------------------------------------------------------------------------------
+// The same with q, k and v in 16 bits (In = ag::bf16 or ag::f16): what bf16 or fp16 autocast
+// keeps of them for backward, half the memory of f32 rounded copies. They are widened (exactly)
+// into each thread's f32 tiles as they are read; everything else is f32, the results the f32
+// kernels give on the same values. On the GPU autocast keeps f32 rounded copies.
+template <class In>
+void attention_forward_16(float* out, float* lse, const In* q, const In* k, const In* v, const AttentionGeom& g);
+template <class In>
+void attention_backward_16(float* dq, float* dk, float* dv, const float* dout, const In* q, const In* k, const In* v,
+                           const float* out, const float* lse, const AttentionGeom& g);
+#endif
+
 #endif  // AG_KERNELS_CPU

@@ -12,7 +12,7 @@
 #include "core/kernels.h"  // included on its own: the index reads this file for each backend
 #else
 
-// dst[i] = To(src[layout element i]); dst contiguous, src strided.
+// dst[i] = storage_cast<To>(src[layout element i]) (core/half.h); dst contiguous, src strided.
 template <class To, class From> void cast_copy(To* dst, const From* src, const Layout& src_layout);
 // dst[layout element i] = src[layout element i]; both strided with the same shape.
 template <class T> void strided_copy(T* dst, const Layout& dst_layout, const T* src, const Layout& src_layout);
@@ -35,14 +35,17 @@ template <class R, class A, class B, class C, class F>
 void map3(R* out, const A* a, const Layout& la, const B* b, const Layout& lb, const C* c, const Layout& lc, F f);
 
 // Instantiated for these dtypes by both backends: core/cpu/core.cpp and cuda/core.cu end with
-// AG_INSTANTIATE_CORE_KERNELS. cast_copy and the copies for every dtype, arange for the numeric
-// ones, the random fills for the floating ones.
+// AG_INSTANTIATE_CORE_KERNELS. cast_copy (ag::storage_cast, core/half.h) and the copies for every
+// dtype, the 16-bit storage ones included; arange for the numeric ones, the random fills for the
+// floating ones.
 #define AG_CORE_KERNELS_ANY(T)                                                                             \
   AG_INSTANTIATE(cast_copy<T, float>) AG_INSTANTIATE(cast_copy<T, double>)                                 \
-  AG_INSTANTIATE(cast_copy<T, int64_t>) AG_INSTANTIATE(cast_copy<T, bool>) AG_INSTANTIATE(strided_copy<T>) \
-  AG_INSTANTIATE(fill<T>)
+  AG_INSTANTIATE(cast_copy<T, int64_t>) AG_INSTANTIATE(cast_copy<T, bool>)                                 \
+  AG_INSTANTIATE(cast_copy<T, ::ag::bf16>) AG_INSTANTIATE(cast_copy<T, ::ag::f16>)                         \
+  AG_INSTANTIATE(strided_copy<T>) AG_INSTANTIATE(fill<T>)
 #define AG_INSTANTIATE_CORE_KERNELS                                                                      \
   AG_CORE_KERNELS_ANY(float) AG_CORE_KERNELS_ANY(double) AG_CORE_KERNELS_ANY(int64_t) AG_CORE_KERNELS_ANY(bool) \
+  AG_CORE_KERNELS_ANY(::ag::bf16) AG_CORE_KERNELS_ANY(::ag::f16)                                        \
   AG_INSTANTIATE(arange<float>) AG_INSTANTIATE(arange<double>) AG_INSTANTIATE(arange<int64_t>)          \
   AG_INSTANTIATE(uniform<float>) AG_INSTANTIATE(uniform<double>)                                         \
   AG_INSTANTIATE(normal<float>) AG_INSTANTIATE(normal<double>)

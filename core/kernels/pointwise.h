@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/half.h"  // float_bits, round_bf16, round_fp16
 #include "core/kernels.h"
 #include "core/precision.h"
 
@@ -162,63 +163,8 @@ struct MinimumBackwardA {
   template <class T> AG_HD T operator()(T a, T b, T g) const { return a < b ? g : (a == b ? g / T(2) : T(0)); }
 };
 
-// ---- bf16 and fp16 rounding (autocast, autograd/autocast.h) ---------------------------------
-// The bits of an f32 and back (memcpy on the host, the intrinsics in device code).
-AG_HD inline uint32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-#endif
-}
-AG_HD inline float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float y;
-  std::memcpy(&y, &u, sizeof y);
-  return y;
-#endif
-}
-
-// x rounded to the nearest bfloat16, returned as the f32 of the same value: bf16 is the top 16
-// bits of an f32 (sign, 8 exponent bits, 7 stored mantissa bits), so rounding adds half of the
-// dropped 16 bits' range, plus one when the kept part is odd (ties to even), and clears them.
-// A carry out of the mantissa raises the exponent, which is the right rounding too (up to inf
-// past bf16's largest finite value). NaN stays NaN (made quiet; the carry could turn a NaN with a
-// small payload into inf). The same bits as CUDA's __float2bfloat16_rn.
-AG_HD inline float round_bf16(float x) {
-  uint32_t u = float_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;  // NaN: quiet, payload kept
-  else u += 0x7fffu + ((u >> 16) & 1u);
-  return bits_float(u & 0xffff0000u);
-}
+// ---- bf16 and fp16 rounding (autocast, autograd/autocast.h): the rules are in core/half.h -----
 struct RoundBf16 { AG_HD float operator()(float x) const { return round_bf16(x); } };
-
-// x rounded to the nearest IEEE half (fp16: 5 exponent bits, 10 stored mantissa bits), returned as
-// the f32 of the same value; ties to even, as CUDA's __float2half_rn.
-//   normal halves (|x| >= 2^-14): the mantissa rounded to 10 bits, as round_bf16 does with 7: add
-//     half of the dropped 13 bits' range (plus one when the kept part is odd), clear them; a carry
-//     raises the exponent
-//   past the largest half, 65504: inf (every |x| >= 65520 rounds there)
-//   subnormal halves (|x| < 2^-14): multiples of 2^-24, so rint(x 2^24) 2^-24 (both scalings
-//     exact; rint rounds to even in the default rounding mode); below 2^-25 that is 0
-//   NaN stays NaN (quiet), inf stays inf
-AG_HD inline float round_fp16(float x) {
-  const float ax = x < 0 ? -x : x;
-  if (!(ax < 0x1p-14f)) {  // normal halves, overflow, inf and NaN
-    uint32_t u = float_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x + x;  // NaN: quiet
-    if ((u & 0x7fffffffu) == 0x7f800000u) return x;     // inf
-    u += 0xfffu + ((u >> 13) & 1u);
-    u &= 0xffffe000u;
-    if ((u & 0x7fffffffu) > 0x477fe000u) u = (u & 0x80000000u) | 0x7f800000u;  // past 65504: inf
-    return bits_float(u);
-  }
-  return rintf(x * 0x1p24f) * 0x1p-24f;
-}
 struct RoundFp16 { AG_HD float operator()(float x) const { return round_fp16(x); } };
 
 // An f32 operand as autocast reads it (core/precision.h): as it is, or rounded to bf16 or fp16.

@@ -187,7 +187,7 @@ TEST_CASE("serialize: reads the reference file and writes it back byte for byte"
   CHECK(read_bytes(path) == read_bytes(golden));
 }
 
-TEST_CASE("serialize: BF16 and F16 tensors, rounded by PyTorch, read as f32 and written back byte for byte") {
+TEST_CASE("serialize: BF16 and F16 tensors, rounded by PyTorch, read as bf16 and f16 and written back byte for byte") {
   // tests/golden/half.safetensors: these f32 values rounded by torch's .to(bfloat16) / .to(float16)
   const std::vector<float> bf16_source = {1.f, 1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, -0.1f,
                                           3.0e38f, 1e-40f, 1.99999f, 0.1f};
@@ -202,9 +202,9 @@ TEST_CASE("serialize: BF16 and F16 tensors, rounded by PyTorch, read as f32 and 
   REQUIRE(ts.size() == 2);
   const Tensor& b = find(ts, "b.bf16");
   const Tensor& h = find(ts, "h.f16");
-  CHECK(b.dtype() == DType::f32);
+  CHECK(b.dtype() == DType::bf16);
   CHECK(b.shape() == Shape{2, 4});
-  CHECK(h.dtype() == DType::f32);
+  CHECK(h.dtype() == DType::f16);
   const std::vector<float> bv = b.to_vector<float>(), hv = h.to_vector<float>();
   for (size_t i = 0; i < 8; ++i) {
     CAPTURE(i);
@@ -228,6 +228,12 @@ TEST_CASE("serialize: BF16 and F16 tensors, rounded by PyTorch, read as f32 and 
   // and what is written reads back as the rounded values
   CHECK(load_safetensors_map(tmp.file("b.safetensors")).at("b.bf16").to_vector<float>() == bv);
   CHECK(load_safetensors_map(tmp.file("h.safetensors")).at("h.f16").to_vector<float>() == hv);
+  // the 16-bit tensors as read, saved as they are: torch's file again, byte for byte
+  save_safetensors(tmp.file("again.safetensors"), ts);
+  CHECK(read_bytes(tmp.file("again.safetensors")) == golden_bytes);
+  // and FloatStorage leaves 16-bit tensors alone (only f32 ones are rounded)
+  save_safetensors(tmp.file("again16.safetensors"), ts, {}, FloatStorage::f16);
+  CHECK(read_bytes(tmp.file("again16.safetensors")) == golden_bytes);
 }
 
 TEST_CASE("serialize: every finite half value is written as its own bits and read back as itself") {

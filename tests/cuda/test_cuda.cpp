@@ -37,6 +37,30 @@ TEST_CASE("cuda: ops on a CUDA tensor run its kernels there and agree with the c
   cuda::synchronize(0);
 }
 
+TEST_CASE("cuda: bf16 and f16 tensors convert, copy and fill on the GPU with the CPU's bits") {
+  if (skip_without_gpu()) return;
+  // ties, carries, both formats' range ends, subnormals, NaN; a transposed view (strided copies)
+  const std::vector<float> v = {1.f, 1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, 1.f + 0x1p-11f, 1.99999f, -0.1f,
+                                65519.f, 65520.f, 3e38f, 0x1p-24f, 0x1p-25f, 1e-40f,
+                                -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                                0.f, -0.f};
+  const Tensor x = from_vector<float>(v, {4, 4});
+  for (DType t : {DType::bf16, DType::f16}) {
+    CAPTURE(name(t));
+    const Tensor cpu = x.transpose(0, 1).to(t);
+    const Tensor gpu = x.to(Device::cuda(0)).transpose(0, 1).to(t);
+    CHECK(gpu.device() == Device::cuda(0));
+    CHECK(gpu.dtype() == t);
+    const Tensor back = gpu.cpu();
+    CHECK(std::memcmp(back.raw_data(), cpu.raw_data(), cpu.nbytes()) == 0);
+    // and back to f32 on the device: exact
+    CHECK(std::memcmp(gpu.to(DType::f32).cpu().raw_data(), cpu.to(DType::f32).raw_data(), 64) == 0);
+    Tensor f = zeros({3}, t, Device::cuda(0));
+    f.fill_(0.1);
+    CHECK(std::memcmp(f.cpu().raw_data(), full({3}, 0.1, t).raw_data(), 6) == 0);
+  }
+}
+
 TEST_CASE("cuda: KERNEL runs the CUDA kernel of a CUDA tensor, or says why it cannot") {
   if (!kHasCuda) {  // a build without the CUDA backend names the kernel and the device
     Layout l;

@@ -195,6 +195,60 @@ TEST_CASE("autocast: linear rounds x, W and the gradient, keeps the bias f32") {
   CHECK(max_diff(y2, matmul(bf16_f64(x), bf16_f64(w).transpose(0, 1))) < 1e-5);
 }
 
+TEST_CASE("autocast: linear keeps its input for backward in 16 bits, with the same gradients") {
+  // fc2(gelu(fc1(x))): under autocast fc1 keeps a 16-bit copy of x (held outside, so that copy is
+  // extra), and fc2 keeps gelu's output in 16 bits instead of f32 (the f32 one is freed). gelu
+  // keeps its input u in f32 either way.
+  const int64_t rows = 128, d = 64, hidden = 256;
+  Tensor x = rnd({rows, d}, 41);
+  Tensor w1 = mul(rnd({hidden, d}, 42), 0.2).detach().set_requires_grad(true);
+  Tensor w2 = mul(rnd({d, hidden}, 43), 0.1).detach().set_requires_grad(true);
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    CAPTURE(name(p));
+    auto run = [&](Precision prec, uint64_t* held) {
+      w1.set_grad(Tensor());
+      w2.set_grad(Tensor());
+      const uint64_t before = alloc_stats().bytes_in_use;
+      Tensor y;
+      {
+        AutocastGuard guard(prec);
+        y = linear(gelu(linear(x, w1)), w2);
+      }
+      *held = alloc_stats().bytes_in_use - before;
+      sum(mul(y, y)).backward();
+      return std::vector{w1.grad().clone(), w2.grad().clone()};
+    };
+    // the reference: the f32 activations kept, every product reading them rounded (the emulation
+    // of autocast: round_bf16 / round_fp16 of both operands, f32 products)
+    auto r = [p](const Tensor& t) { return p == Precision::bf16 ? round_bf16(t) : round_fp16(t); };
+    uint64_t held16 = 0;
+    const std::vector<Tensor> got = run(p, &held16);
+    {
+      Tensor w1r = r(w1.detach()), w2r = r(w2.detach());
+      Tensor u1 = matmul(r(x), w1r.transpose(0, 1));
+      Tensor a = gelu(u1);
+      Tensor y = matmul(r(a), w2r.transpose(0, 1));
+      Tensor dy = r(mul(y, 2.0));
+      Tensor dw2 = matmul(dy.transpose(0, 1), r(a));
+      Tensor da = matmul(dy, w2r);
+      Tensor ul = u1.detach().set_requires_grad(true);
+      sum(gelu(ul)).backward();  // ul.grad() = gelu'(u1)
+      Tensor du = r(mul(da, ul.grad()));
+      Tensor dw1 = matmul(du.transpose(0, 1), r(x));
+      // the same products summed in another order (sbgemm or the f32 GEMM), and a rounding of the
+      // gradient that may flip by one bf16 ulp where the f32 sums differ in their last bit
+      CHECK(max_diff(got[1], dw2) < 1e-3 * max_diff(dw2, zeros_like(dw2)));
+      CHECK(max_diff(got[0], dw1) < 1e-3 * max_diff(dw1, zeros_like(dw1)));
+    }
+    uint64_t held32 = 0;
+    run(Precision::fp32, &held32);
+    const uint64_t f32_hidden = alloc_size_class(rows * hidden * 4), half_hidden = alloc_size_class(rows * hidden * 2);
+    const uint64_t half_x = alloc_size_class(rows * d * 2);
+    MESSAGE(std::string(name(p)), ": held for backward ", held16, " bytes, f32 ", held32);
+    CHECK(held16 == held32 - f32_hidden + half_hidden + half_x);
+  }
+}
+
 TEST_CASE("autocast: the naive matmul kernel rounds as the GEMM path does") {
   Tensor a = rnd({5, 17}, 31), b = rnd({17, 9}, 32);
   Tensor c1 = empty({5, 9}), c2 = empty({5, 9});
@@ -239,6 +293,48 @@ TEST_CASE("autocast: attention computes the f32 attention of bf16 q, k, v, fused
     CHECK(max_diff(k.grad(), k2.grad()) < 1e-6);
     CHECK(max_diff(v.grad(), v2.grad()) < 1e-6);
   }
+}
+
+TEST_CASE("autocast: fused CPU attention keeps q, k, v in 16 bits: the bits of f32 rounded copies, half the memory") {
+  // q, k, v as the heads of one fused projection (B, T, 3, H, D): strided views, as in
+  // MultiHeadAttention; the reference runs the f32 kernel on f32 rounded copies (round_bf16 /
+  // round_fp16: straight-through gradients). The same values through the same f32 arithmetic: the
+  // same bits, forward and backward.
+  const int64_t B = 2, T = 37, H = 3, D = 16;
+  const Tensor qkv = rnd({B, T, 3, H, D}, 61);
+  for (Precision p : {Precision::bf16, Precision::fp16})
+    for (int mask = 0; mask < 3; ++mask) {
+      CAPTURE(name(p));
+      CAPTURE(mask);
+      SdpaOptions o;
+      o.causal = mask == 1;
+      if (mask == 2) o.key_padding_lengths = from_vector<int64_t>({T, 20}, {2});
+      auto r = [p](const Tensor& t) { return p == Precision::bf16 ? round_bf16(t) : round_fp16(t); };
+      auto run = [&](bool autocast, std::vector<Tensor>* grads, uint64_t* held) {
+        Tensor x = qkv.detach().set_requires_grad(true);
+        Tensor q = x.select(2, 0).transpose(1, 2), k = x.select(2, 1).transpose(1, 2), v = x.select(2, 2).transpose(1, 2);
+        const uint64_t before = alloc_stats().bytes_in_use;
+        Tensor y;
+        if (autocast) {
+          AutocastGuard guard(p);
+          y = scaled_dot_product_attention(q, k, v, o).out;
+        } else {
+          y = scaled_dot_product_attention(r(q), r(k), r(v), o).out;
+        }
+        *held = alloc_stats().bytes_in_use - before;
+        sum(mul(y, rnd(y.shape(), 62))).backward();
+        *grads = {y.detach(), x.grad()};
+      };
+      std::vector<Tensor> got, want;
+      uint64_t held16 = 0, held32 = 0;
+      run(true, &got, &held16);
+      run(false, &want, &held32);
+      check_close(got[0], want[0], 0, 0);
+      check_close(got[1], want[1], 0, 0);
+      // kept: out and lse as before, q, k, v in 2 bytes instead of 4
+      const uint64_t n = uint64_t(B * H * T * D);
+      CHECK(held16 == held32 - 3 * alloc_size_class(n * 4) + 3 * alloc_size_class(n * 2));
+    }
 }
 
 TEST_CASE("autocast: fp16 rounds the operands of matmul, linear and attention to IEEE half") {
