@@ -6,6 +6,8 @@
 //   bench_decode [--tokens 256] [--reps 3] [--layers 4] [--d 128] [--heads 4] [--mlp 512] [--vocab 96] [--json]
 //   bench_decode --kv-heads 4,2,1 [--json]     grouped-query attention: the KV cache's size and the
 //                                              tokens/s with it, for each number of key/value heads
+//   bench_decode --precision bf16              everything under bf16 autocast: bf16 products, the KV
+//                                              cache in bf16 (nn::KVCache), half its bytes
 //
 // --json prints one JSON line (no table) with the no-cache and preallocated-cache rows only, for
 // bench/compare_pytorch (whose PyTorch side, bench/torch_reference.py generate, is the same model
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
   int reps = 3;
   bool json = false;
   int threads = 0;
+  std::string precision = "fp32";
   app.add_option("--tokens", n, "tokens to generate after a 1-token prompt")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed generations per cached variant (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--layers", layers, "transformer blocks")->check(CLI::PositiveNumber);
@@ -136,8 +139,16 @@ int main(int argc, char** argv) {
                  "tokens/s with the preallocated cache for each, one model per count (same seed)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  app.add_option("--precision", precision,
+                 "fp32, bf16 or fp16: generate under that autocast (ag::AutocastGuard): 16-bit products, the KV "
+                 "cache kept in 16 bits")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
+  const Precision prec = precision == "bf16" ? Precision::bf16 : precision == "fp16" ? Precision::fp16 : Precision::fp32;
+  const AutocastGuard autocast(prec);
+  const int64_t cache_bytes = prec == Precision::fp32 ? 4 : 2;  // per cached element
   for (int64_t kv : kv_list)
     if (heads % kv != 0) {
       fmt::print(stderr, "bench_decode: --kv-heads {} does not divide --heads {}\n", kv, heads);
@@ -146,9 +157,9 @@ int main(int argc, char** argv) {
 
   if (!kv_list.empty()) {  // grouped-query attention: cache size and speed per kv_heads
     if (!json)
-      fmt::print("attograd bench_decode --kv-heads: vocab {} d {} heads {} layers {} mlp {}, f32, greedy, 1-token "
+      fmt::print("attograd bench_decode --kv-heads: vocab {} d {} heads {} layers {} mlp {}, {}, greedy, 1-token "
                  "prompt, {} tokens, {} threads, preallocated cache, median of {}\n",
-                 vocab, d, heads, layers, mlp, n, num_threads(), reps);
+                 vocab, d, heads, layers, mlp, precision, n, num_threads(), reps);
     if (!json) {
       fmt::print("| {:>8} | {:>14} | {:>9} | {:>9} | {:>12} |\n", "kv_heads", "cache (KiB)", "time (s)", "tokens/s",
                  "vs kv = heads");
@@ -158,14 +169,14 @@ int main(int argc, char** argv) {
     for (int64_t kv : kv_list) {
       Generator g(0);
       Gpt mk(vocab, n + 1, d, heads, mlp, layers, &g, kv);
-      // k and v of every layer for the n + 1 positions: 2 layers kv (n + 1) (d / heads) floats
-      const double cache_kib = double(2 * layers * kv * (n + 1) * (d / heads) * 4) / 1024.0;
+      // k and v of every layer for the n + 1 positions: 2 layers kv (n + 1) (d / heads) elements
+      const double cache_kib = double(2 * layers * kv * (n + 1) * (d / heads) * cache_bytes) / 1024.0;
       const double secs = bench::median_seconds([&] { generate(mk, n, Mode::prealloc); }, reps, 1);
       const double tps = double(n) / secs;
       if (base_tps == 0) base_tps = tps;
       if (json)
         fmt::print("{}\n", nlohmann::json{{"bench", "decode_kv_heads"}, {"heads", heads}, {"kv_heads", kv},
-                                          {"layers", layers}, {"d", d}, {"tokens", n}, {"threads", num_threads()},
+                                          {"layers", layers}, {"d", d}, {"tokens", n}, {"threads", num_threads()}, {"precision", precision},
                                           {"cache_kib", cache_kib}, {"ms", secs * 1e3}, {"tokens_per_s", tps}}
                                 .dump());
       else
@@ -179,13 +190,14 @@ int main(int argc, char** argv) {
   Gpt m(vocab, n + 1, d, heads, mlp, layers, &gen);
 
   if (!json)
-    fmt::print("attograd bench_decode: vocab {} d {} heads {} layers {} mlp {}, f32, greedy, 1-token prompt, {} "
+    fmt::print("attograd bench_decode: vocab {} d {} heads {} layers {} mlp {}, {}, greedy, 1-token prompt, {} "
              "tokens, {} threads, median of {} (no cache: 1 run)\n",
-             vocab, d, heads, layers, mlp, n, num_threads(), reps);
+             vocab, d, heads, layers, mlp, precision, n, num_threads(), reps);
   const std::vector<int64_t> reference = generate(m, n, Mode::prealloc);
   if (json) {
     nlohmann::json j;
     j["threads"] = num_threads();
+    j["precision"] = precision;
     for (Mode mode : {Mode::prealloc, Mode::no_cache}) {
       bool same = true;
       const bool once = mode == Mode::no_cache;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "autograd/autocast.h"
 #include "nn/positional.h"
 
 namespace ag::nn {
@@ -11,11 +12,11 @@ KVCache::KVCache(int64_t capacity) : reserve_(capacity) {
   check(capacity >= 0, "KVCache: capacity must be >= 0, got {}", capacity);
 }
 
-void KVCache::ensure_capacity(const Tensor& like, int64_t needed) {
+void KVCache::ensure_capacity(const Tensor& like, DType dtype, int64_t needed) {
   const int64_t L = length();
   // buffers of another geometry (a new sequence after clear(), L == 0) are dropped
   const bool same = k_buf_.defined() && k_buf_.size(0) == like.size(0) && k_buf_.size(1) == like.size(1) &&
-                    k_buf_.size(3) == like.size(3) && k_buf_.dtype() == like.dtype() &&
+                    k_buf_.size(3) == like.size(3) && k_buf_.dtype() == dtype &&
                     k_buf_.device() == like.device();
   const bool fits = same && k_buf_.size(2) >= needed;
   if (fits && (in_buffers_ || L == 0)) return;
@@ -25,7 +26,7 @@ void KVCache::ensure_capacity(const Tensor& like, int64_t needed) {
   // when that storage was written since.
   const int64_t cap = fits ? k_buf_.size(2) : std::max({needed, reserve_, same ? 2 * k_buf_.size(2) : int64_t(0)});
   const Shape shape{like.size(0), like.size(1), cap, like.size(3)};
-  Tensor kb = empty(shape, like.dtype(), like.device()), vb = empty(shape, like.dtype(), like.device());
+  Tensor kb = empty(shape, dtype, like.device()), vb = empty(shape, dtype, like.device());
   if (L > 0) kb.narrow(2, 0, L).copy_(k), vb.narrow(2, 0, L).copy_(v);  // the one copy of the old positions
   k_buf_ = kb, v_buf_ = vb;
 }
@@ -36,14 +37,19 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
   check(k_new.dtype() == v_new.dtype() && k_new.device() == v_new.device(),
         "KVCache: k {} is {} on {} but v {} is {} on {}", k_new.shape(), k_new.dtype(), k_new.device(),
         v_new.shape(), v_new.dtype(), v_new.device());
+  const bool differentiable = grad_enabled() && (k_new.requires_grad() || v_new.requires_grad());
+  // what the cache holds: under autocast (inference) the 16-bit rounding attention reads
+  const Precision p = differentiable ? Precision::fp32 : autocast_operands(k_new.dtype());
+  const DType stored = p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : k_new.dtype();
   if (k.defined())
     check(k_new.size(0) == k.size(0) && k_new.size(1) == k.size(1) && k_new.size(3) == k.size(3) &&
-              k_new.dtype() == k.dtype() && k_new.device() == k.device(),
-          "KVCache: new keys {} ({} on {}) do not match the cached {} ({} on {}) in B, H, hs, dtype or device",
-          k_new.shape(), k_new.dtype(), k_new.device(), k.shape(), k.dtype(), k.device());
+              stored == k.dtype() && k_new.device() == k.device(),
+          "KVCache: new keys {} ({} on {}, kept as {}) do not match the cached {} ({} on {}) in B, H, hs, dtype or "
+          "device",
+          k_new.shape(), k_new.dtype(), k_new.device(), name(stored), k.shape(), k.dtype(), k.device());
   const int64_t L = length(), Tnew = k_new.size(2);
 
-  if (grad_enabled() && (k_new.requires_grad() || v_new.requires_grad())) {
+  if (differentiable) {
     // training through the cache: the differentiable cat() (a copy of every position per step)
     if (k.defined()) k = cat({k, k_new}, 2), v = cat({v, v_new}, 2);
     else k = k_new, v = v_new;
@@ -51,8 +57,8 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
     return {k, v};
   }
   // inference: write the new positions into slots [L, L + Tnew) and return views [0, L + Tnew)
-  ensure_capacity(k_new, L + Tnew);
-  k_buf_.narrow(2, L, Tnew).copy_(k_new);
+  ensure_capacity(k_new, stored, L + Tnew);
+  k_buf_.narrow(2, L, Tnew).copy_(k_new);  // converts to the buffers' dtype
   v_buf_.narrow(2, L, Tnew).copy_(v_new);
   k = k_buf_.narrow(2, 0, L + Tnew), v = v_buf_.narrow(2, 0, L + Tnew);
   in_buffers_ = true;

@@ -30,6 +30,10 @@
 // to max(2 capacity, needed) and the cached positions are copied once. A capacity given at
 // construction (say the model's context length) avoids every growth.
 //
+// Under bf16 or fp16 autocast (autograd/autocast.h) an inference append keeps f32 keys and values
+// rounded to that format, as bf16 (f16) tensors: what attention reads of them anyway, in half the
+// memory (the fused CPU kernel reads them as they are; elsewhere they are widened, exactly).
+//
 // Gradients: when grad mode is on and k_new or v_new requires grad, an append is the
 // differentiable cat() of before (k = cat({k, k_new}, 2)), so gradients flow to every appended
 // position. The next in-place append copies those positions into fresh buffers, so the in-place
@@ -64,8 +68,9 @@ struct KVCache {
   int64_t reserve_ = 0;     // capacity asked for at construction
   Tensor k_buf_, v_buf_;    // (B, H, capacity, hs); k, v are their views [0, length) when in_buffers_
   bool in_buffers_ = false; // false after a differentiable append: k, v are cat() results
-  // Makes the buffers hold at least `needed` positions with k, v copied into [0, length).
-  void ensure_capacity(const Tensor& like, int64_t needed);
+  // Makes the buffers (of like's B, H, hs and device, of `dtype`) hold at least `needed` positions
+  // with k, v copied into [0, length).
+  void ensure_capacity(const Tensor& like, DType dtype, int64_t needed);
 };
 
 struct AttentionOptions {

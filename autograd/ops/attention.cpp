@@ -126,8 +126,13 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   const char* op = "scaled_dot_product_attention";
   check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4,
         "{}: expected q, k, v of 4 dims [batch, heads, T, d], got {}, {}, {}", op, q.shape(), k.shape(), v.shape());
-  check(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "{}: q, k, v dtypes differ ({}, {}, {})", op, q.dtype(),
-        k.dtype(), v.dtype());
+  // k and v may be 16-bit (a KV cache under autocast, nn::KVCache) with an f32 q: read as the
+  // values they hold, by the 16-bit kernel where autocast rounds to their format on the CPU, else
+  // widened (exactly) to f32 first.
+  const bool half_kv = is_half(k.dtype()) && k.dtype() == v.dtype() && q.dtype() == DType::f32;
+  check(half_kv || (q.dtype() == k.dtype() && q.dtype() == v.dtype()),
+        "{}: q, k, v dtypes differ ({}, {}, {}); 16-bit k and v (both bf16 or both f16) take an f32 q", op,
+        q.dtype(), k.dtype(), v.dtype());
   check(is_floating(q.dtype()), "{}: expected f32 or f64, got {}", op, q.dtype());
   check(q.device() == k.device() && q.device() == v.device(), "{}: q, k, v on different devices ({}, {}, {})", op,
         q.device(), k.device(), v.device());
@@ -195,7 +200,12 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   // fused CPU kernel keeps the rounded q, k, v in 16 bits (`half`: attention_forward_16, half the
   // memory of f32 copies); elsewhere they are rounded by round_bf16 / round_fp16 and kept in f32.
   DType half = DType::f32;
-  if (const Precision p = autocast_operands(q.dtype()); p != Precision::fp32) {
+  const Precision p = autocast_operands(q.dtype());
+  if (half_kv && !(q.device().is_cpu() && !o.return_weights && k.dtype() == (p == Precision::bf16   ? DType::bf16
+                                                                           : p == Precision::fp16 ? DType::f16
+                                                                                                  : DType::f32)))
+    return scaled_dot_product_attention(q, cast(k.detach(), DType::f32), cast(v.detach(), DType::f32), o, site);
+  if (p != Precision::fp32) {
     if (!q.device().is_cpu() || o.return_weights) {
       AutocastGuard f32(Precision::fp32);
       auto r = [p](const Tensor& x) { return p == Precision::bf16 ? round_bf16(x) : round_fp16(x); };
@@ -224,9 +234,10 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   };
   cpu::AttentionGeom g;
   Tensor qc = readable(q, g.q), kc = readable(k, g.k), vc = readable(v, g.v);
-  if (half != DType::f32) {  // the 16-bit copies, contiguous (default Strides)
-    qc = cast(qc, half), kc = cast(kc, half), vc = cast(vc, half);
-    g.q = g.k = g.v = cpu::Strides{};
+  if (half != DType::f32) {  // the 16-bit copies, contiguous (default Strides); a 16-bit k, v as it is
+    qc = cast(qc, half), g.q = cpu::Strides{};
+    if (kc.dtype() != half) kc = cast(kc, half), g.k = cpu::Strides{};
+    if (vc.dtype() != half) vc = cast(vc, half), g.v = cpu::Strides{};
   }
   Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
   g.BH = B * H, g.H = H, g.G = G, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -693,16 +694,25 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
   sgemm_with(sgemm_kernel(), ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 }
 
-void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, const float* bias) {
-  // the rows of op(a) made contiguous once (they are strided when a is stored transposed)
+namespace {
+
+struct Identity {
+  AG_HD float operator()(float x) const { return x; }
+};
+
+// sgemm_small_m with each element of a and b read through `round` (an identity, pw::RoundBf16 or
+// pw::RoundFp16).
+template <class Round>
+void small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+             int64_t ldb, float* c, int64_t ldc, const float* bias, Round round) {
+  // the rows of op(a) made contiguous (and rounded) once when they are strided or rounded
   thread_local std::vector<float> rows;
   const float* A = a;
   int64_t ars = lda;
-  if (ta) {
+  if (ta || !std::is_same_v<Round, Identity>) {
     rows.resize(size_t(M * K));
     for (int64_t k = 0; k < K; ++k)
-      for (int64_t i = 0; i < M; ++i) rows[size_t(i * K + k)] = a[k * lda + i];
+      for (int64_t i = 0; i < M; ++i) rows[size_t(i * K + k)] = round(ta ? a[k * lda + i] : a[i * lda + k]);
     A = rows.data(), ars = K;
   }
   if (tb) {  // c[i, j] = sum_k A[i, k] b[j * ldb + k]: a dot product of two contiguous rows
@@ -712,7 +722,7 @@ void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const floa
         const float* ai = A + i * ars;
         float acc = 0;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t k = 0; k < K; ++k) acc += ai[k] * bj[k];
+        for (int64_t k = 0; k < K; ++k) acc += ai[k] * round(bj[k]);
         c[i * ldc + j] = bias ? acc + bias[j] : acc;
       }
     }
@@ -726,9 +736,18 @@ void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const floa
       const float aik = A[i * ars + k];
       const float* bk = b + k * ldb;
 #pragma omp simd
-      for (int64_t j = 0; j < N; ++j) ci[j] += aik * bk[j];
+      for (int64_t j = 0; j < N; ++j) ci[j] += aik * round(bk[j]);
     }
   }
+}
+
+}  // namespace
+
+void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float* c, int64_t ldc, const float* bias, Precision operands) {
+  if (operands == Precision::bf16) small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, pw::RoundBf16{});
+  else if (operands == Precision::fp16) small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, pw::RoundFp16{});
+  else small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, Identity{});
 }
 
 }  // namespace ag::cpu

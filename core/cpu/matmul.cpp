@@ -66,6 +66,10 @@ int64_t batch_offset(const Layout* l, int64_t p) {
   return off;
 }
 
+// Whether a product of few rows (M <= kSmallRows, by the whole matrix: never by a thread's piece)
+// runs sgemm_small_m, which reads both operands where they are (and rounds autocast's as it reads).
+bool small_m_path(const Gemm& g) { return g.M <= kSmallRows && sgemm_kernel() != GemmKernel::openblas; }
+
 // Rows [i0, i1) and columns [j0, j1) of one C = op(A) op(B), C with leading dim N. Row i of op(A)
 // starts at a + i*lda (stored as is) or at a + i (stored transposed); column j of op(B) at b + j
 // or b + j*ldb. A block with K == 0 is all zeros (BLAS may leave C untouched then).
@@ -86,10 +90,10 @@ void gemm_block(T* c, const T* a, const T* b, const Gemm& g, int64_t i0, int64_t
   const T* ab = a + (g.trans_a ? i0 : i0 * g.lda);
   const T* bb = b + (g.trans_b ? j0 * g.ldb : j0);
   if constexpr (std::is_same_v<T, float>) {
-    if (g.operands == Precision::bf16)  // only where matmul_forward chose the native bf16 products
+    if (small_m_path(g))  // by the whole matrix's rows; rounds autocast's operands as it reads them
+      sgemm_small_m(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_, g.operands);
+    else if (g.operands == Precision::bf16)  // only where matmul_forward chose the native bf16 products
       sbgemm(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
-    else if (g.M <= kSmallRows && sgemm_kernel() != GemmKernel::openblas)  // by the whole matrix's rows
-      sgemm_small_m(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_);
     else
       sgemm(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
   } else {  // f64 on OpenBLAS, then the bias
@@ -153,9 +157,10 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   if (P == 0 || M == 0 || N == 0) return;
   // autocast bf16 on a CPU with AVX512-BF16: sbgemm rounds while it packs and sums the products
-  // two at a time in f32 (gemm_block below); a few rows (M <= kSmallRows) keep the emulation
+  // two at a time in f32 (gemm_block below); a few rows (M <= kSmallRows: a generated token's)
+  // run sgemm_small_m, which rounds as it reads (no copy of the weight per token)
   const bool native_bf16 = g.operands == Precision::bf16 && M > kSmallRows && sbgemm_native();
-  if (g.operands != Precision::fp32 && !native_bf16) {
+  if (g.operands != Precision::fp32 && !native_bf16 && !(std::is_same_v<T, float> && small_m_path(g))) {
     // autocast: the same GEMM on copies of a and b rounded to bf16 or fp16. Every product of two
     // such values (8 or 11 significant bits each) is exact in f32, so this sums the very products
     // a tensor core would, in f32; only the order of the additions can differ from a GPU's.

@@ -95,9 +95,13 @@ void set_sbgemm_native(bool on);    // ag::Error for true where the CPU has no A
 // times the product itself. op(b) stored transposed (a Linear's weight, (N, K)): one dot product
 // along K per element; stored as is: rows of B scaled and added. matmul picks it by the rows of the
 // whole matrix (never of a thread's piece), so a result never depends on the thread count.
+// With `operands` bf16 or fp16 (autocast) both are read rounded to that format as they are read
+// (pw::round_operand): the numbers of the same loops on rounded copies, without making copies of a
+// whole weight for one token's row.
 inline constexpr int64_t kSmallRows = 4;
 void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, const float* bias = nullptr);
+                   int64_t ldb, float* c, int64_t ldc, const float* bias = nullptr,
+                   Precision operands = Precision::fp32);
 #endif
 
 #endif  // AG_KERNELS_CPU

@@ -1,7 +1,9 @@
 // attograd's sgemm (core/cpu/gemm.cpp): every micro-kernel this CPU runs against a triple loop in
 // f64, over all transpose flags, ragged sizes, leading dims, alpha/beta; and matmul's results
 // the same bits at 1 and 2 threads.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -260,6 +262,37 @@ TEST_CASE("sgemm: the few-rows path (generation) against an f64 triple loop") {
             for (int64_t i = 0; i < M; ++i)  // the padding of c is not written
               for (int64_t j = N; j < ldc; ++j) CHECK(std::isnan(c[size_t(i * ldc + j)]));
           }
+}
+
+TEST_CASE("sgemm: the few-rows path rounds autocast's operands as it reads them: the bits of rounded copies") {
+  // sgemm_small_m(..., bf16 / fp16) against the same call on copies of a and b rounded by
+  // pw::round_bf16 / pw::round_fp16 (what autocast made before: a copy of a whole weight per token)
+  // and an f64 loop over the rounded operands; both differ from the f32 result
+  for (ag::Precision p : {ag::Precision::bf16, ag::Precision::fp16})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (int64_t M : {int64_t(1), ag::cpu::kSmallRows}) {
+          const int64_t N = 33, K = 129, pad = 2, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad;
+          const std::vector<float> a = filled(size_t((ta ? K : M) * lda), 21), b = filled(size_t((tb ? N : K) * ldb), 22);
+          auto r = [p](float x) { return ag::pw::round_operand(x, p); };
+          std::vector<float> ar(a.size()), br(b.size()), bias = filled(size_t(N), 23);
+          std::transform(a.begin(), a.end(), ar.begin(), r);
+          std::transform(b.begin(), b.end(), br.begin(), r);
+          std::vector<float> got(size_t(M * N)), want(size_t(M * N)), plain(size_t(M * N));
+          ag::cpu::sgemm_small_m(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, got.data(), N, bias.data(), p);
+          ag::cpu::sgemm_small_m(ta, tb, M, N, K, ar.data(), lda, br.data(), ldb, want.data(), N, bias.data());
+          ag::cpu::sgemm_small_m(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, plain.data(), N, bias.data());
+          CAPTURE(int(p));
+          CAPTURE(ta);
+          CAPTURE(tb);
+          CAPTURE(M);
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+          CHECK(got != plain);
+          double acc = bias[0];
+          for (int64_t k = 0; k < K; ++k)
+            acc += double(ta ? ar[size_t(k * lda)] : ar[size_t(k)]) * double(tb ? br[size_t(k)] : br[size_t(k * ldb)]);
+          CHECK(std::abs(got[0] - acc) < 1e-5 * (1 + std::abs(acc)));
+        }
   // and through matmul: a (1, K) row times a Linear's weight, as generation runs it
   ag::Generator gen(3);
   const ag::Tensor x = ag::randn({1, 40}, ag::DType::f64, &gen), w = ag::randn({24, 40}, ag::DType::f64, &gen);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "nn/attention.h"
 #include "nn/transformer.h"
 #include "tests/helpers.h"
@@ -74,6 +75,58 @@ TEST_CASE("KVCache: decoding a 2-block stack token by token and in chunks equals
     std::vector<int64_t> caps;
     decode(m, x, std::vector<int64_t>(7, 1), 0, &caps);
     CHECK(caps == std::vector<int64_t>{1, 2, 4, 4, 8, 8, 8});
+  }
+}
+
+TEST_CASE("KVCache: under bf16 and fp16 autocast the cache keeps 16-bit keys and values, and decodes as the full forward") {
+  Generator g(23);
+  TinyDecoder m(DType::f32, &g);
+  Tensor x = randn({2, 7, 8}, DType::f32, &g);
+  NoGradGuard no_grad;
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    CAPTURE(name(p));
+    const DType half = p == Precision::bf16 ? DType::bf16 : DType::f16;
+    AutocastGuard autocast(p);
+    Tensor full = m.forward(x);  // attention reads k and v rounded to the same format
+    for (int64_t capacity : {int64_t(0), int64_t(16)}) {
+      CAPTURE(capacity);
+      for (const std::vector<int64_t>& chunks : {std::vector<int64_t>(7, 1), std::vector<int64_t>{2, 3, 2}}) {
+        // the same products of the same rounded values, summed in another order (the GEMMs' shapes
+        // differ): f32 rounding apart
+        check_close(decode(m, x, chunks, capacity), full, 1e-5, 1e-4);
+      }
+    }
+    nn::KVCache c0, c1;
+    m.forward(x.narrow(1, 0, 3), &c0, &c1);
+    CHECK(c0.k.dtype() == half);
+    CHECK(c1.v.dtype() == half);
+    CHECK(c0.k.nbytes() == size_t(2 * 2 * 3 * 4) * 2);  // (B 2, H 2, 3 positions, hs 4), 2 bytes each
+    // appending under another precision than the cache's is refused, naming both
+    AutocastGuard f32(Precision::fp32);
+    AG_CHECK_ERROR(m.forward(x.narrow(1, 3, 1), &c0, &c1), "KVCache", "kept as f32", name(half));
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: 16-bit k and v with an f32 q read as their values") {
+  Generator g(29);
+  Tensor q = randn({1, 2, 5, 8}, DType::f32, &g), k = randn({1, 2, 9, 8}, DType::f32, &g),
+         v = randn({1, 2, 9, 8}, DType::f32, &g);
+  for (DType half : {DType::bf16, DType::f16}) {
+    CAPTURE(name(half));
+    const Tensor kh = k.to(half), vh = v.to(half);
+    SdpaOptions o;
+    o.causal = true;
+    // without autocast: the f32 attention of the widened values
+    check_close(scaled_dot_product_attention(q, kh, vh, o).out,
+                scaled_dot_product_attention(q, kh.to(DType::f32), vh.to(DType::f32), o).out, 0, 0);
+    // under the autocast of their format: q rounded too, the 16-bit kernel, the same bits as
+    // rounding all three by hand
+    AutocastGuard autocast(half == DType::bf16 ? Precision::bf16 : Precision::fp16);
+    const Tensor got = scaled_dot_product_attention(q, kh, vh, o).out;
+    AutocastGuard off(Precision::fp32);
+    const Tensor qr = half == DType::bf16 ? round_bf16(q) : round_fp16(q);
+    check_close(got, scaled_dot_product_attention(qr, kh.to(DType::f32), vh.to(DType::f32), o).out, 0, 0);
+    AG_CHECK_ERROR(scaled_dot_product_attention(q, kh, v, o), "scaled_dot_product_attention", "dtypes differ");
   }
 }
 
