@@ -67,8 +67,7 @@ struct Printer {
 // when the shown range demands it (largest >= 1e8 or smallest nonzero < 1e-4); integers exactly;
 // b8 as PyTorch's True/False. Only shown elements are read, so printing a big tensor is cheap.
 std::vector<std::string> format_values(const Tensor& t, const Printer& p) {
-  // a 16-bit tensor is shown as the f32 values it holds (exact)
-  const Tensor h = is_half(t.dtype()) ? cast(host_contiguous(t), DType::f32) : host_contiguous(t);
+  const Tensor h = host_contiguous(t);
   std::vector<std::string> cells;
   if (t.dtype() == DType::i64) {
     const int64_t* v = h.data<int64_t>();
@@ -78,9 +77,9 @@ std::vector<std::string> format_values(const Tensor& t, const Printer& p) {
     p.each_shown(0, 0, [&](int64_t i) { cells.push_back(v[i] ? "True" : "False"); });
   } else {
     std::vector<double> v;
-    visit_floating("format", h.dtype(), [&]<class T>() {
+    visit_storage(t.dtype(), [&]<class T>() {  // f32, f64, or a 16-bit value read as its f32 (exact)
       const T* x = h.data<T>();
-      p.each_shown(0, 0, [&](int64_t i) { v.push_back(double(x[i])); });
+      p.each_shown(0, 0, [&](int64_t i) { v.push_back(storage_cast<double>(x[i])); });
     });
     double amax = 0, amin = INFINITY;
     for (double x : v)

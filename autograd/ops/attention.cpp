@@ -199,19 +199,15 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   // gradients), the rest in f32, so the fused and the composed path compute the same function. The
   // fused CPU kernel keeps the rounded q, k, v in 16 bits (`half`: attention_forward_16, half the
   // memory of f32 copies); elsewhere they are rounded by round_bf16 / round_fp16 and kept in f32.
-  DType half = DType::f32;
   const Precision p = autocast_operands(q.dtype());
-  if (half_kv && !(q.device().is_cpu() && !o.return_weights && k.dtype() == (p == Precision::bf16   ? DType::bf16
-                                                                           : p == Precision::fp16 ? DType::f16
-                                                                                                  : DType::f32)))
+  const bool fused_16 = p != Precision::fp32 && q.device().is_cpu() && !o.return_weights;
+  const DType half = !fused_16 ? DType::f32 : p == Precision::bf16 ? DType::bf16 : DType::f16;
+  if (half_kv && k.dtype() != half)  // a 16-bit k, v the 16-bit kernel does not read as it is
     return scaled_dot_product_attention(q, cast(k.detach(), DType::f32), cast(v.detach(), DType::f32), o, site);
-  if (p != Precision::fp32) {
-    if (!q.device().is_cpu() || o.return_weights) {
-      AutocastGuard f32(Precision::fp32);
-      auto r = [p](const Tensor& x) { return p == Precision::bf16 ? round_bf16(x) : round_fp16(x); };
-      return scaled_dot_product_attention(r(q), r(k), r(v), o, site);
-    }
-    half = p == Precision::bf16 ? DType::bf16 : DType::f16;
+  if (p != Precision::fp32 && !fused_16) {
+    AutocastGuard f32(Precision::fp32);
+    auto r = [p](const Tensor& x) { return p == Precision::bf16 ? round_bf16(x) : round_fp16(x); };
+    return scaled_dot_product_attention(r(q), r(k), r(v), o, site);
   }
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 
