@@ -26,6 +26,13 @@ std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n, int
   return list;
 }
 
+std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n, int64_t d, int64_t heads,
+                                                                  int64_t hidden, double dropout, bool causal,
+                                                                  Generator* gen) {
+  static const nn::BlockConfig defaults;
+  return make_blocks(n, d, heads, hidden, dropout, causal, gen, defaults);
+}
+
 void init_gpt2_style(nn::Module& model, int64_t n_layers, Generator* gen) {
   NoGradGuard no_grad;
   const double std_resid = 0.02 / std::sqrt(2.0 * double(n_layers));

@@ -19,7 +19,13 @@ namespace ag::apps {
 // `causal`: each position attends to itself and the positions before it only.
 std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n_layers, int64_t d, int64_t heads,
                                                                   int64_t hidden, double dropout, bool causal,
-                                                                  Generator* gen, const nn::BlockConfig& config = {});
+                                                                  Generator* gen, const nn::BlockConfig& config);
+// The same with the default BlockConfig, one constant object rather than a default argument `= {}`:
+// a temporary BlockConfig destroyed where it was built makes GCC 12 at -O3 warn that its strings
+// "may be used uninitialized" (a false positive, seen once the app libraries compile as unity sources).
+std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n_layers, int64_t d, int64_t heads,
+                                                                  int64_t hidden, double dropout, bool causal,
+                                                                  Generator* gen);
 
 // GPT-2 / timm initialisation of a model built from nn/ parts (see the comment at the top):
 // every Linear and Embedding weight N(0, 0.02) (bias 0), LayerNorms (1, 0), and the weights of
