@@ -39,6 +39,8 @@
 // products in its f32 GEMM on rounded copies: the rounding is an extra pass, so bf16 there is
 // for checking what the numbers do, not for speed.
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "core/dtype.h"
 #include "core/precision.h"
@@ -51,6 +53,21 @@ void set_autocast_precision(Precision p);
 // How an op reads operands of dtype t now: the autocast precision for f32, fp32 (as they are)
 // for anything else.
 inline Precision autocast_operands(DType t) { return t == DType::f32 ? autocast_precision() : Precision::fp32; }
+
+// What a tensor kept in a rounding precision's values is stored as: DType::bf16 for bf16,
+// DType::f16 for fp16, and `otherwise` for fp32 (nothing rounded). The one rule for what linear's
+// saved input, the fused attention's q, k, v and the KV cache hold under autocast.
+inline DType stored_dtype(Precision p, DType otherwise = DType::f32) {
+  return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : otherwise;
+}
+
+// The precision a --precision value names, spelled as name() spells it ("fp32", "bf16", "fp16");
+// nothing for any other string.
+inline std::optional<Precision> parse_precision(std::string_view s) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    if (s == name(p)) return p;
+  return std::nullopt;
+}
 
 // Sets the precision for its lifetime, then restores the previous one (guards nest).
 class AutocastGuard {

@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) set_num_threads(threads);
-  const Precision prec = precision == "bf16" ? Precision::bf16 : precision == "fp16" ? Precision::fp16 : Precision::fp32;
+  const Precision prec = *parse_precision(precision);  // one of them: CLI::IsMember above
   const AutocastGuard autocast(prec);
   const int64_t cache_bytes = prec == Precision::fp32 ? 4 : 2;  // per cached element
   for (int64_t kv : kv_list)

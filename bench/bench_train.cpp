@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
   const std::optional<Device> parsed = bench::parse_device("bench_train", device_name);
   if (!parsed) return 1;
   const Device dev = *parsed;
-  const Precision precision = precision_name == "bf16" ? Precision::bf16 : Precision::fp32;
+  const Precision precision = *parse_precision(precision_name);  // fp32 or bf16: CLI::IsMember above
   if (roofline && dev.is_cuda()) {
     fmt::print(stderr, "bench_train: --roofline times the CPU's GEMMs; it does not go with --device {}\n", dev);
     return 1;

@@ -40,7 +40,7 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
   const bool differentiable = grad_enabled() && (k_new.requires_grad() || v_new.requires_grad());
   // what the cache holds: under autocast (inference) the 16-bit rounding attention reads
   const Precision p = differentiable ? Precision::fp32 : autocast_operands(k_new.dtype());
-  const DType stored = p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : k_new.dtype();
+  const DType stored = stored_dtype(p, k_new.dtype());
   if (k.defined())
     check(k_new.size(0) == k.size(0) && k_new.size(1) == k.size(1) && k_new.size(3) == k.size(3) &&
               stored == k.dtype() && k_new.device() == k.device(),

@@ -255,8 +255,8 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
                                  app, o.device));
 #endif
   }
-  usage_check(o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp16",
-              "{}: --precision {}: expected fp32, bf16 or fp16", app, o.precision);
+  usage_check(parse_precision(o.precision).has_value(), "{}: --precision {}: expected fp32, bf16 or fp16", app,
+              o.precision);
 }
 
 void apply_run_options(RunOptions& o, const std::string& app) {
@@ -289,7 +289,9 @@ Device training_device(const RunOptions& o) {
 }
 
 Precision training_precision(const RunOptions& o) {
-  return o.precision == "bf16" ? Precision::bf16 : o.precision == "fp16" ? Precision::fp16 : Precision::fp32;
+  const std::optional<Precision> p = parse_precision(o.precision);
+  check(p.has_value(), "--precision {}: expected fp32, bf16 or fp16", o.precision);
+  return *p;
 }
 
 std::string resolve_patience(RunOptions& o, bool small_data, const std::string& why) {

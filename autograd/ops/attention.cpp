@@ -201,7 +201,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   // memory of f32 copies); elsewhere they are rounded by round_bf16 / round_fp16 and kept in f32.
   const Precision p = autocast_operands(q.dtype());
   const bool fused_16 = p != Precision::fp32 && q.device().is_cpu() && !o.return_weights;
-  const DType half = !fused_16 ? DType::f32 : p == Precision::bf16 ? DType::bf16 : DType::f16;
+  const DType half = fused_16 ? stored_dtype(p) : DType::f32;
   if (half_kv && k.dtype() != half)  // a 16-bit k, v the 16-bit kernel does not read as it is
     return scaled_dot_product_attention(q, cast(k.detach(), DType::f32), cast(v.detach(), DType::f32), o, site);
   if (p != Precision::fp32 && !fused_16) {

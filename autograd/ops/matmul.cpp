@@ -199,7 +199,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
   Tensor saved = gw ? xs : Tensor();
   int64_t ld_saved = ldx;
   if (gw && operands != Precision::fp32) {
-    saved = cast(xs, operands == Precision::bf16 ? DType::bf16 : DType::f16);
+    saved = cast(xs, stored_dtype(operands));
     ld_saved = std::max<int64_t>(in, 1);
   }
   auto backward = [saved, ws, x_shape, rows, in, out, ld_saved, ldw, operands, gx, gw, gb](const Tensor& g) {

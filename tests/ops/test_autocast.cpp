@@ -133,6 +133,19 @@ TEST_CASE("autocast: the guard sets and restores the thread's precision, and f64
   CHECK(max_diff(matmul(a, b), plain) == 0);
 }
 
+TEST_CASE("autocast: --precision names parse back to their precision, and each stores as its 16-bit dtype") {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) CHECK(parse_precision(name(p)) == p);
+  CHECK(parse_precision("bf16") == Precision::bf16);
+  CHECK(parse_precision("fp16") == Precision::fp16);
+  CHECK(parse_precision("fp32") == Precision::fp32);
+  for (const char* bad : {"", "BF16", "f16", "bfloat16", "fp32 ", "fp8"}) CHECK_FALSE(parse_precision(bad).has_value());
+  CHECK(stored_dtype(Precision::bf16) == DType::bf16);
+  CHECK(stored_dtype(Precision::fp16) == DType::f16);
+  CHECK(stored_dtype(Precision::fp32) == DType::f32);
+  CHECK(stored_dtype(Precision::fp32, DType::f64) == DType::f64);  // nothing rounded: kept as it came
+  CHECK(stored_dtype(Precision::bf16, DType::f64) == DType::bf16);
+}
+
 TEST_CASE("autocast: matmul reads bf16 operands, sums in f32, and its backward rounds the gradient") {
   struct Case {
     Shape a, b;
