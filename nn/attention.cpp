@@ -143,17 +143,39 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const Tensor& conte
         d_model, x.shape());
   check(context.ndim() == 3 && context.size(2) == d_model && context.size(0) == x.size(0),
         "MultiHeadAttention: expected context of shape [{}, Tk, {}], got {}", x.size(0), d_model, context.shape());
+  return forward(x, context_kv(context), options);  // the context's k, v, then the queries over them
+}
+
+ContextKV MultiHeadAttention::context_kv(const Tensor& context) {
+  ModuleScope scope(this);
+  check(context.ndim() == 3 && context.size(2) == d_model,
+        "MultiHeadAttention: expected context of shape [B, Tk, {}], got {}", d_model, context.shape());
+  // k and v use the rows after the first d of the fused weight: PyTorch's in_proj split
+  const Tensor& W = qkv->weight;
+  const Tensor& b = qkv->bias;
+  const int64_t kvd = kv_heads * head_size;
+  Tensor kv = linear(context, W.narrow(0, d_model, 2 * kvd), b.defined() ? b.narrow(0, d_model, 2 * kvd) : Tensor());
+  return {split_heads(kv, 0, kv_heads), split_heads(kv, kvd, kv_heads)};  // (B, Hkv, Tk, hs) each, views
+}
+
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const ContextKV& context, const AttentionOptions& options) {
+  ModuleScope scope(this);
+  check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, Tq, {}], got {}",
+        d_model, x.shape());
+  const Tensor &k = context.k, &v = context.v;
+  check(k.defined() && v.defined() && k.ndim() == 4 && k.shape() == v.shape() && k.size(0) == x.size(0) &&
+            k.size(1) == kv_heads && k.size(3) == head_size,
+        "MultiHeadAttention: expected context keys and values of shape [{}, {}, Tk, {}], got {} and {}", x.size(0),
+        kv_heads, head_size, k.defined() ? k.shape() : Shape{}, v.defined() ? v.shape() : Shape{});
   check(options.cache == nullptr, "MultiHeadAttention: a KV cache is for self-attention, not cross-attention");
   check(config.positions == "none",
         "MultiHeadAttention: positions '{}' are for self-attention; queries and a context have no shared positions",
         config.positions);
-  // q uses rows [0, d) of the fused weight, k and v the rows after: PyTorch's in_proj split
+  // q uses rows [0, d) of the fused weight
   const Tensor& W = qkv->weight;
   const Tensor& b = qkv->bias;
-  const int64_t kvd = kv_heads * head_size;
   Tensor q = linear(x, W.narrow(0, 0, d_model), b.defined() ? b.narrow(0, 0, d_model) : Tensor());
-  Tensor kv = linear(context, W.narrow(0, d_model, 2 * kvd), b.defined() ? b.narrow(0, d_model, 2 * kvd) : Tensor());
-  return attend(split_heads(q, 0, n_heads), split_heads(kv, 0, kv_heads), split_heads(kv, kvd, kv_heads), options);
+  return attend(split_heads(q, 0, n_heads), k, v, options);
 }
 
 }  // namespace ag::nn

@@ -97,6 +97,15 @@ struct AttentionMask {
   int64_t block_size = 0;      // bs with block_mask
 };
 
+// The keys and values of a cross-attention's context, projected once:  k, v (B, Hkv, Tk, hs).
+// A decoder that generates token by token attends to the same context (say an image's patch
+// tokens) at every step: MultiHeadAttention::context_kv projects it once per context, and each
+// step's forward(x, ContextKV) then costs only the queries' projection and the attention itself.
+// The gradient flows through k, v into the context as through forward(x, context).
+struct ContextKV {
+  Tensor k, v;
+};
+
 struct AttentionResult {
   Tensor out;      // (B, Tq, d)
   Tensor weights;  // (B, H, Tq, Tk), only with need_weights
@@ -132,6 +141,13 @@ struct MultiHeadAttention : Module {
   AttentionResult forward(const Tensor& x, const AttentionOptions& options = {});
   // Cross-attention: queries from x (B, Tq, d), keys and values from context (B, Tk, d).
   AttentionResult forward(const Tensor& x, const Tensor& context, const AttentionOptions& options = {});
+  // The context's keys and values, context (B, Tk, d) -> k, v (B, Hkv, Tk, hs): rows [d, d + Hkv hs)
+  // and [d + Hkv hs, d + 2 Hkv hs) of the fused weight, as forward(x, context) computes them.
+  ContextKV context_kv(const Tensor& context);
+  // Cross-attention over keys and values projected beforehand: forward(x, context) is exactly
+  // forward(x, context_kv(context)). The batch of x must equal that of k, v (an expand() of one
+  // context's k, v to B rows is a view: many queries over one image cost no copy of it).
+  AttentionResult forward(const Tensor& x, const ContextKV& context, const AttentionOptions& options = {});
 
  private:
   // columns [first, first + heads hs) of t (B, T, *) -> (B, heads, T, hs), a view

@@ -48,6 +48,16 @@ Tensor TransformerBlock::forward(const Tensor& x, const AttentionOptions& self_o
   ModuleScope scope(this);
   check(cross == context.defined(), "TransformerBlock: {}",
         cross ? "a cross-attention block needs a context" : "a context was given to a block without cross-attention");
+  return sublayers(x, self_options, cross ? cross_attn->context_kv(context) : ContextKV{});
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, const AttentionOptions& self_options, const ContextKV& context) {
+  ModuleScope scope(this);
+  check(cross, "TransformerBlock: context keys and values were given to a block without cross-attention");
+  return sublayers(x, self_options, context);
+}
+
+Tensor TransformerBlock::sublayers(const Tensor& x, const AttentionOptions& self_options, const ContextKV& context) {
   AttentionOptions self = self_options;
   self.causal = self.causal || causal;
   AttentionResult a = attn->forward(ln1->forward(x), self);
@@ -55,6 +65,11 @@ Tensor TransformerBlock::forward(const Tensor& x, const AttentionOptions& self_o
   Tensor h = x + a.out;
   if (cross) h = h + cross_attn->forward(ln_cross->forward(h), context).out;
   return h + feed_forward->forward(ln2->forward(h));
+}
+
+ContextKV TransformerBlock::context_kv(const Tensor& context) {
+  check(cross, "TransformerBlock: context_kv of a block without cross-attention");
+  return cross_attn->context_kv(context);
 }
 
 }  // namespace ag::nn

@@ -54,12 +54,20 @@ struct TransformerBlock : UnaryModule {
   // The general form: `self` configures the self-attention (key padding, window, need_weights,
   // cache, generator); the block's own `causal` is always applied on top.
   Tensor forward(const Tensor& x, const AttentionOptions& self, const Tensor& context = Tensor());
+  // With the cross-attention's keys and values projected beforehand (context_kv below): the same
+  // result as forward(x, self, context), without projecting the context again. A decoder that
+  // generates token by token projects each block's context once and reuses it at every step.
+  Tensor forward(const Tensor& x, const AttentionOptions& self, const ContextKV& context);
+  // The cross-attention's keys and values of context (B, Tk, d): (B, Hkv, Tk, hs) each.
+  ContextKV context_kv(const Tensor& context);
 
  private:
   // ln1, attn, [ln_cross, cross_attn,] ln2: what both constructors build, in this order (the
   // order in which they draw from gen and in which their parameters are named)
   void build_attention(int64_t d_model, int64_t n_heads, double dropout, DType dtype, Generator* gen,
                        const BlockConfig& config);
+  // the three residual sublayers (the cross-attention over `context`'s keys and values with cross)
+  Tensor sublayers(const Tensor& x, const AttentionOptions& self, const ContextKV& context);
 };
 
 }  // namespace ag::nn
