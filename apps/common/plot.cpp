@@ -531,7 +531,8 @@ std::string svg_image_overlay(const Image& image, const std::vector<double>& gri
   check(opt.scale >= 1, "svg_image_overlay: scale {} must be >= 1", opt.scale);
   const double s = opt.scale, iw = IW * s, ih = IH * s, gap = 24;
   const double top = opt.title.empty() ? 28 : 50;
-  const int W = int(std::ceil(2 * iw + gap + 90)), H = int(std::ceil(top + ih + 12));
+  const int panels = opt.plain ? 2 : 1;
+  const int W = int(std::ceil(panels * iw + (panels - 1) * gap + 90)), H = int(std::ceil(top + ih + 12));
   const Range range = value_range({&grid}, NAN, NAN);
 
   std::string svg = svg_open(W, H);
@@ -546,9 +547,9 @@ std::string svg_image_overlay(const Image& image, const std::vector<double>& gri
     }
     return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
   };
-  // Left: the image alone; right: the image again with the patch grid over it.
-  for (int panel = 0; panel < 2; ++panel) {
-    const double ox = 8 + panel * (iw + gap);
+  // Left: the image alone (opt.plain); right: the image again with the patch grid over it.
+  for (int panel = opt.plain ? 0 : 1; panel < 2; ++panel) {
+    const double ox = 8 + (panel + panels - 2) * (iw + gap);
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" {}>{}</text>\n", ox, top - 8, kFont,
                        panel == 0 ? "image" : "attention");
     svg += fmt::format("<g class=\"image\" shape-rendering=\"crispEdges\">\n");
@@ -571,7 +572,7 @@ std::string svg_image_overlay(const Image& image, const std::vector<double>& gri
       svg += "</g>\n";
     }
   }
-  svg += colour_bar(8 + 2 * iw + gap + 10, top, ih, range.lo, range.hi, "overlay_scale");
+  svg += colour_bar(8 + panels * iw + (panels - 1) * gap + 10, top, ih, range.lo, range.hi, "overlay_scale");
   svg += "</svg>\n";
   return svg;
 }
@@ -703,6 +704,39 @@ std::string svg_tape(const Tensor& root, const LeafNames& names, const std::stri
   std::vector<GraphBox> boxes;
   for (const GraphEntry& e : graph_entries(root, names)) boxes.push_back({graph_label(e), e.leaf, e.inputs});
   return svg_graph(boxes, title);
+}
+
+namespace {
+
+// The width="..." or height="..." of an SVG's root element.
+double svg_size(const std::string& svg, const char* attr) {
+  const size_t root = svg.find("<svg");
+  const size_t at = svg.find(fmt::format(" {}=\"", attr), root);
+  check(root != std::string::npos && at != std::string::npos, "svg_grid: an SVG without a root {}", attr);
+  return std::stod(svg.substr(at + std::char_traits<char>::length(attr) + 3));
+}
+
+}  // namespace
+
+std::string svg_grid(const std::vector<std::string>& parts, int columns) {
+  check(!parts.empty() && columns >= 1, "svg_grid: expected documents and columns >= 1, got {} and {}", parts.size(),
+        columns);
+  double cell_w = 0, cell_h = 0;
+  for (const auto& p : parts) cell_w = std::max(cell_w, svg_size(p, "width")), cell_h = std::max(cell_h, svg_size(p, "height"));
+  const int cols = std::min<int>(columns, int(parts.size()));
+  const int rows = (int(parts.size()) + cols - 1) / cols;
+  std::string svg = fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\">\n"
+      "<rect x=\"0\" y=\"0\" width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
+      cols * cell_w, rows * cell_h);
+  for (size_t k = 0; k < parts.size(); ++k) {
+    std::string one = parts[k].substr(parts[k].find("<svg"));  // no XML declaration inside
+    one.replace(0, 4, fmt::format("<svg x=\"{}\" y=\"{}\"", double(k % size_t(cols)) * cell_w,
+                                  double(k / size_t(cols)) * cell_h));
+    svg += one;
+  }
+  return svg + "</svg>\n";
 }
 
 }  // namespace ag::apps

@@ -97,12 +97,19 @@ struct OverlayOptions {
   std::string title{};
   int scale = 8;          // screen pixels per image pixel
   double opacity = 0.55;  // of the heatmap over the image
+  bool plain = true;      // also the image alone, left of the overlay (false: the overlay only)
 };
 // The image (one <rect class="pixel"> per pixel) with a grid_h x grid_w heatmap (one
-// <rect class="patch"> per patch, row-major `grid`) stretched over it, and a colour scale.
+// <rect class="patch"> per patch, row-major `grid`) stretched over it, and a colour scale; with
+// opt.plain, the image alone to its left as well.
 // Raises ag::Error when grid.size() != grid_h * grid_w or the image is malformed.
 std::string svg_image_overlay(const Image& image, const std::vector<double>& grid, int grid_h, int grid_w,
                               const OverlayOptions& opt = {});
+
+// Several SVG documents (each with a root width and height, as the functions above make them) as
+// nested <svg> elements of one, `columns` per row, each cell as large as the largest of them.
+// Raises ag::Error for a document without a root width or height.
+std::string svg_grid(const std::vector<std::string>& parts, int columns);
 
 // ---- a computation graph (the tape) -------------------------------------------------------
 struct GraphBox {

@@ -85,6 +85,7 @@
 #include "apps/common/report.h"
 #include "apps/common/signal.h"
 #include "autograd/autocast.h"
+#include "autograd/tape.h"
 #include "core/error.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -211,6 +212,18 @@ Precision training_precision(const RunOptions& o);
 // a job of one). Every rank must call it, the same number of times.
 std::vector<int64_t> eval_part(int64_t n, int rank, int world);
 void sum_over_ranks(std::vector<double>& values, ConfusionMatrix* cm = nullptr);
+
+// Eval mode and no recording for its lifetime (inference: generation, evaluation, scoring); the
+// model's previous mode is restored after.
+struct InferenceScope {
+  nn::Module& m;
+  bool was_training;
+  NoGradGuard no_grad;
+  explicit InferenceScope(nn::Module& mod) : m(mod), was_training(mod.is_training()) { m.eval(); }
+  ~InferenceScope() { m.train(was_training); }
+  InferenceScope(const InferenceScope&) = delete;
+  InferenceScope& operator=(const InferenceScope&) = delete;
+};
 
 // A classifier's evaluation on items [0, n) of a split, `batch` items per forward, in eval mode
 // and without recording (the model's mode is restored): `logits_labels(indices)` runs the model on

@@ -133,15 +133,6 @@ std::vector<int64_t> eval_starts(int64_t len, int64_t T, int64_t n) {
 
 namespace {
 
-// Sets eval mode and no recording for its lifetime; restores the previous mode after.
-struct InferenceScope {
-  nn::Module& m;
-  bool was_training;
-  NoGradGuard no_grad;
-  explicit InferenceScope(nn::Module& mod) : m(mod), was_training(mod.is_training()) { m.eval(); }
-  ~InferenceScope() { m.train(was_training); }
-};
-
 // The last position's logits of logits (1, T, V), as V floats.
 std::vector<float> last_logits(const Tensor& logits) {
   return logits.select(0, 0).select(0, logits.size(1) - 1).contiguous().to_vector<float>();

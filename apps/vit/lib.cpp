@@ -203,35 +203,6 @@ std::vector<std::vector<double>> class_token_attention(const Tensor& weights, in
 
 namespace {
 
-// The width="..." or height="..." of an SVG's root element.
-double svg_size(const std::string& svg, const char* attr) {
-  const size_t root = svg.find("<svg");
-  const size_t at = svg.find(fmt::format(" {}=\"", attr), root);
-  check(root != std::string::npos && at != std::string::npos, "vit: an SVG without a root {}", attr);
-  return std::stod(svg.substr(at + std::char_traits<char>::length(attr) + 3));
-}
-
-// Several SVG documents as nested <svg> elements of one, `columns` per row (each cell as large as
-// the largest of them).
-std::string svg_grid(const std::vector<std::string>& parts, int columns) {
-  double cell_w = 0, cell_h = 0;
-  for (const auto& p : parts) cell_w = std::max(cell_w, svg_size(p, "width")), cell_h = std::max(cell_h, svg_size(p, "height"));
-  const int cols = std::min<int>(columns, int(parts.size()));
-  const int rows = (int(parts.size()) + cols - 1) / cols;
-  std::string svg = fmt::format(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\">\n"
-      "<rect x=\"0\" y=\"0\" width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
-      cols * cell_w, rows * cell_h);
-  for (size_t k = 0; k < parts.size(); ++k) {
-    std::string one = parts[k].substr(parts[k].find("<svg"));  // no XML declaration inside
-    one.replace(0, 4, fmt::format("<svg x=\"{}\" y=\"{}\"", double(k % size_t(cols)) * cell_w,
-                                  double(k / size_t(cols)) * cell_h));
-    svg += one;
-  }
-  return svg + "</svg>\n";
-}
-
 std::string class_name(const data::ImageDataset& ds, int64_t c) {
   return c >= 0 && c < int64_t(ds.class_names.size()) ? ds.class_names[size_t(c)] : std::to_string(c);
 }
