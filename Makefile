@@ -59,10 +59,10 @@ fuzz:
 # quotes from examples/extending, the exact pictures of docs/img/ (build/docpics: masks, positions,
 # a tape; make test checks these three are current), then the pictures that come from runs:
 # walkthrough's scaling.svg and the apps' attention heatmaps after a default run of each (the
-# three runs take minutes on 2 cores; DOCS_APPS=0 skips them).
+# four runs take minutes on 2 cores; DOCS_APPS=0 skips them).
 DOCS_APPS ?= 1
 docs: configure
-	@cmake --build $(BUILD) -j $(JOBS) --target opsdoc snippets docpics walkthrough $(if $(filter 1,$(DOCS_APPS)),vit textclf gpt)
+	@cmake --build $(BUILD) -j $(JOBS) --target opsdoc snippets docpics walkthrough $(if $(filter 1,$(DOCS_APPS)),vit textclf gpt imagetext)
 	@./$(BUILD)/opsdoc && ./$(BUILD)/snippets docs/extending.md && ./$(BUILD)/docpics
 	@scripts/docs-pictures.sh $(BUILD) $(if $(filter 1,$(DOCS_APPS)),,--no-apps)
 

@@ -4,7 +4,7 @@
   1. A PyTorch-initialised twin, saved with safetensors.torch.save_file, loads into attograd's model
      (build/twin_logits) and gives the same logits on a batch.
   2. A checkpoint trained by an attograd app (--checkpoint app=path, e.g. gpt=runs/gpt/checkpoint.safetensors)
-Models: gpt, vit, textclf, and longseq with each attention method.
+Models: gpt, vit, textclf, imagetext, and longseq with each attention method.
      loads into the twin with safetensors.torch.load_file (its "model." tensors) and gives the same
      logits as attograd on the same batch.
 Pass: max |difference| <= 1e-4 everywhere. Needs torch and safetensors (scripts/check-twins.sh makes
@@ -26,7 +26,7 @@ import torch_models  # noqa: E402
 
 TOL = 1e-4
 CLASSES = {"gpt": torch_models.GPT, "vit": torch_models.ViT, "textclf": torch_models.TextClassifier,
-           "longseq": torch_models.LongSeqClassifier}
+           "longseq": torch_models.LongSeqClassifier, "imagetext": torch_models.ImageText}
 # small configs for part 1 (the keys of apps/<app>/model.h)
 SMALL = {
     "gpt": dict(vocab=40, context=32, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0),
@@ -34,6 +34,8 @@ SMALL = {
                 dropout=0.0),
     "textclf": dict(vocab=300, max_len=64, classes=8, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0,
                     ngram_buckets=97, ngram_min=2, ngram_max=4, ngrams_per_token=6),
+    "imagetext": dict(image_h=28, image_w=56, channels=1, patch=7, vocab=13, max_len=4, d_model=32, n_heads=4,
+                      enc_layers=1, dec_layers=2, mlp_hidden=64, dropout=0.0),
     "longseq": dict(vocab=30, max_len=48, classes=10, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0,
                     attention="full", window=5, sparse="local-global", block=8, window_blocks=1, global_blocks=1,
                     stride_blocks=3, k=12, stride=5, grid_h=6, grid_w=8),
@@ -62,6 +64,9 @@ def inputs_for(app, cfg, g):
     if app == "vit":
         s = cfg["image_size"]
         return {"images": torch.randn(4, cfg["channels"], s, s, generator=g)}
+    if app == "imagetext":
+        return {"images": torch.randn(3, cfg["channels"], cfg["image_h"], cfg["image_w"], generator=g),
+                "idx": torch.randint(0, cfg["vocab"], (3, cfg["max_len"]), generator=g)}
     if app == "longseq":
         T = cfg["max_len"]  # axial takes no padding: every sequence fills the grid
         lengths = torch.tensor([T] * 4) if cfg["attention"] == "axial" else torch.tensor([T, 7, 1, 30])
@@ -91,6 +96,8 @@ def twin_forward(app, model, inp):
             return model(inp["tokens"], inp["lengths"], inp.get("ngrams"))
         if app == "longseq":
             return model(inp["tokens"], inp["lengths"])
+        if app == "imagetext":
+            return model(inp["images"], inp["idx"])
         return model(inp["idx"] if app == "gpt" else inp["images"])
 
 

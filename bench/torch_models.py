@@ -1,4 +1,4 @@
-"""PyTorch twins of the sample models in apps/gpt, apps/vit, apps/textclf and apps/longseq (model.h), for checks and benchmarks only.
+"""PyTorch twins of the sample models in apps/gpt, apps/vit, apps/textclf, apps/longseq and apps/imagetext (model.h), for checks and benchmarks only.
 
 Same parameter names, shapes and math as the C++ models, so a state_dict (a safetensors file)
 moves between the two unchanged:
@@ -12,6 +12,10 @@ moves between the two unchanged:
                                                                     key padding by lengths, masked mean;
                                                                     subword n-grams: a word's vector is tok plus
                                                                     the sum of its n-grams' rows
+  ImageText    patch.proj, patch.cls_token, enc_pos, enc_blocks.i, enc_norm,
+               wte, wpe, dec_blocks.i (ln1, attn, ln_cross, cross_attn, ln2, mlp), ln_f, head (no bias)
+                                                                    decoder: causal self-attention, then
+                                                                    cross-attention to the encoder's tokens
   LongSeqClassifier embed (padding 0), pos_embed, blocks.i (ln1, attn, ln2, mlp), norm, head
                                                                     attn by method: qkv/proj (full, window,
                                                                     sparse), + E/F (linformer), +
@@ -226,6 +230,77 @@ class ViT(nn.Module):
         for b in self.blocks:
             h = b(h)
         return self.head(self.norm(h[:, 0]))
+
+
+class CrossAttention(nn.Module):
+    """nn::MultiHeadAttention's cross form: queries from x with rows [0, d) of the fused qkv weight (in_proj's
+    q part), keys and values from the context with rows [d, 2d) and [2d, 3d); then proj (out_proj)."""
+
+    def __init__(self, d, heads, dropout):
+        super().__init__()
+        self.heads, self.hs, self.dropout = heads, d // heads, dropout
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.weights = None  # (B, H, Tq, Tk) of the last forward when keep_weights
+
+    def forward(self, x, context, keep_weights=False):
+        B, Tq, d = x.shape
+        Tk = context.shape[1]
+        q = F.linear(x, self.qkv.weight[:d], self.qkv.bias[:d]).reshape(B, Tq, self.heads, self.hs).transpose(1, 2)
+        k, v = F.linear(context, self.qkv.weight[d:], self.qkv.bias[d:]).split([d, d], dim=-1)
+        k, v = (t.reshape(B, Tk, self.heads, self.hs).transpose(1, 2) for t in (k, v))
+        w = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(self.hs), dim=-1)  # (B, H, Tq, Tk)
+        self.weights = w.detach() if keep_weights else None
+        o = F.dropout(w, self.dropout, self.training) @ v
+        return self.proj(o.transpose(1, 2).reshape(B, Tq, d))
+
+
+class DecoderBlock(nn.Module):
+    """nn::TransformerBlock with causal = cross = true: pre-LN self-attention, cross-attention, MLP."""
+
+    def __init__(self, d, heads, hidden, dropout=0.0):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(d), Attention(d, heads, dropout)
+        self.ln_cross, self.cross_attn = nn.LayerNorm(d), CrossAttention(d, heads, dropout)
+        self.ln2, self.mlp = nn.LayerNorm(d), MLP(d, hidden, dropout)
+
+    def forward(self, x, memory, keep_weights=False):
+        x = x + self.attn(self.ln1(x), True)
+        x = x + self.cross_attn(self.ln_cross(x), memory, keep_weights)
+        return x + self.mlp(self.ln2(x))
+
+
+class ImageText(nn.Module):
+    """apps/imagetext/model.h: a ViT encoder of the scene (patches + class token + enc_pos, blocks, enc_norm)
+    and a causal decoder whose blocks cross-attend to the encoder's tokens."""
+
+    def __init__(self, image_h=28, image_w=112, channels=1, patch=7, vocab=13, max_len=5, d_model=64, n_heads=4,
+                 enc_layers=2, dec_layers=2, mlp_hidden=256, dropout=0.0):
+        super().__init__()
+        n = (image_h // patch) * (image_w // patch)
+        self.patch = PatchEmbedding(channels, patch, d_model)
+        self.enc_pos = nn.Parameter(torch.zeros(1, n + 1, d_model))
+        self.enc_blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, dropout) for _ in range(enc_layers))
+        self.enc_norm = nn.LayerNorm(d_model)
+        self.wte = nn.Embedding(vocab, d_model)
+        self.wpe = nn.Embedding(max_len, d_model)
+        self.dec_blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, mlp_hidden, dropout) for _ in range(dec_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        init_gpt2_style(self, enc_layers + dec_layers)
+
+    def encode(self, images):  # (B, C, H, W) -> memory (B, N + 1, d)
+        m = self.patch(images) + self.enc_pos
+        for b in self.enc_blocks:
+            m = b(m)
+        return self.enc_norm(m)
+
+    def forward(self, images, idx):  # -> logits (B, T, V)
+        memory = self.encode(images)
+        h = self.wte(idx) + self.wpe.weight[: idx.shape[1]]
+        for b in self.dec_blocks:
+            h = b(h, memory)
+        return self.head(self.ln_f(h))
 
 
 class TextClassifier(nn.Module):

@@ -7,11 +7,12 @@
 //               --inputs in.safetensors --out logits.safetensors
 //   inputs: gpt "idx" i64 (B, T);  vit "images" f32 (B, C, H, W);  textclf "tokens" i64 (B, T), "lengths" i64 (B)
 //           and, for a config with ngram_buckets > 0, "ngrams" i64 (B, T, G);  longseq "tokens" i64 (B, T),
-//           "lengths" i64 (B)
+//           "lengths" i64 (B);  imagetext "images" f32 (B, C, H, W), "idx" i64 (B, T)
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include "apps/gpt/model.h"
+#include "apps/imagetext/model.h"
 #include "apps/longseq/model.h"
 #include "apps/textclf/model.h"
 #include "apps/vit/model.h"
@@ -41,9 +42,9 @@ Tensor input(const std::map<std::string, Tensor>& in, const std::string& name, c
 int main(int argc, char** argv) {
   CLI::App cli{"Logits of a sample model with given weights and inputs (the C++ side of the twin check)"};
   std::string model_name, config_text, weights, prefix, inputs, out;
-  cli.add_option("--model", model_name, "gpt, vit, textclf or longseq")
+  cli.add_option("--model", model_name, "gpt, vit, textclf, longseq or imagetext")
       ->required()
-      ->check(CLI::IsMember({"gpt", "vit", "textclf", "longseq"}));
+      ->check(CLI::IsMember({"gpt", "vit", "textclf", "longseq", "imagetext"}));
   cli.add_option("--config", config_text, "the model config as JSON (the keys of apps/<app>/model.h)")->required();
   cli.add_option("--weights", weights, "safetensors file with the model's tensors")->required();
   cli.add_option("--prefix", prefix, "only tensors whose name starts with this, prefix removed (\"model.\" for checkpoints)");
@@ -65,6 +66,11 @@ int main(int argc, char** argv) {
       m.load_state_dict(weights_under(weights, prefix));
       m.eval();
       logits = m.forward(input(in, "images", inputs));
+    } else if (model_name == "imagetext") {
+      apps::ImageText m(config.get<apps::ImageTextConfig>());
+      m.load_state_dict(weights_under(weights, prefix));
+      m.eval();
+      logits = m.forward(input(in, "images", inputs), input(in, "idx", inputs));
     } else if (model_name == "longseq") {
       apps::longseq::LongSeqClassifier m(config.get<apps::longseq::LongSeqConfig>());
       m.load_state_dict(weights_under(weights, prefix));

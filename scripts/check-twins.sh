@@ -33,7 +33,7 @@ if ! "$py" -c "import safetensors.torch" 2>/dev/null; then
   py="$venv/bin/python"
 fi
 
-cmake --build "$build" -j "$(nproc)" --target twin_logits gpt vit textclf longseq > /dev/null
+cmake --build "$build" -j "$(nproc)" --target twin_logits gpt vit textclf longseq imagetext > /dev/null
 runs="$build/twin-runs"
 rm -rf "$runs"
 mkdir -p "$runs"
@@ -45,11 +45,15 @@ common=(--steps 3 --eval-every 3 --quiet --threads 2)
 "$build/longseq" "${common[@]}" --out "$runs/longseq" --task listops --listops-train 64 --listops-val 16 \
   --listops-test 16 --listops-min-len 40 --listops-max-len 80 --d-model 32 --layers 2 --attention sparse --block 8 \
   > "$runs/longseq.log" 2>&1
+# imagetext on scenes of Fashion-MNIST items (Debian's dataset-fashion-mnist), few scenes to evaluate
+"$build/imagetext" "${common[@]}" --out "$runs/imagetext" --d-model 32 --enc-layers 1 --val-scenes 16 \
+  --test-scenes 16 --retrieval-candidates 8 --attention-scenes 1 > "$runs/imagetext.log" 2>&1
 "$py" bench/check_twins.py --binary "$build/twin_logits" \
   --checkpoint "gpt=$runs/gpt/checkpoint.safetensors" \
   --checkpoint "vit=$runs/vit/checkpoint.safetensors" \
   --checkpoint "textclf=$runs/textclf/checkpoint.safetensors" \
-  --checkpoint "longseq=$runs/longseq/checkpoint.safetensors"
+  --checkpoint "longseq=$runs/longseq/checkpoint.safetensors" \
+  --checkpoint "imagetext=$runs/imagetext/checkpoint.safetensors"
 # shellcheck disable=SC2016
 "$py" -c 'import json, sys; from safetensors import safe_open
 sys.exit(json.loads(safe_open(sys.argv[1], "pt").metadata()["extra.config"])["model"].get("ngram_buckets", 0) <= 0)' \

@@ -2,7 +2,7 @@
 # The pictures of docs/img/ that come from running programs (make docs calls this after
 # build/docpics has drawn the exact ones):
 #   scaling.svg               build/walkthrough's sqrt(d_k) experiment
-#   apps/<app>-attention.svg  the attention heatmaps of vit, textclf and gpt after a default run
+#   apps/<app>-attention.svg  the attention heatmaps of vit, textclf, gpt and imagetext after a default run
 #                             (the best model by validation), on the Debian data of README.md
 # Usage: scripts/docs-pictures.sh BUILD_DIR [--no-apps]. The runs go to runs/docs/<app>; each
 # app's command line is printed, and written beside its picture in docs/img/apps/README.md.
@@ -29,7 +29,7 @@ mkdir -p docs/img/apps
   echo "| picture | command |"
   echo "| --- | --- |"
 } > "$tmp/README.md"
-for app in vit textclf gpt; do
+for app in vit textclf gpt imagetext; do
   cmd=("$build/$app" --out "runs/docs/$app" --quiet)
   echo "+ ${cmd[*]}"
   "${cmd[@]}" > "$tmp/$app.log" 2>&1 || { cat "$tmp/$app.log"; exit 1; }

@@ -1,5 +1,5 @@
 #pragma once
-// The three apps at a tiny size on tiny synthetic data, for the tests that run the real binaries
+// The apps at a tiny size on tiny synthetic data, for the tests that run the real binaries
 // (tests/apps/test_reliability.cpp, tests/dist/test_dist_apps.cpp, tests/cuda/test_cuda_apps.cpp):
 // the data written the way a user would bring it, the command lines, and readers and comparisons
 // of what a run leaves in its directory.
@@ -82,7 +82,8 @@ inline std::string synthetic_text() {
   return out;
 }
 
-// The data of all three apps in one temporary folder, and their command lines at a tiny size.
+// The data of the apps in one temporary folder, and their command lines at a tiny size
+// (imagetext composes its scenes from the Fashion-MNIST files).
 struct Apps {
   TempDir tmp;
   explicit Apps(const std::string& tag) : tmp(tag) {
@@ -94,7 +95,7 @@ struct Apps {
 
   // `app` for `steps` steps in run directory `out`, evaluating and logging the training loss every
   // `eval_every` steps (never stopping early: --patience 0), at `threads` threads, with `dropout` and a batch of `batch` (0: vit 8, textclf 8, gpt
-  // 4); then `more` arguments.
+  // 4, imagetext 8); then `more` arguments.
   std::vector<std::string> command(const std::string& app, const std::string& out, int64_t steps, int64_t eval_every,
                                    int threads, std::vector<std::string> more = {}, double dropout = 0.1,
                                    int64_t batch = 0) const {
@@ -104,14 +105,20 @@ struct Apps {
     add({"--steps", std::to_string(steps), "--eval-every", std::to_string(eval_every), "--log-every",
        std::to_string(eval_every), "--patience", "0", "--threads",
          std::to_string(threads), "--out", tmp.file(out), "--dropout", fmt::format("{}", dropout), "--quiet",
-         "--d-model", "16", "--heads", "2", "--layers", "1", "--mlp", "32", "--batch", std::to_string(batch)});
+         "--d-model", "16", "--heads", "2", "--mlp", "32", "--batch", std::to_string(batch)});
+    if (app == "imagetext")  // scenes of 1-2 of the 8x8 items, side by side; an encoder and a decoder block
+      add({"--enc-layers", "1", "--dec-layers", "1", "--data-dir", tmp.file("fashion"), "--patch", "4",
+           "--min-items", "1", "--max-items", "2", "--val-images", "32", "--val-scenes", "16", "--test-scenes", "16",
+           "--retrieval-candidates", "8", "--attention-scenes", "1", "--eval-batch", "16", "--peak-gflops", "10"});
+    else
+      add({"--layers", "1"});
     if (app == "vit")  // augmentation on: its crop and flip draws must resume too
       add({"--data-dir", tmp.file("fashion"), "--patch", "4", "--crop-pad", "1", "--flip", "--eval-batch", "64",
            "--attention-images", "1"});
     else if (app == "textclf")
       add({"--dataset", "tsv", "--tsv-file", tmp.file("train.tsv"), "--max-len", "24", "--baseline", "off",
            "--eval-samples", "0"});
-    else
+    else if (app == "gpt")
       add({"--text-file", tmp.file("text.txt"), "--context", "16", "--eval-windows", "8", "--sample-tokens", "0"});
     a.insert(a.end(), more.begin(), more.end());
     return a;

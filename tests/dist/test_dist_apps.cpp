@@ -1,4 +1,4 @@
-// The apps trained data-parallel: the real vit, textclf and gpt binaries at the tiny size of
+// The apps trained data-parallel: the real vit, textclf, gpt and imagetext binaries at the tiny size of
 // tests/apps/tiny_apps.h under `mpirun -np 2 --oversubscribe`, against the same app alone:
 //
 //   equivalence   2 ranks with --batch B == 1 process with --batch 2B, 6 steps: the final
@@ -130,6 +130,10 @@ TEST_CASE("dist apps: textclf on 2 ranks with batch B trains as 1 process with 2
 TEST_CASE("dist apps: gpt on 2 ranks with batch B trains as 1 process with 2B, and resumes across world sizes") {
   if (skip_without_mpi()) return;
   trains_as_one_process("gpt", 4);
+}
+TEST_CASE("dist apps: imagetext on 2 ranks with batch B trains as 1 process with 2B, and resumes across world sizes") {
+  if (skip_without_mpi()) return;
+  trains_as_one_process("imagetext", 8);
 }
 
 TEST_CASE("dist apps: SIGTERM to one rank stops both after the same step, rank 0 saves and tells how to resume") {
