@@ -70,11 +70,14 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/core.h>
@@ -270,6 +273,25 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // Whether a config value read back from a checkpoint is an integer in [lo, hi]: what must hold
 // before it is converted (a float such as 1e22 has no integer value: converting it is undefined).
 bool json_integer_in(const nlohmann::json& v, int64_t lo, int64_t hi);
+// j[key] as T, or an ag::Error naming `app` and the key (nlohmann's own message says neither which
+// key nor which file): an integer T must hold the value (json_integer_in, within int64's range).
+template <class T>
+T config_value(const nlohmann::json& j, const char* key, std::string_view app) {
+  if (!j.is_object() || !j.contains(key)) fail("{}: the config has no '{}' entry: {}", app, key, j.dump());
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    constexpr int64_t lo = std::is_signed_v<T> ? int64_t(std::numeric_limits<T>::min()) : 0;
+    constexpr int64_t hi = std::numeric_limits<T>::max() > uint64_t(std::numeric_limits<int64_t>::max())
+                               ? std::numeric_limits<int64_t>::max()
+                               : int64_t(std::numeric_limits<T>::max());
+    if (!json_integer_in(j.at(key), lo, hi))
+      fail("{}: the config's '{}' entry must be an integer that fits, got {}", app, key, j.at(key).dump());
+  }
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("{}: the config's '{}' entry has the wrong type: {}", app, key, j.at(key).dump()));
+  }
+}
 
 class Run {
  public:

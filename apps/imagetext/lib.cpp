@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <type_traits>
 
 #include <fmt/core.h>
 
@@ -30,47 +29,30 @@ nlohmann::json imagetext_config_to_json(const ImageTextRunConfig& c) {
           {"dec_layers", m.dec_layers},      {"mlp_hidden", m.mlp_hidden},      {"dropout", m.dropout}};
 }
 
-namespace {
-// j[key] as T, or an ag::Error naming the key.
-template <class T>
-T config_value(const nlohmann::json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key)) fail("imagetext: the config has no '{}' entry: {}", key, j.dump());
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
-    if (!json_integer_in(j.at(key), std::is_signed_v<T> ? std::numeric_limits<int64_t>::min() : 0,
-                         std::numeric_limits<int64_t>::max()))
-      fail("imagetext: the config's '{}' entry must be an integer that fits, got {}", key, j.at(key).dump());
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(fmt::format("imagetext: the config's '{}' entry has the wrong type: {}", key, j.at(key).dump()));
-  }
-}
-}  // namespace
-
 ImageTextRunConfig imagetext_config_from_json(const nlohmann::json& j) {
   ImageTextRunConfig c;
-  c.scenes.layout = config_value<std::string>(j, "layout");
-  c.scenes.min_items = config_value<int64_t>(j, "min_items");
-  c.scenes.max_items = config_value<int64_t>(j, "max_items");
-  c.scenes.item_size = config_value<int64_t>(j, "item_size");
-  c.val_images = config_value<int64_t>(j, "val_images");
-  c.val_scenes = config_value<int64_t>(j, "val_scenes");
-  c.test_scenes = config_value<int64_t>(j, "test_scenes");
-  c.scene_seed = config_value<uint64_t>(j, "scene_seed");
-  c.label_smoothing = config_value<double>(j, "label_smoothing");
+  c.scenes.layout = config_value<std::string>(j, "layout", "imagetext");
+  c.scenes.min_items = config_value<int64_t>(j, "min_items", "imagetext");
+  c.scenes.max_items = config_value<int64_t>(j, "max_items", "imagetext");
+  c.scenes.item_size = config_value<int64_t>(j, "item_size", "imagetext");
+  c.val_images = config_value<int64_t>(j, "val_images", "imagetext");
+  c.val_scenes = config_value<int64_t>(j, "val_scenes", "imagetext");
+  c.test_scenes = config_value<int64_t>(j, "test_scenes", "imagetext");
+  c.scene_seed = config_value<uint64_t>(j, "scene_seed", "imagetext");
+  c.label_smoothing = config_value<double>(j, "label_smoothing", "imagetext");
   ImageTextConfig& m = c.model;
-  m.image_h = config_value<int64_t>(j, "image_h");
-  m.image_w = config_value<int64_t>(j, "image_w");
-  m.channels = config_value<int64_t>(j, "channels");
-  m.patch = config_value<int64_t>(j, "patch");
-  m.vocab = config_value<int64_t>(j, "vocab");
-  m.max_len = config_value<int64_t>(j, "max_len");
-  m.d_model = config_value<int64_t>(j, "d_model");
-  m.n_heads = config_value<int64_t>(j, "n_heads");
-  m.enc_layers = config_value<int64_t>(j, "enc_layers");
-  m.dec_layers = config_value<int64_t>(j, "dec_layers");
-  m.mlp_hidden = config_value<int64_t>(j, "mlp_hidden");
-  m.dropout = config_value<double>(j, "dropout");
+  m.image_h = config_value<int64_t>(j, "image_h", "imagetext");
+  m.image_w = config_value<int64_t>(j, "image_w", "imagetext");
+  m.channels = config_value<int64_t>(j, "channels", "imagetext");
+  m.patch = config_value<int64_t>(j, "patch", "imagetext");
+  m.vocab = config_value<int64_t>(j, "vocab", "imagetext");
+  m.max_len = config_value<int64_t>(j, "max_len", "imagetext");
+  m.d_model = config_value<int64_t>(j, "d_model", "imagetext");
+  m.n_heads = config_value<int64_t>(j, "n_heads", "imagetext");
+  m.enc_layers = config_value<int64_t>(j, "enc_layers", "imagetext");
+  m.dec_layers = config_value<int64_t>(j, "dec_layers", "imagetext");
+  m.mlp_hidden = config_value<int64_t>(j, "mlp_hidden", "imagetext");
+  m.dropout = config_value<double>(j, "dropout", "imagetext");
   check_scene_config(c.scenes);
   return c;
 }

@@ -1,9 +1,7 @@
 #include "apps/vit/lib.h"
 
 #include <algorithm>
-#include <limits>
 #include <numeric>
-#include <type_traits>
 
 #include <fmt/core.h>
 
@@ -28,39 +26,22 @@ nlohmann::json vit_config_to_json(const VitRunConfig& c) {
           {"crop_pad", c.augment.pad},  {"flip", c.augment.flip},       {"val_size", c.val_size}};
 }
 
-namespace {
-// j[key] as T, or an ag::Error naming the key (nlohmann's own message says neither which key
-// nor which file).
-template <class T>
-T config_value(const nlohmann::json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key)) fail("vit: the config has no '{}' entry: {}", key, j.dump());
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)  // T: int or int64_t
-    if (!json_integer_in(j.at(key), std::numeric_limits<T>::min(), std::numeric_limits<T>::max()))
-      fail("vit: the config's '{}' entry must be an integer that fits, got {}", key, j.at(key).dump());
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(fmt::format("vit: the config's '{}' entry has the wrong type: {}", key, j.at(key).dump()));
-  }
-}
-}  // namespace
-
 VitRunConfig vit_config_from_json(const nlohmann::json& j) {
   VitRunConfig c;
-  c.dataset = config_value<std::string>(j, "dataset");
-  c.model.image_size = config_value<int64_t>(j, "image_size");
-  c.model.channels = config_value<int64_t>(j, "channels");
-  c.model.patch = config_value<int64_t>(j, "patch");
-  c.model.classes = config_value<int64_t>(j, "classes");
-  c.model.d_model = config_value<int64_t>(j, "d_model");
-  c.model.n_heads = config_value<int64_t>(j, "n_heads");
-  c.model.n_layers = config_value<int64_t>(j, "n_layers");
-  c.model.mlp_hidden = config_value<int64_t>(j, "mlp_hidden");
-  c.model.dropout = config_value<double>(j, "dropout");
-  c.label_smoothing = config_value<double>(j, "label_smoothing");
-  c.augment.pad = config_value<int>(j, "crop_pad");
-  c.augment.flip = config_value<bool>(j, "flip");
-  c.val_size = j.is_object() && j.contains("val_size") ? config_value<int64_t>(j, "val_size") : 0;
+  c.dataset = config_value<std::string>(j, "dataset", "vit");
+  c.model.image_size = config_value<int64_t>(j, "image_size", "vit");
+  c.model.channels = config_value<int64_t>(j, "channels", "vit");
+  c.model.patch = config_value<int64_t>(j, "patch", "vit");
+  c.model.classes = config_value<int64_t>(j, "classes", "vit");
+  c.model.d_model = config_value<int64_t>(j, "d_model", "vit");
+  c.model.n_heads = config_value<int64_t>(j, "n_heads", "vit");
+  c.model.n_layers = config_value<int64_t>(j, "n_layers", "vit");
+  c.model.mlp_hidden = config_value<int64_t>(j, "mlp_hidden", "vit");
+  c.model.dropout = config_value<double>(j, "dropout", "vit");
+  c.label_smoothing = config_value<double>(j, "label_smoothing", "vit");
+  c.augment.pad = config_value<int>(j, "crop_pad", "vit");
+  c.augment.flip = config_value<bool>(j, "flip", "vit");
+  c.val_size = j.is_object() && j.contains("val_size") ? config_value<int64_t>(j, "val_size", "vit") : 0;
   return c;
 }
 
