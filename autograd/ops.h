@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "core/precision.h"
 #include "core/random.h"
 #include "core/tensor.h"
 
@@ -314,6 +315,15 @@ Tensor round_bf16(const Tensor& x, Site site = Site::current());
 //   saves:   nothing
 //   note:    f32 only; |y - x| <= 2^-11 |x| where no overflow or underflow
 Tensor round_fp16(const Tensor& x, Site site = Site::current());
+
+// round_operand: an f32 tensor as autocast reads an operand in precision p (core/precision.h)
+//   forward: y = x (fp32: x itself, no copy), round_bf16(x) (bf16) or round_fp16(x) (fp16): the
+//            tensor form of pw::round_operand, the rule the kernels apply element by element
+//   vjp:     dx = g  (straight through, as both roundings)
+//   shapes:  x [...] -> y of x's shape, f32
+//   saves:   nothing
+//   note:    f32 only, for every p
+Tensor round_operand(const Tensor& x, Precision p, Site site = Site::current());
 
 // maximum, minimum: elementwise max or min of two tensors
 //   forward: y = max(a, b), or y = min(a, b)  (a NaN on either side gives NaN)

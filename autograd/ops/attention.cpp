@@ -198,7 +198,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   // autocast (autograd/autocast.h): q, k and v rounded to bf16 or fp16 (straight-through
   // gradients), the rest in f32, so the fused and the composed path compute the same function. The
   // fused CPU kernel keeps the rounded q, k, v in 16 bits (`half`: attention_forward_16, half the
-  // memory of f32 copies); elsewhere they are rounded by round_bf16 / round_fp16 and kept in f32.
+  // memory of f32 copies); elsewhere they are rounded by round_operand and kept in f32.
   const Precision p = autocast_operands(q.dtype());
   const bool fused_16 = p != Precision::fp32 && q.device().is_cpu() && !o.return_weights;
   const DType half = fused_16 ? stored_dtype(p) : DType::f32;
@@ -206,8 +206,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     return scaled_dot_product_attention(q, cast(k.detach(), DType::f32), cast(v.detach(), DType::f32), o, site);
   if (p != Precision::fp32 && !fused_16) {
     AutocastGuard f32(Precision::fp32);
-    auto r = [p](const Tensor& x) { return p == Precision::bf16 ? round_bf16(x) : round_fp16(x); };
-    return scaled_dot_product_attention(r(q), r(k), r(v), o, site);
+    return scaled_dot_product_attention(round_operand(q, p), round_operand(k, p), round_operand(v, p), o, site);
   }
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 

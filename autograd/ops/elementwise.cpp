@@ -241,6 +241,12 @@ Tensor round_16bit(const char* op, const Tensor& x, Site site) {
 
 Tensor round_bf16(const Tensor& x, Site site) { return round_16bit<pw::RoundBf16>("round_bf16", x, site); }
 Tensor round_fp16(const Tensor& x, Site site) { return round_16bit<pw::RoundFp16>("round_fp16", x, site); }
+Tensor round_operand(const Tensor& x, Precision p, Site site) {
+  if (p == Precision::bf16) return round_bf16(x, site);
+  if (p == Precision::fp16) return round_fp16(x, site);
+  check(x.dtype() == DType::f32, "round_operand: expected an f32 tensor, got {}", x.dtype());
+  return x;
+}
 
 
 Tensor maximum(const Tensor& a_, const Tensor& b_, Site site) {

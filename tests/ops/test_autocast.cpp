@@ -69,6 +69,35 @@ TEST_CASE("round_bf16: ties to even, range, NaN and inf, straight-through gradie
   AG_CHECK_ERROR(round_bf16(ones({2}, DType::f64)), "round_bf16", "f32", "f64");
 }
 
+TEST_CASE("round_operand: each precision's rounding of a tensor, as the kernels' pw::round_operand, straight through") {
+  // values that round differently in bf16 and fp16: ties of each format, beyond half's range,
+  // below its normal range, and both signs
+  const std::vector<float> v = {1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, 1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, 70000.f,
+                                -0x1p-20f,     3.14159265f,       -2.71828183f,   0x1p-130f,         1e30f};
+  const Tensor x = from_vector<float>(v, {2, 5});
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    CAPTURE(name(p));
+    const std::vector<float> got = round_operand(x, p).to_vector<float>();
+    for (size_t i = 0; i < v.size(); ++i) {
+      INFO("element ", i, ": ", v[i]);
+      CHECK(pw::float_bits(got[i]) == pw::float_bits(pw::round_operand(v[i], p)));
+    }
+    CHECK(round_operand(x, p).shape() == x.shape());
+    CHECK(std::isnan(round_operand(tensor({std::nanf("")}), p).item<float>()));
+    // vjp: dx = g, whatever the rounding did to the value
+    Tensor xl = x.detach().clone().set_requires_grad(true);
+    const Tensor g = from_vector<float>({1, -2, 3, -4, 5, -6, 7, -8, 9, -10}, {2, 5});
+    sum(mul(round_operand(xl, p), g)).backward();
+    CHECK(max_diff(xl.grad(), g) == 0);
+    AG_CHECK_ERROR(round_operand(ones({2}, DType::f64), p), "round_", "f32", "f64");
+  }
+  // the three precisions differ on these values: the rounding is not the identity but for fp32
+  CHECK(round_operand(x, Precision::fp32).to_vector<float>() == v);
+  CHECK(round_operand(x, Precision::bf16).to_vector<float>() != round_operand(x, Precision::fp16).to_vector<float>());
+  CHECK(round_operand(x, Precision::bf16).to_vector<float>()[0] == 1.f);  // a bf16 tie to even
+  CHECK(round_operand(x, Precision::fp16).to_vector<float>()[4] == std::numeric_limits<float>::infinity());
+}
+
 TEST_CASE("round_fp16: ties to even, overflow to inf, subnormals, NaN, the bits of a hardware half") {
   const float inf = std::numeric_limits<float>::infinity();
   // half keeps 10 mantissa bits: near 1 its spacing is 2^-10.
@@ -233,7 +262,7 @@ TEST_CASE("autocast: linear keeps its input for backward in 16 bits, with the sa
     };
     // the reference: the f32 activations kept, every product reading them rounded (the emulation
     // of autocast: round_bf16 / round_fp16 of both operands, f32 products)
-    auto r = [p](const Tensor& t) { return p == Precision::bf16 ? round_bf16(t) : round_fp16(t); };
+    auto r = [p](const Tensor& t) { return round_operand(t, p); };
     uint64_t held16 = 0;
     const std::vector<Tensor> got = run(p, &held16);
     {
@@ -322,7 +351,7 @@ TEST_CASE("autocast: fused CPU attention keeps q, k, v in 16 bits: the bits of f
       SdpaOptions o;
       o.causal = mask == 1;
       if (mask == 2) o.key_padding_lengths = from_vector<int64_t>({T, 20}, {2});
-      auto r = [p](const Tensor& t) { return p == Precision::bf16 ? round_bf16(t) : round_fp16(t); };
+      auto r = [p](const Tensor& t) { return round_operand(t, p); };
       auto run = [&](bool autocast, std::vector<Tensor>* grads, uint64_t* held) {
         Tensor x = qkv.detach().set_requires_grad(true);
         Tensor q = x.select(2, 0).transpose(1, 2), k = x.select(2, 1).transpose(1, 2), v = x.select(2, 2).transpose(1, 2);
