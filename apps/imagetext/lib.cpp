@@ -138,14 +138,6 @@ int64_t caption_token_count(std::span<const Scene> scenes) {
   return n;
 }
 
-double forward_backward(ImageText& model, optim::Optimizer& opt, const SceneBatch& batch, double label_smoothing) {
-  model.train();
-  const Tensor loss = caption_loss(model, batch, label_smoothing);
-  opt.zero_grad();
-  loss.backward();
-  return loss.item<double>();
-}
-
 // ---- generation --------------------------------------------------------------------------------
 
 namespace {
@@ -160,8 +152,11 @@ std::vector<int64_t> argmax_rows(const Tensor& logits) {
 
 std::vector<std::vector<int64_t>> greedy_captions(ImageText& model, const Tensor& images, bool use_kv_cache) {
   InferenceScope scope(model);  // eval mode, no tape (the mode is restored)
-  const int64_t B = images.size(0), T = model.cfg.max_len;
-  const Tensor memory = model.encode(images);                            // (B, Tk, d): once per image
+  return greedy_captions_from(model, model.encode(images), use_kv_cache);  // (B, Tk, d): once per image
+}
+
+std::vector<std::vector<int64_t>> greedy_captions_from(ImageText& model, const Tensor& memory, bool use_kv_cache) {
+  const int64_t B = memory.size(0), T = model.cfg.max_len;
   const std::vector<nn::ContextKV> kv = model.context_kv(memory);        // (B, NH, Tk, hs) per block: once
   std::vector<nn::KVCache> caches;
   for (int64_t l = 0; l < model.cfg.dec_layers; ++l) caches.emplace_back(T);
@@ -219,14 +214,15 @@ CaptionEval evaluate_captions(ImageText& model, const data::ImageDataset& source
     for (size_t i = first; i < std::min(mine.size(), first + size_t(batch)); ++i)
       part.push_back(scenes[size_t(mine[i])]);
     const SceneBatch b = make_scene_batch(source, sc, part, norm);
-    const Tensor logits = model.forward(b.images, b.input);  // (B, T, V)
+    const Tensor memory = model.encode(b.images);            // (B, Tk, d): for both passes below
+    const Tensor logits = model.decode(b.input, memory);     // (B, T, V), teacher forcing
     const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
     const Tensor target = b.target.reshape({B * T});
     s[0] += cross_entropy(logits.reshape({B * T, V}), target.to(logits.device()), "sum").item<double>();
     const std::vector<int64_t> pred = argmax_rows(logits), truth = target.to_vector<int64_t>();
     for (size_t i = 0; i < truth.size(); ++i)
       if (truth[i] != -100) s[1] += 1, s[2] += pred[i] == truth[i];
-    const std::vector<std::vector<int64_t>> gen = greedy_captions(model, b.images);
+    const std::vector<std::vector<int64_t>> gen = greedy_captions_from(model, memory);
     for (size_t k = 0; k < part.size(); ++k) {
       std::vector<int64_t> want = caption_tokens(part[k]);
       want.erase(want.begin());  // the words and <eos>, as generated

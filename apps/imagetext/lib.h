@@ -27,7 +27,6 @@
 #include "apps/imagetext/model.h"
 #include "apps/imagetext/scene.h"
 #include "data/images.h"
-#include "optim/optimizer.h"
 
 namespace ag::apps {
 
@@ -83,9 +82,6 @@ std::vector<Scene> train_scenes(const data::ImageDataset& train, const ImageText
 Tensor caption_loss(ImageText& model, const SceneBatch& batch, double label_smoothing = 0.0, double tokens = 0);
 // The caption tokens (words and <eos>) the loss counts in `scenes`: sum of (items + 1).
 int64_t caption_token_count(std::span<const Scene> scenes);
-// One step's gradients, no update (the loop in main.cpp writes the same out): model.train(),
-// loss, opt.zero_grad(), backward. Returns the loss.
-double forward_backward(ImageText& model, optim::Optimizer& opt, const SceneBatch& batch, double label_smoothing);
 
 // ---- generation --------------------------------------------------------------------------------
 // Greedy captions of a batch of scenes (B, 1, H, W), under NoGradGuard in eval mode (restored):
@@ -95,6 +91,10 @@ double forward_backward(ImageText& model, optim::Optimizer& opt, const SceneBatc
 // Without `use_kv_cache` every step decodes the whole prefix again from the memory (the reference:
 // the same tokens). Returns each scene's generated tokens up to and including its <eos> (if any).
 std::vector<std::vector<int64_t>> greedy_captions(ImageText& model, const Tensor& images, bool use_kv_cache = true);
+// The same from the encoder's output memory (B, Tk, d) = model.encode(images), for a caller that
+// needs it for more than generation (evaluate_captions: the teacher-forced logits too). The caller
+// sets eval mode and no recording (InferenceScope).
+std::vector<std::vector<int64_t>> greedy_captions_from(ImageText& model, const Tensor& memory, bool use_kv_cache = true);
 
 struct CaptionEval {
   double loss = 0;            // mean teacher-forced cross-entropy per caption token
