@@ -16,6 +16,7 @@
 
 #include <fmt/core.h>
 
+#include "apps/common/threads.h"
 #include "autograd/ops.h"
 #include "autograd/tape.h"
 #include "core/allocator.h"
@@ -121,7 +122,8 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
   cli.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.99));
   cli.add_option("--seed", o.seed, "seed of initialisation, data order, dropout and sampling")->capture_default_str();
   cli.add_option("--threads", o.threads,
-                 "CPU threads (0: every core; under mpirun, the cores divided among this host's ranks)")
+                 "CPU threads (0: the cores other processes leave free, re-measured as the run goes; under mpirun, the "
+                 "cores divided among this host's ranks)")
       ->capture_default_str()
       ->check(non_negative());
   cli.add_flag("--deterministic", o.deterministic,
@@ -203,7 +205,7 @@ void validate_run_options(const RunOptions& o, const std::string& app) {
   usage_check(o.clip >= 0 && std::isfinite(o.clip), "{}: --clip {}: expected >= 0 (0: off)", app, o.clip);
   usage_check(o.dropout >= 0 && o.dropout < 1, "{}: --dropout {}: expected a probability in [0, 1)", app, o.dropout);
   usage_check(o.threads >= 0 && o.threads <= max_threads(),
-              "{}: --threads {}: expected 0 (every core) to {} (4 x this machine's {} processors)", app, o.threads,
+              "{}: --threads {}: expected 0 (the free cores) to {} (4 x this machine's {} processors)", app, o.threads,
               max_threads(), omp_get_num_procs());
   usage_check(o.eval_every >= 0, "{}: --eval-every {}: expected >= 0 (0: ten evaluations per run)", app,
               o.eval_every);
@@ -267,10 +269,13 @@ void apply_run_options(RunOptions& o, const std::string& app) {
   }
   silence_other_ranks();
   validate_run_options(o, app);
+  auto_threads().stop();
   if (o.threads > 0)
     set_num_threads(o.threads);
   else if (ranks_on_this_host() > 1)  // every core, shared among the ranks: no oversubscription
     set_num_threads(std::max(1, num_threads() / ranks_on_this_host()));
+  else if (dist::world_size() == 1)  // the cores other processes leave free (apps/common/threads.h)
+    auto_threads().start();
   if (o.deterministic) set_deterministic(true);
   if (o.detect_anomaly) detect_anomaly(true);
   // this thread's autocast precision for the whole run: training, evaluation and sampling alike
@@ -473,6 +478,8 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
                 : std::string();
   const std::string where = fmt::format("{}{}", o.device == "cpu" ? "" : ", on " + o.device,
                                         o.precision == "fp32" ? "" : ", " + o.precision + " autocast");
+  const std::optional<std::string> threads_line = auto_threads().settle();
+  if (threads_line && dist::is_main()) fmt::print(stderr, "{}\n", *threads_line);
   fmt::print(stderr, "{}: {} parameters, {} threads{}{}, run directory {}\n", app_,
              format_count(double(model.num_parameters())), num_threads(), ranks, where, dir_);
   // data parallelism: rank 0's initial weights everywhere, and the gradients averaged from now on
@@ -649,6 +656,7 @@ void Run::step_done(int64_t step, double loss, int64_t samples, int64_t tokens) 
   if (bar_)
     bar_->update(step, {{"loss", loss_count_ > 0 ? loss_sum_ / double(loss_count_) : loss}, {"lr", opt_.lr()}});
   if (step % o_.log_every == 0 || step == o_.steps) log_train(step);
+  if (const std::optional<std::string> line = auto_threads().poll()) print(*line);
 }
 
 void Run::log_train(int64_t step) {

@@ -140,7 +140,7 @@ struct RunOptions {
   double clip = 1.0;           // global gradient-norm clip (0: off)
   double dropout = 0.0;
   uint64_t seed = 1;
-  int threads = 0;             // 0: every core
+  int threads = 0;             // 0: the cores other processes leave free (apps/common/threads.h)
   bool deterministic = false;  // ag::set_deterministic: the same bits at any thread count
   bool detect_anomaly = false;  // ag::detect_anomaly: the first op making a NaN/Inf raises, naming it
   std::string device = "cpu";
