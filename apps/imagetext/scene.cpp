@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "data/text.h"
 
 namespace ag::apps {
 
@@ -85,19 +86,10 @@ void check_scene_config(const SceneConfig& c) {
 
 namespace {
 
-// SplitMix64's finaliser: a bijection of 64-bit words whose outputs look independent for inputs
-// that differ in any bit (Steele, Lea and Flood 2014; the seeding function of xoshiro).
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-// h_j of scene `index` (see scene.h): the four keys chained through the finaliser.
-uint64_t scene_hash(uint64_t seed, SceneSplit split, uint64_t index, uint64_t j) {
-  uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ULL);
-  h = mix64(h ^ (uint64_t(split) * 0x9e3779b97f4a7c15ULL));
-  h = mix64(h ^ index);
-  return mix64(h ^ (j + 1) * 0xd1b54a32d192ed03ULL);
+// The draw of scene `index` (see scene.h): a uniform integer in [0, n) from Philox4x32-10 at stream
+// 16 split + j (j <= 8 < 16, so every (split, j) has its own stream) and counter `index`.
+uint64_t scene_draw(uint64_t seed, SceneSplit split, uint64_t index, uint64_t j, uint64_t n) {
+  return data::philox_below(seed, 16 * uint64_t(split) + j, index, n);
 }
 
 }  // namespace
@@ -109,10 +101,10 @@ Scene compose_scene(const data::ImageDataset& source, const SceneConfig& c, uint
         "imagetext: expected {}x{} grey item images, got {}x{}x{}", c.item_size, c.item_size, source.channels,
         source.height, source.width);
   const uint64_t span = uint64_t(c.max_items - c.min_items + 1);
-  const int64_t n = c.min_items + int64_t(scene_hash(seed, split, index, 0) % span);
+  const int64_t n = c.min_items + int64_t(scene_draw(seed, split, index, 0, span));
   Scene s;
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t i = int64_t(scene_hash(seed, split, index, uint64_t(k) + 1) % uint64_t(source.size()));
+    const int64_t i = int64_t(scene_draw(seed, split, index, uint64_t(k) + 1, uint64_t(source.size())));
     s.images.push_back(i);
     s.labels.push_back(source.labels[size_t(i)]);
   }

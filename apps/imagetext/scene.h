@@ -7,12 +7,12 @@
 // Items fill slots 0 .. n-1 in order; the other slots stay blank (pixel 0). The caption names the
 // items in slot order, "sneaker, bag, dress": one word per Fashion-MNIST class (caption_words()).
 //
-// Reproducible from a seed: scene i of a split is a function of (seed, split, i) alone (a
-// SplitMix64 hash, no state), so the training stream, a resumed run and every rank of a
-// data-parallel job see the same scenes:
-//   h_j = splitmix64(seed, split, i, j)
-//   n = min_items + h_0 mod (max_items - min_items + 1)
-//   item k = h_{k+1} mod |source images|        (images drawn with replacement)
+// Reproducible from a seed: scene i of a split is a function of (seed, split, i) alone (counter-
+// based draws, no state), so the training stream, a resumed run and every rank of a data-parallel
+// job see the same scenes. With below_j(n) = data::philox_below(seed, 16 split + j, i, n), a
+// uniform integer in [0, n) from Philox4x32-10 (the draw textclf shuffles with):
+//   n = min_items + below_0(max_items - min_items + 1)
+//   item k = below_{k+1}(|source images|)        (images drawn with replacement)
 // The source of a split is its own image set: training scenes use the training images left after
 // the validation images are held out (data::hold_out, a fixed seed), validation scenes the held-out
 // images, test scenes only the test images. So no test image is ever seen in training, nor a

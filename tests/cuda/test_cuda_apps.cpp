@@ -5,8 +5,11 @@
 //   gpt      the app's default model (context 128, d_model 128, 4 heads, 4 layers, MLP 512,
 //            batch 32) for 30 steps: the train-loss curve (metrics.jsonl, every 5 steps) and the
 //            validation losses agree to 2e-3 relative
-//   vit, textclf   the tiny models of the CPU tests, with dropout 0.1 (the GPU draws the CPU's
-//            Philox masks, so the runs stay comparable): the same curves to 2e-3 relative
+//   vit, textclf, imagetext   the tiny models of the CPU tests, with dropout 0.1 (the GPU draws the
+//            CPU's Philox masks, so the runs stay comparable): the same curves to 2e-3 relative
+//            (imagetext's evaluations also run greedy captioning on the GPU, with the image keys
+//            and values projected once and the self-attention caches, and retrieval; their
+//            accuracies are not compared, an argmax may flip on a near tie)
 //   gpt --precision bf16   the default model in bf16 autocast on both devices: 1e-2 relative
 //
 // Why 2e-3 and not bit equality: the devices sum in different orders (cuBLAS's GEMM tiles, the
@@ -75,6 +78,9 @@ TEST_CASE("cuda apps: vit trains on the GPU along the CPU's loss curve, dropout 
 }
 TEST_CASE("cuda apps: textclf trains on the GPU along the CPU's loss curve, dropout included") {
   same_curve_on_gpu("textclf");
+}
+TEST_CASE("cuda apps: imagetext trains on the GPU along the CPU's loss curve, cross-attention and dropout included") {
+  same_curve_on_gpu("imagetext");
 }
 TEST_CASE("cuda apps: gpt's default model trains in bf16 autocast on the GPU along the CPU's bf16 curve") {
   same_curve_on_gpu("gpt", "bf16");
