@@ -16,6 +16,7 @@
 
 #include "apps/common/plot.h"
 #include "apps/common/run.h"
+#include "apps/common/threads.h"
 #include "core/parallel.h"
 #include "dist/dist.h"
 
@@ -139,7 +140,7 @@ double best_peak_flops(const std::string& cache_file, const std::string& key, do
 }
 
 double machine_peak_flops(std::string* source) {
-  const int nt = num_threads();
+  const int nt = auto_threads().active() ? auto_threads().cores() : num_threads();
   const double measured = measure_peak_flops(nt);
   const std::string file = default_cache_dir() + "/peak_flops.json";
   const double best = best_peak_flops(file, peak_flops_key(nt), measured);

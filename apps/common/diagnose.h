@@ -14,7 +14,8 @@
 //   training FLOP/s = 3 x forward FLOPs per sample x samples per second
 //     (forward FLOPs by nn::summarize's convention; backward counted as twice the forward)
 //   peak FLOP/s     = what this CPU does with nothing but fused multiply-adds at the vector width
-//     this build compiles for (512-bit with AVX-512, else 256-bit), on the threads the run uses:
+//     this build compiles for (512-bit with AVX-512, else 256-bit), on the threads the run may use
+//     (under --threads 0, every core: the count follows the other processes' load, apps/common/threads.h):
 //     measured at start by a short loop (measure_peak_flops: the best of 5 trials), and kept per
 //     machine (machine_peak_flops: the best figure ever measured for this CPU model, vector width
 //     and thread count, in <cache dir>/peak_flops.json), since a loop timed while another process
@@ -57,8 +58,10 @@ std::string peak_flops_key(int threads);
 // better `measured` is written back (atomically). A missing, unreadable or malformed cache file
 // counts as empty and is replaced; one that cannot be written is left alone (the result stands).
 double best_peak_flops(const std::string& cache_file, const std::string& key, double measured);
-// measure_peak_flops on the library's threads, then best_peak_flops in
-// <default_cache_dir()>/peak_flops.json. `source` (may be null) gets how it was found.
+// measure_peak_flops on the threads the run may use, then best_peak_flops in
+// <default_cache_dir()>/peak_flops.json. `source` (may be null) gets how it was found. The threads:
+// the library's count, or under --threads 0 (apps/common/threads.h) every core the governor may
+// take, since it changes the count during the run: MFU is then a share of those cores.
 double machine_peak_flops(std::string* source = nullptr);
 
 struct ComputeProfile {

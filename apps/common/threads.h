@@ -52,6 +52,7 @@ class AutoThreads {
   std::optional<std::string> poll();
   void stop() { active_ = false; }
   bool active() const { return active_; }
+  int cores() const { return cores_; }  // the most threads it takes
   double last_others() const { return others_; }  // cores used by other processes at the last sample
 
  private:

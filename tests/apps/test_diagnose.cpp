@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "apps/common/diagnose.h"
+#include "apps/common/threads.h"
+#include "core/parallel.h"
 #include "apps/vit/model.h"
 #include "tests/helpers.h"
 #include "tests/spawn.h"
@@ -140,6 +142,34 @@ TEST_CASE("diagnose: the FMA peak is the best this machine has measured, kept in
   write_bytes(file, "{\"" + key + "\": \"fast\"}");  // a value that is no number: ignored
   CHECK(best_peak_flops(file, key, 60e9) == 60e9);
   CHECK(best_peak_flops(file, key, std::nan("")) == 60e9);  // a NaN measurement never enters the file
+}
+
+TEST_CASE("diagnose: under --threads 0 the peak is that of every core the run may take") {
+  TempDir tmp("peak_auto");
+  const char* home = std::getenv("HOME");
+  const std::string saved_home = home ? home : "";
+  ::setenv("HOME", tmp.dir.c_str(), 1);  // the peak cache of this test only
+  const int before = num_threads();
+  set_num_threads(2);
+  AutoThreads& a = auto_threads();
+  a.start();  // may take up to the 2 threads set now
+  REQUIRE(a.active());
+  CHECK(a.cores() == 2);
+  set_num_threads(1);  // what it does beside a busy process
+  std::string source;
+  CHECK(machine_peak_flops(&source) > 0);
+  CHECK(source.find("2 threads") != std::string::npos);  // the machine's 2 cores, not the 1 thread of the moment
+  const std::string file = tmp.file(".cache/attograd/peak_flops.json");
+  CHECK(nlohmann::json::parse(read_bytes(file)).contains(peak_flops_key(2)));
+  a.stop();  // an explicit --threads: the threads of the run
+  CHECK(machine_peak_flops(&source) > 0);
+  CHECK(source.find("1 thread,") != std::string::npos);
+  CHECK(nlohmann::json::parse(read_bytes(file)).contains(peak_flops_key(1)));
+  if (home)
+    ::setenv("HOME", saved_home.c_str(), 1);
+  else
+    ::unsetenv("HOME");
+  set_num_threads(before);
 }
 
 TEST_CASE("diagnose: the attention report as JSON") {
