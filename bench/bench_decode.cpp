@@ -9,6 +9,11 @@
 //   bench_decode --precision bf16              everything under bf16 autocast: bf16 products, the KV
 //                                              cache in bf16 (nn::KVCache), half its bytes
 //
+//   bench_decode --imagetext [--scenes 100]    apps/imagetext's default model (random weights): greedy
+//                                              captions of a batch of scenes with both caches, with the
+//                                              self-attention caches only (each block's image keys and
+//                                              values projected again at every step), and with none
+//
 // --json prints one JSON line (no table) with the no-cache and preallocated-cache rows only, for
 // bench/compare_pytorch (whose PyTorch side, bench/torch_reference.py generate, is the same model
 // with a hand-written cache).
@@ -23,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "apps/imagetext/lib.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 #include "nn/embedding.h"
@@ -115,6 +121,57 @@ std::vector<int64_t> generate(Gpt& m, int64_t n, Mode mode) {
   return {seq.begin() + 1, seq.end()};
 }
 
+// --imagetext: the time of greedy captioning from the encoder's memory, by what each step reuses
+// (apps/imagetext/lib.h CaptionCache). The encoder runs once per batch in every variant (timed
+// apart). A random model's captions run to different lengths, the same in every variant (checked).
+int bench_imagetext(int64_t scenes, int reps, bool json) {
+  apps::ImageTextConfig cfg;  // the app's defaults: 28 x 112 scenes, patch 7, d 64, 4 heads, 2 + 2 blocks
+  Generator g(0);
+  apps::ImageText model(cfg, &g);
+  model.eval();
+  NoGradGuard no_grad;
+  const Tensor images = randn({scenes, cfg.channels, cfg.image_h, cfg.image_w}, DType::f32, &g);
+  Tensor memory;
+  const double encode_s = bench::median_seconds([&] { memory = model.encode(images); }, reps, 1);
+  const auto reference = apps::greedy_captions_from(model, memory, apps::CaptionCache::none);
+  int64_t tokens = 0;
+  for (const auto& c : reference) tokens += int64_t(c.size());
+  struct Row {
+    const char* name;
+    const char* key;
+    apps::CaptionCache cache;
+  };
+  const Row rows[] = {{"no cache (the whole prefix per step)", "no_cache", apps::CaptionCache::none},
+                      {"text caches, image k/v every step", "text_only", apps::CaptionCache::text_only},
+                      {"text caches, image k/v once", "full", apps::CaptionCache::full}};
+  nlohmann::json j = {{"bench", "decode_imagetext"}, {"scenes", scenes}, {"threads", num_threads()},
+                      {"image_tokens", cfg.patches() + 1}, {"max_len", cfg.max_len}, {"tokens", tokens},
+                      {"encode_ms", encode_s * 1e3}};
+  if (!json) {
+    fmt::print("attograd bench_decode --imagetext: {} scenes of {}x{}, {} image tokens, d {}, {} heads, {} + {} "
+               "blocks, up to {} tokens per caption ({} generated in all), {} threads, median of {}\n",
+               scenes, cfg.image_h, cfg.image_w, cfg.patches() + 1, cfg.d_model, cfg.n_heads, cfg.enc_layers,
+               cfg.dec_layers, cfg.max_len, tokens, num_threads(), reps);
+    fmt::print("encoding the images once: {:.2f} ms\n", encode_s * 1e3);
+    fmt::print("| {:<36} | {:>9} | {:>10} | {:>11} | {:>10} |\n", "generation from the memory", "ms", "captions/s",
+               "vs no cache", "same tokens");
+    fmt::print("|{:-<38}|{:->11}|{:->12}|{:->13}|{:->12}|\n", "", ":", ":", ":", ":");
+  }
+  double none_s = 0;
+  for (const Row& r : rows) {
+    bool same = true;
+    const double s = bench::median_seconds(
+        [&] { same = same && apps::greedy_captions_from(model, memory, r.cache) == reference; }, reps, 1);
+    if (r.cache == apps::CaptionCache::none) none_s = s;
+    j["results"][r.key] = {{"ms", s * 1e3}, {"captions_per_s", double(scenes) / s}, {"same_tokens", same}};
+    if (!json)
+      fmt::print("| {:<36} | {:>9.2f} | {:>10.1f} | {:>10.2f}x | {:>10} |\n", r.name, s * 1e3, double(scenes) / s,
+                 none_s / s, same ? "yes" : "NO");
+  }
+  if (json) fmt::print("{}\n", j.dump());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +181,12 @@ int main(int argc, char** argv) {
   bool json = false;
   int threads = 0;
   std::string precision = "fp32";
+  bool imagetext = false;
+  int64_t scenes = 100;
+  app.add_flag("--imagetext", imagetext,
+               "time apps/imagetext's greedy captions instead: both caches, the text caches only, none");
+  app.add_option("--scenes", scenes, "--imagetext: scenes captioned as one batch")->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--tokens", n, "tokens to generate after a 1-token prompt")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed generations per cached variant (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--layers", layers, "transformer blocks")->check(CLI::PositiveNumber);
@@ -148,6 +211,7 @@ int main(int argc, char** argv) {
   if (threads > 0) set_num_threads(threads);
   const Precision prec = *parse_precision(precision);  // one of them: CLI::IsMember above
   const AutocastGuard autocast(prec);
+  if (imagetext) return bench_imagetext(scenes, reps, json);
   const int64_t cache_bytes = prec == Precision::fp32 ? 4 : 2;  // per cached element
   for (int64_t kv : kv_list)
     if (heads % kv != 0) {

@@ -150,14 +150,15 @@ std::vector<int64_t> argmax_rows(const Tensor& logits) {
 
 }  // namespace
 
-std::vector<std::vector<int64_t>> greedy_captions(ImageText& model, const Tensor& images, bool use_kv_cache) {
+std::vector<std::vector<int64_t>> greedy_captions(ImageText& model, const Tensor& images, CaptionCache cache) {
   InferenceScope scope(model);  // eval mode, no tape (the mode is restored)
-  return greedy_captions_from(model, model.encode(images), use_kv_cache);  // (B, Tk, d): once per image
+  return greedy_captions_from(model, model.encode(images), cache);  // (B, Tk, d): once per image
 }
 
-std::vector<std::vector<int64_t>> greedy_captions_from(ImageText& model, const Tensor& memory, bool use_kv_cache) {
+std::vector<std::vector<int64_t>> greedy_captions_from(ImageText& model, const Tensor& memory, CaptionCache cache) {
   const int64_t B = memory.size(0), T = model.cfg.max_len;
-  const std::vector<nn::ContextKV> kv = model.context_kv(memory);        // (B, NH, Tk, hs) per block: once
+  std::vector<nn::ContextKV> kv;  // (B, NH, Tk, hs) per block
+  if (cache == CaptionCache::full) kv = model.context_kv(memory);  // once
   std::vector<nn::KVCache> caches;
   for (int64_t l = 0; l < model.cfg.dec_layers; ++l) caches.emplace_back(T);
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(B));
@@ -165,9 +166,10 @@ std::vector<std::vector<int64_t>> greedy_captions_from(ImageText& model, const T
   std::vector<char> done(size_t(B), 0);
   for (int64_t t = 0; t < T; ++t) {
     Tensor logits;
-    if (use_kv_cache) {  // only the newest token: the caches hold positions 0 .. t - 1
+    if (cache != CaptionCache::none) {  // only the newest token: the caches hold positions 0 .. t - 1
       std::vector<int64_t> last(static_cast<size_t>(B));
       for (int64_t b = 0; b < B; ++b) last[size_t(b)] = seq[size_t(b * (t + 1) + t)];
+      if (cache == CaptionCache::text_only) kv = model.context_kv(memory);  // again at every step
       logits = model.decode(from_vector<int64_t>(last, {B, 1}), kv, &caches);  // (B, 1, V)
     } else {  // the reference: the whole prefix, the memory projected again
       logits = model.decode(from_vector<int64_t>(seq, {B, t + 1}), memory).narrow(1, t, 1);

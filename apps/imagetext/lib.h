@@ -88,13 +88,19 @@ int64_t caption_token_count(std::span<const Scene> scenes);
 //   memory = encode(images) once; kv_l = dec_blocks.l.context_kv(memory) once per block;
 //   t = 0: the <bos> column; each step decodes only the newest token (the caches hold the rest),
 //   appends argmax(logits) until every sequence has made <eos> or T tokens.
-// Without `use_kv_cache` every step decodes the whole prefix again from the memory (the reference:
-// the same tokens). Returns each scene's generated tokens up to and including its <eos> (if any).
-std::vector<std::vector<int64_t>> greedy_captions(ImageText& model, const Tensor& images, bool use_kv_cache = true);
+// What a step reuses (bench_decode --imagetext times the three; they make the same tokens):
+//   full        the self-attention caches, and each block's image keys and values projected once
+//   text_only   the self-attention caches; the image keys and values projected again at every step
+//   none        nothing: the whole prefix decoded again from the memory (the reference)
+// Returns each scene's generated tokens up to and including its <eos> (if any).
+enum class CaptionCache { none, text_only, full };
+std::vector<std::vector<int64_t>> greedy_captions(ImageText& model, const Tensor& images,
+                                                  CaptionCache cache = CaptionCache::full);
 // The same from the encoder's output memory (B, Tk, d) = model.encode(images), for a caller that
 // needs it for more than generation (evaluate_captions: the teacher-forced logits too). The caller
 // sets eval mode and no recording (InferenceScope).
-std::vector<std::vector<int64_t>> greedy_captions_from(ImageText& model, const Tensor& memory, bool use_kv_cache = true);
+std::vector<std::vector<int64_t>> greedy_captions_from(ImageText& model, const Tensor& memory,
+                                                       CaptionCache cache = CaptionCache::full);
 
 struct CaptionEval {
   double loss = 0;            // mean teacher-forced cross-entropy per caption token

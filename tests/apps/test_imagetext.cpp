@@ -256,7 +256,7 @@ TEST_CASE("imagetext: config round trip through a checkpoint's metadata, and the
   check_usage_error(with([](auto& x) { x.label_smoothing = 1.0; }), {"--label-smoothing 1"});
 }
 
-TEST_CASE("imagetext: greedy captions through the KV caches equal the uncached reference, the first token the argmax") {
+TEST_CASE("imagetext: greedy captions through the KV caches (text only, or text and image) equal the uncached reference, the first token the argmax") {
   std::vector<int64_t> labels;
   for (int i = 0; i < 30; ++i) labels.push_back(i % 10);
   const data::ImageDataset src = items(8, labels);
@@ -270,10 +270,11 @@ TEST_CASE("imagetext: greedy captions through the KV caches equal the uncached r
       NoGradGuard ng;
       model.head->weight.mul_(20.0);
     }
-    const auto cached = greedy_captions(model, b.images, true);
-    const auto uncached = greedy_captions(model, b.images, false);
+    const auto cached = greedy_captions(model, b.images, CaptionCache::full);
+    const auto uncached = greedy_captions(model, b.images, CaptionCache::none);
     REQUIRE(cached.size() == 12);
     CHECK(cached == uncached);
+    CHECK(greedy_captions(model, b.images, CaptionCache::text_only) == uncached);
     // the first generated token is the argmax of one forward over <bos>
     NoGradGuard ng;
     model.eval();
