@@ -60,7 +60,7 @@ def run(app, threads, steps, extra, tmp):
         prev = l
     # the count the app ended with: its last "threads: N of M cores" line, else the one it started with
     counts = re.findall(r"threads: (\d+) of \d+ cores", p.stderr)
-    start = re.search(r"parameters, (\d+) threads", p.stderr)
+    start = re.search(r"parameters, (\d+) threads?", p.stderr)
     ended = int(counts[-1]) if counts else (int(start.group(1)) if start else threads)
     return samples / seconds, ended
 

@@ -480,8 +480,9 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
                                         o.precision == "fp32" ? "" : ", " + o.precision + " autocast");
   const std::optional<std::string> threads_line = auto_threads().settle();
   if (threads_line && dist::is_main()) fmt::print(stderr, "{}\n", *threads_line);
-  fmt::print(stderr, "{}: {} parameters, {} threads{}{}, run directory {}\n", app_,
-             format_count(double(model.num_parameters())), num_threads(), ranks, where, dir_);
+  fmt::print(stderr, "{}: {} parameters, {} thread{}{}{}, run directory {}\n", app_,
+             format_count(double(model.num_parameters())), num_threads(), num_threads() == 1 ? "" : "s", ranks, where,
+             dir_);
   // data parallelism: rank 0's initial weights everywhere, and the gradients averaged from now on
   // (the reducer's all-reduce runs during backward; with one process it does nothing)
   dist::broadcast(model_.parameters());
