@@ -3,7 +3,7 @@
 // where the time of bench_attention's fused column goes, and the GFLOP/s each half reaches. Then
 // the whole op, fused against unfused, as bench_attention times it but in CPU time.
 //
-//   bench_attention_tiles [--batch 32] [--heads 4] [--T 256] [--d 32] [--reps 20]
+//   bench_attention_tiles [--batch 32] [--heads 4] [--T 256] [--d 32] [--reps 20] [--bf16 [--rounds 3]]
 //
 // Also the CPU time summed over threads (std::clock), steadier than wall time on a loaded machine
 // (with OMP_WAIT_POLICY=passive waiting threads add little to it).
@@ -81,6 +81,71 @@ HeadReference attention_head_naive(const float* q, const float* k, const float* 
   return r;
 }
 
+// --bf16: cpu::attention_forward_16 / attention_backward_16 on bf16 q, k, v (what bf16 autocast
+// keeps), with the scores S = scale Q K^T on VDPBF16PS (native, ag::cpu::sbgemm_native) and with
+// the f32 tile products of the widened values (emulated), alternating; each path's outputs are
+// compared once, before timing (they differ by f32 rounding only). Medians of wall time per round.
+int bench_bf16(int64_t B, int64_t H, int64_t T, int64_t D, int reps, int rounds) {
+  if (!cpu::sbgemm_supported()) {
+    fmt::print(stderr, "bench_attention_tiles --bf16: this CPU has no AVX512-BF16 (avx512_bf16)\n");
+    return 2;
+  }
+  const int64_t BH = B * H, n = BH * T * D;
+  std::mt19937 rng(0);
+  std::normal_distribution<float> normal;
+  const size_t sz = static_cast<size_t>(n);
+  std::vector<bf16> q(sz), k(sz), v(sz);
+  for (auto* x : {&q, &k, &v})
+    for (bf16& e : *x) e = bf16(normal(rng));
+  std::vector<float> dout(sz), out(sz), lse(static_cast<size_t>(BH * T)), dq(sz), dk(sz), dv(sz);
+  for (float& e : dout) e = normal(rng);
+  fmt::print("attograd bench_attention_tiles --bf16: B {} H {} T {} d {}, bf16 q, k, v, {} threads, OMP_WAIT_POLICY {}\n\n",
+             B, H, T, D, num_threads(), bench::omp_wait_policy());
+  fmt::print("{:<8} {:<9} {:>6} {:>12} {:>10} {:>13} {:>11}\n", "mask", "scores", "round", "forward ms", "GFLOP/s",
+             "backward ms", "GFLOP/s");
+  const bool before = cpu::sbgemm_native();
+  for (bool causal : {false, true}) {
+    cpu::AttentionGeom g;
+    g.BH = BH, g.H = H, g.Tq = T, g.Tk = T, g.D = D, g.Dv = D;
+    g.scale = 1.0 / std::sqrt(double(D));
+    g.causal = causal;
+    const double pairs = causal ? double(T) * (T + 1) / 2 : double(T) * T;
+    const double gemm = 2.0 * double(BH) * pairs * double(D);
+    auto forward = [&] { cpu::attention_forward_16(out.data(), lse.data(), q.data(), k.data(), v.data(), g); };
+    auto backward = [&] {
+      cpu::attention_backward_16(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                 out.data(), lse.data(), g);
+    };
+    // the two paths' results, once: out and dq from zeros
+    std::vector<float> results[2];
+    for (bool native : {false, true}) {
+      cpu::set_sbgemm_native(native);
+      std::fill(dq.begin(), dq.end(), 0.f);
+      forward(), backward();
+      results[native] = out;
+      results[native].insert(results[native].end(), dq.begin(), dq.end());
+    }
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < results[0].size(); ++i)
+      worst = std::max(worst, double(std::abs(results[1][i] - results[0][i]))),
+      scale = std::max(scale, double(std::abs(results[0][i])));
+    for (int r = 0; r < rounds; ++r)
+      for (bool native : r % 2 ? std::vector<bool>{true, false} : std::vector<bool>{false, true}) {
+        cpu::set_sbgemm_native(native);
+        const double fwd = bench::median_seconds(forward, reps, 2), bwd = bench::median_seconds(backward, reps, 2);
+        const char* path = native ? "native" : "emulated";
+        fmt::print("{:<8} {:<9} {:>6} {:>12.2f} {:>10.1f} {:>13.2f} {:>11.1f}\n", causal ? "causal" : "none", path, r,
+                   fwd * 1e3, 2 * gemm / fwd / 1e9, bwd * 1e3, 5 * gemm / bwd / 1e9);
+        fmt::print("{{\"bench\":\"attention_tiles_bf16\",\"B\":{},\"H\":{},\"T\":{},\"d\":{},\"mask\":\"{}\","
+                   "\"scores\":\"{}\",\"round\":{},\"threads\":{},\"forward_ms\":{:.4f},\"backward_ms\":{:.4f},"
+                   "\"max_diff_native_emulated\":{:.3e},\"max_abs\":{:.3e}}}\n",
+                   B, H, T, D, causal ? "causal" : "none", path, r, num_threads(), fwd * 1e3, bwd * 1e3, worst, scale);
+      }
+  }
+  cpu::set_sbgemm_native(before);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"attograd: fused attention kernels, forward and backward apart"};
   int64_t B = 32, H = 4, T = 256, D = 32;
@@ -90,7 +155,14 @@ int main(int argc, char** argv) {
   app.add_option("--T", T, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--d", D, "head size")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::PositiveNumber);
+  bool bf16_only = false;
+  int rounds = 3;
+  app.add_flag("--bf16", bf16_only,
+               "instead: the kernels on bf16 q, k, v (bf16 autocast's), the scores on AVX512-BF16 (native) against "
+               "f32 products of the widened values (emulated), in alternating rounds; a table and one JSON line each");
+  app.add_option("--rounds", rounds, "--bf16: alternating rounds of the two paths")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (bf16_only) return bench_bf16(B, H, T, D, reps, rounds);
 
   const int64_t BH = B * H, n = BH * T * D;
   std::mt19937 rng(0);

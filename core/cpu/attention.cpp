@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+
+#include "core/cpu/avx512.h"
 #include "core/cpu/vecmath.h"
 #include "core/kernels.h"
 #include "core/kernels/attention_mask.h"
@@ -298,6 +300,110 @@ int64_t transposed_ld(int64_t Tk) {
   return (Tk + line - 1) / line * line + line;
 }
 
+// ---- scores of bf16 q and k on AVX512-BF16 ----------------------------------------------------
+// Under bf16 autocast q and k hold bf16 values, so S = scale Q K^T can multiply them as they are:
+// VDPBF16PS treats each 32-bit lane as a pair of bf16 values and adds both products into the
+// lane's f32 sum (each product is exact in f32, 8 x 8 significant bits), 32 multiply-adds per
+// instruction where an f32 FMA does 16. The pairs run along the head dimension: word pp of row i
+// of Q is (Q[i][2pp], Q[i][2pp + 1]), two adjacent values, read as they are; K^T is turned once
+// per head into D/2 rows of such words (transpose_words). The scores are the f32 tile products'
+// (the same exact products), summed two at a time, so they differ from them by f32 rounding only,
+// as sbgemm's differ from the emulation (core/cpu/gemm.cpp); each sum runs over pp in order in one
+// register, so the results do not depend on the thread count. Everything after the scores (the
+// softmax, P V and every backward product but the rebuilt S) stays the f32 kernels'. Used when
+// the CPU has AVX512-BF16 and the library's bf16 products are native (sbgemm_native), for an even
+// head size; else the scores come from the f32 tile product of the widened values, as for fp16.
+#if defined(__x86_64__)
+#define AG_ATTENTION_BF16 1
+
+// The 32-bit word of the bf16 pair at x (x[0] in its low half): one unaligned load.
+inline uint32_t pair_word(const bf16* x) {
+  uint32_t w;
+  std::memcpy(&w, x, sizeof w);
+  return w;
+}
+
+// kt (D/2 rows, row stride ldt) = the pairs of x (rows of D bf16 values, row stride ld, D even)
+// turned: kt[pp ldt + r] = (x[r][2pp], x[r][2pp + 1]). Written row by row of kt, as transpose.
+void transpose_words(uint32_t* kt, int64_t ldt, const bf16* x, int64_t rows, int64_t D, int64_t ld) {
+  for (int64_t pp = 0; pp < D / 2; ++pp)
+    for (int64_t r = 0; r < rows; ++r) kt[pp * ldt + r] = pair_word(x + r * ld + 2 * pp);
+}
+
+// C[r][c] = alpha sum_pp A(r, pp) . B(pp, c) for r < R and c < n <= 32: A(r, pp) the word at
+// a + r lda + 2 pp (bf16 values), B(pp, c) = b[pp ldb + c]. 2 R accumulators of 16 sums.
+template <int R, bool kFull>
+AG_BF16_TARGET void scores_block(float* C, int64_t ldc, const bf16* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                                 int64_t kp, int64_t n, float alpha) {
+  const __mmask16 m0 = kFull ? __mmask16(0xffff) : first_lanes(n), m1 = kFull ? __mmask16(0xffff) : first_lanes(n - 16);
+  __m512 acc[R][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r][0] = _mm512_setzero_ps(), acc[r][1] = _mm512_setzero_ps();
+  for (int64_t pp = 0; pp < kp; ++pp) {
+    const uint32_t* bp = b + pp * ldb;
+    const __m512bh b0 = (__m512bh)(kFull ? _mm512_loadu_si512(bp) : _mm512_maskz_loadu_epi32(m0, bp));
+    const __m512bh b1 = (__m512bh)(kFull ? _mm512_loadu_si512(bp + 16) : _mm512_maskz_loadu_epi32(m1, bp + 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(pair_word(a + r * lda + 2 * pp)));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, b1);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(C + r * ldc, m0, _mm512_mul_ps(va, acc[r][0]));
+    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, _mm512_mul_ps(va, acc[r][1]));
+  }
+}
+
+template <bool kFull>
+AG_BF16_TARGET void scores_columns(int64_t M, int64_t n, int64_t kp, float alpha, const bf16* a, int64_t lda,
+                                   const uint32_t* b, int64_t ldb, float* C, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 8 <= M; i += 8) scores_block<8, kFull>(C + i * ldc, ldc, a + i * lda, lda, b, ldb, kp, n, alpha);
+  for (; i < M; ++i) scores_block<1, kFull>(C + i * ldc, ldc, a + i * lda, lda, b, ldb, kp, n, alpha);
+}
+
+// S (M, N) = alpha Q K^T: q (M rows of D bf16 values, row stride ldq), kt = the words of K^T
+// (transpose_words, row stride ldt), S row-major with row stride lds. D even.
+AG_BF16_TARGET void scores_bf16(int64_t M, int64_t N, int64_t D, float alpha, const bf16* q, int64_t ldq,
+                                const uint32_t* kt, int64_t ldt, float* S, int64_t lds) {
+  int64_t j = 0;
+  for (; j + 32 <= N; j += 32) scores_columns<true>(M, 32, D / 2, alpha, q, ldq, kt + j, ldt, S + j, lds);
+  if (j < N) scores_columns<false>(M, N - j, D / 2, alpha, q, ldq, kt + j, ldt, S + j, lds);
+}
+#endif
+
+// transpose_words and scores_bf16 for In = bf16 (native_scores is false for every other In).
+template <class In>
+void transpose_pairs(uint32_t* kt, int64_t ldt, const In* x, int64_t rows, int64_t D, int64_t ld) {
+#if defined(AG_ATTENTION_BF16)
+  if constexpr (std::is_same_v<In, bf16>) transpose_words(kt, ldt, x, rows, D, ld);
+#endif
+  (void)kt, (void)ldt, (void)x, (void)rows, (void)D, (void)ld;
+}
+template <class T, class In>
+void scores_native(int64_t M, int64_t N, int64_t D, T alpha, const In* q, int64_t ldq, const uint32_t* kt, int64_t ldt,
+                   T* S, int64_t lds) {
+#if defined(AG_ATTENTION_BF16)
+  if constexpr (std::is_same_v<In, bf16> && std::is_same_v<T, float>) scores_bf16(M, N, D, alpha, q, ldq, kt, ldt, S, lds);
+#endif
+  (void)M, (void)N, (void)D, (void)alpha, (void)q, (void)ldq, (void)kt, (void)ldt, (void)S, (void)lds;
+}
+
+// Whether the scores of q, k stored as In run on scores_bf16 (above): bf16 operands summed in f32,
+// an even head size, and the library's bf16 products native.
+template <class T, class In>
+bool native_scores(int64_t D) {
+#if defined(AG_ATTENTION_BF16)
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<In, bf16>) return D % 2 == 0 && sbgemm_native();
+#endif
+  (void)D;
+  return false;
+}
+
 // Where head bh of a (B, H, T, D) input starts, and its row stride.
 struct HeadView {
   int64_t offset, ld;
@@ -321,7 +427,9 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
   const Visibility vis = visibility(g);
   parallel_for(g.BH * nqb, grain_for(item_work), [&](int64_t w0, int64_t w1) {
     const int64_t ldt = transposed_ld<T>(g.Tk);
-    std::vector<T> S(size_t(kBq * kBk)), Kt(size_t(D * ldt)), acc(size_t(kBq * Dv)), m(kBq), l(kBq);
+    const bool native = native_scores<T, In>(D);
+    std::vector<T> S(size_t(kBq * kBk)), Kt(size_t(native ? 0 : D * ldt)), acc(size_t(kBq * Dv)), m(kBq), l(kBq);
+    std::vector<uint32_t> Ktw(size_t(native ? D / 2 * ldt : 0));  // K^T as bf16 pairs (native)
     std::vector<T> Qw, Vw;  // 16-bit q and v widened (rows_as); unused when In is T
     int64_t kt_of = -1;  // the key head whose K^T is in Kt: a thread's work items run head by head
     const T* V = nullptr;  // that head's values, row stride ldv
@@ -332,11 +440,14 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
       const int64_t kvh = kv_head(g, bh);
       const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, kvh, g.H / g.G, g.Tk, D),
                      hv = head_view(g.v, kvh, g.H / g.G, g.Tk, Dv);
-      const T* Q;
-      int64_t ldq;
-      std::tie(Q, ldq) = rows_as<T>(q + hq.offset + i0 * hq.ld, hq.ld, nq, D, Qw);
+      const T* Q = nullptr;
+      int64_t ldq = 0;
+      if (!native) std::tie(Q, ldq) = rows_as<T>(q + hq.offset + i0 * hq.ld, hq.ld, nq, D, Qw);
       if (kt_of != kvh) {
-        transpose(Kt.data(), ldt, k + hk.offset, g.Tk, D, hk.ld);  // K^T (D, Tk)
+        if (native)
+          transpose_pairs(Ktw.data(), ldt, k + hk.offset, g.Tk, D, hk.ld);  // K^T (D/2, Tk) in pairs
+        else
+          transpose(Kt.data(), ldt, k + hk.offset, g.Tk, D, hk.ld);  // K^T (D, Tk)
         std::tie(V, ldv) = rows_as<T>(v + hv.offset, hv.ld, g.Tk, Dv, Vw);
         kt_of = kvh;
       }
@@ -349,7 +460,10 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
       std::fill(acc.begin(), acc.begin() + nq * Dv, T(0));
       for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
         // S = scale Q K_j^T   (nq, nk)
-        tile_product(nq, nk, D, T(g.scale), Q, ldq, 1, Kt.data() + j0, ldt, S.data(), kBk, false);
+        if (native)
+          scores_native(nq, nk, D, T(g.scale), q + hq.offset + i0 * hq.ld, hq.ld, Ktw.data() + j0, ldt, S.data(), kBk);
+        else
+          tile_product(nq, nk, D, T(g.scale), Q, ldq, 1, Kt.data() + j0, ldt, S.data(), kBk, false);
         for (int64_t i = 0; i < nq; ++i) {
           T* s = S.data() + i * kBk;
           if (g.alibi) add_alibi(s, g, bh, i0 + i, j0, nk);
@@ -408,7 +522,10 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
   const Visibility vis = visibility(g);
   parallel_for(g.BH, grain_for(2 * g.Tq * g.Tk * (D + Dv)), [&](int64_t w0, int64_t w1) {
     const int64_t ldt = transposed_ld<T>(g.Tk);
-    std::vector<T> P(size_t(kBq * kBk)), dP(size_t(kBq * kBk)), Kt(size_t(D * ldt)), Vt(size_t(Dv * ldt)), Dd(kBq);
+    const bool native = native_scores<T, In>(D);
+    std::vector<T> P(size_t(kBq * kBk)), dP(size_t(kBq * kBk)), Kt(size_t(native ? 0 : D * ldt)), Vt(size_t(Dv * ldt)),
+        Dd(kBq);
+    std::vector<uint32_t> Ktw(size_t(native ? D / 2 * ldt : 0));  // K^T as bf16 pairs (native)
     std::vector<T> Qw, Kw;  // 16-bit q and k widened (rows_as); unused when In is T
     std::vector<KeyRange> range(kBq);
     for (int64_t bh = w0; bh < w1; ++bh) {
@@ -421,7 +538,10 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
       std::tie(K, ldk) = rows_as<T>(k + hk.offset, hk.ld, g.Tk, D, Kw);
       std::tie(Qh, ldq) = rows_as<T>(q + hq.offset, hq.ld, g.Tq, D, Qw);
       T *dK = dk + bh * g.Tk * D, *dV = dv + bh * g.Tk * Dv;
-      transpose(Kt.data(), ldt, K, g.Tk, D, ldk);                 // K^T (D, Tk)
+      if (native)
+        transpose_pairs(Ktw.data(), ldt, k + hk.offset, g.Tk, D, hk.ld);  // K^T (D/2, Tk) in pairs
+      else
+        transpose(Kt.data(), ldt, K, g.Tk, D, ldk);  // K^T (D, Tk)
       transpose(Vt.data(), ldt, v + hv.offset, g.Tk, Dv, hv.ld);  // V^T (Dv, Tk)
       for (int64_t i0 = 0; i0 < g.Tq; i0 += kBq) {
         const int64_t nq = std::min(kBq, g.Tq - i0);
@@ -437,7 +557,10 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
           Dd[i] = d;
         }
         for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
-          tile_product(nq, nk, D, T(g.scale), Q, ldq, 1, Kt.data() + j0, ldt, P.data(), kBk, false);  // S
+          if (native)  // S
+            scores_native(nq, nk, D, T(g.scale), q + hq.offset + i0 * hq.ld, hq.ld, Ktw.data() + j0, ldt, P.data(), kBk);
+          else
+            tile_product(nq, nk, D, T(g.scale), Q, ldq, 1, Kt.data() + j0, ldt, P.data(), kBk, false);
           tile_product(nq, nk, Dv, T(1), dO, Dv, 1, Vt.data() + j0, ldt, dP.data(), kBk, false);    // dO V^T
           for (int64_t i = 0; i < nq; ++i) {
             T *p = P.data() + i * kBk, *dp = dP.data() + i * kBk;

@@ -38,9 +38,7 @@
 #include "core/kernels.h"
 #include "core/kernels/pointwise.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "core/cpu/avx512.h"
 
 namespace ag::cpu {
 
@@ -365,7 +363,6 @@ void gemm_packed(KernelPair kernel, bool ta, bool tb, int64_t M, int64_t N, int6
 // depends on K alone, each tile sums its pairs in order, so results do not depend on the thread
 // count.
 #if defined(__x86_64__)
-#define AG_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
 // Each 32-bit lane shifted right by 16. (The maskz form with every lane kept: GCC 12 warns
 // maybe-uninitialized on the plain _mm512_srli_epi32, whose pass-through operand is undefined.)
@@ -379,11 +376,6 @@ AG_BF16_TARGET inline __m512i round_bf16_hi(__m512 x) {
   const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
-}
-
-// A mask of the first n lanes of 16 (none for n <= 0, all for n >= 16).
-inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
 // Lane i of lo and of hi rounded and paired into one word: lo's bf16 in the low half.

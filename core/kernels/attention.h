@@ -43,7 +43,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 // The same with q, k and v in 16 bits (In = ag::bf16 or ag::f16): what bf16 or fp16 autocast
 // keeps of them for backward, half the memory of f32 rounded copies. They are widened (exactly)
 // into each thread's f32 tiles as they are read; everything else is f32, the results the f32
-// kernels give on the same values. On the GPU autocast keeps f32 rounded copies.
+// kernels give on the same values. Where the CPU has AVX512-BF16 and sbgemm_native() holds, bf16
+// scores S = scale Q K^T (forward, and rebuilt in backward) multiply the pairs of q and k as they
+// are on VDPBF16PS: the same exact products summed two at a time, so f32 rounding apart.
+// On the GPU autocast keeps f32 rounded copies.
 template <class In>
 void attention_forward_16(float* out, float* lse, const In* q, const In* k, const In* v, const AttentionGeom& g);
 template <class In>

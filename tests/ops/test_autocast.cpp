@@ -9,6 +9,7 @@
 
 #include "autograd/autocast.h"
 #include "core/kernels/matmul.h"
+#include "nn/sparse_patterns.h"
 #include "tests/helpers.h"
 
 using namespace ag;
@@ -342,6 +343,10 @@ TEST_CASE("autocast: fused CPU attention keeps q, k, v in 16 bits: the bits of f
   // MultiHeadAttention; the reference runs the f32 kernel on f32 rounded copies (round_bf16 /
   // round_fp16: straight-through gradients). The same values through the same f32 arithmetic: the
   // same bits, forward and backward.
+  // The bits hold for the kernel's own f32 products: bf16 scores on AVX512-BF16 (native, the next
+  // case) sum the same products in another order, so they are switched off here.
+  const bool native_before = cpu::sbgemm_native();
+  if (native_before) cpu::set_sbgemm_native(false);
   const int64_t B = 2, T = 37, H = 3, D = 16;
   const Tensor qkv = rnd({B, T, 3, H, D}, 61);
   for (Precision p : {Precision::bf16, Precision::fp16})
@@ -377,6 +382,82 @@ TEST_CASE("autocast: fused CPU attention keeps q, k, v in 16 bits: the bits of f
       const uint64_t n = uint64_t(B * H * T * D);
       CHECK(held16 == held32 - 3 * alloc_size_class(n * 4) + 3 * alloc_size_class(n * 2));
     }
+  if (native_before) cpu::set_sbgemm_native(true);
+}
+
+TEST_CASE("autocast: bf16 attention scores on AVX512-BF16, against the emulation and f64, the same bits at 1 and 2 threads") {
+  if (!cpu::sbgemm_supported()) {
+    MESSAGE("[skipped: no avx512_bf16] the native bf16 scores need AVX512-BF16; the emulated path is the case above");
+    return;
+  }
+  const bool native_before = cpu::sbgemm_native();
+  const int threads_before = num_threads();
+  struct Case {
+    const char* name;
+    int64_t B, H, Hkv, Tq, Tk, D;
+    int mask;  // 0 none, 1 causal, 2 key padding, 3 window, 4 block mask, 5 dropout
+  };
+  // ragged tiles: 37 queries (blocks of 32 + 5 rows: 8-row and 1-row blocks), 300 keys (a tile of
+  // 256 and one of 44: full and masked columns); D 15 is odd, so it keeps the f32 products
+  const Case cases[] = {{"d 16", 2, 3, 3, 37, 300, 16, 0},        {"d 32 causal", 1, 2, 2, 300, 300, 32, 1},
+                        {"d 64 padding", 2, 2, 2, 37, 70, 64, 2}, {"d 16 window, grouped", 1, 4, 2, 90, 90, 16, 3},
+                        {"d 32 block mask", 1, 2, 2, 96, 96, 32, 4}, {"d 16 dropout", 1, 2, 2, 40, 40, 16, 5},
+                        {"d 15 (odd: f32 products)", 1, 2, 2, 37, 45, 15, 1}};
+  for (const Case& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const Tensor q0 = rnd({c.B, c.H, c.Tq, c.D}, 71), k0 = rnd({c.B, c.Hkv, c.Tk, c.D}, 72),
+                 v0 = rnd({c.B, c.Hkv, c.Tk, c.D}, 73), g = rnd({c.B, c.H, c.Tq, c.D}, 74);
+    SdpaOptions o;
+    o.causal = c.mask == 1;
+    if (c.mask == 2) o.key_padding_lengths = from_vector<int64_t>({c.Tk, 23}, {2});
+    if (c.mask == 3) o.window = 7;
+    o.enable_gqa = c.Hkv != c.H;
+    if (c.mask == 4)  // blocks of 32: the diagonal and the first column
+      o.block_mask = nn::local_global_block_mask(c.Tq, 32, 0, 1), o.block_size = 32;
+    Generator drop(5);
+    if (c.mask == 5) o.dropout = 0.25, o.generator = &drop;
+    // out and the gradients of q, k, v under bf16 autocast, on the path the switches give
+    auto run = [&](bool native, int threads) {
+      cpu::set_sbgemm_native(native);
+      set_num_threads(threads);
+      drop.manual_seed(5);
+      Tensor q = q0.detach().set_requires_grad(true), k = k0.detach().set_requires_grad(true),
+             v = v0.detach().set_requires_grad(true);
+      Tensor y;
+      {
+        AutocastGuard bf16(Precision::bf16);
+        y = scaled_dot_product_attention(q, k, v, o).out;
+      }
+      sum(mul(y, g)).backward();
+      return std::vector<Tensor>{y.detach(), q.grad(), k.grad(), v.grad()};
+    };
+    const auto one = run(true, 1), two = run(true, 2), emulated = run(false, 2);
+    // f64 reference: the f64 kernel on the rounded operands (exact products, tiny sums' error)
+    std::vector<Tensor> ref;
+    {
+      drop.manual_seed(5);
+      Tensor q = bf16_f64(q0).set_requires_grad(true), k = bf16_f64(k0).set_requires_grad(true),
+             v = bf16_f64(v0).set_requires_grad(true);
+      Tensor y = scaled_dot_product_attention(q, k, v, o).out;
+      sum(mul(y, g.to(DType::f64))).backward();
+      ref = {y.detach(), q.grad(), k.grad(), v.grad()};
+    }
+    bool differs = false;
+    for (size_t i = 0; i < one.size(); ++i) {
+      CAPTURE(i);
+      check_close(one[i], two[i], 0, 0);  // the same bits at any thread count
+      const double scale = max_diff(ref[i], zeros_like(ref[i]));
+      // the same exact products as the f32 kernel, summed two at a time: f32 rounding apart
+      CHECK(max_diff(one[i], emulated[i]) <= 1e-5 * scale);
+      CHECK(max_diff(one[i], ref[i]) <= 2e-5 * scale);
+      CHECK(max_diff(emulated[i], ref[i]) <= 2e-5 * scale);
+      differs = differs || max_diff(one[i], emulated[i]) > 0;
+    }
+    CHECK(differs == (c.D % 2 == 0));  // the even head sizes ran the native scores, the odd one not
+  }
+  cpu::set_sbgemm_native(native_before);
+  set_num_threads(threads_before);
 }
 
 TEST_CASE("autocast: fp16 rounds the operands of matmul, linear and attention to IEEE half") {
