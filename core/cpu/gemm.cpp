@@ -478,6 +478,44 @@ AG_BF16_TARGET void pack_b_bf16(uint32_t* dst, const float* b, int64_t ldb, bool
     }
   }
 }
+
+// The same panels from a b that holds bf16 values already (a 16-bit tensor: what linear keeps of
+// its input under bf16 autocast): no rounding, only the pairing. The words are those pack_b_bf16
+// makes from the f32 values these bf16 ones widen to, so the products are the same bits.
+//   tb false: a pair's two values lie in two source rows: 16 of each, zero-extended to 32 bits,
+//     the second shifted into the high halves;
+//   tb true: a column's pair is one 32-bit word of its source row (an odd last k paired with 0).
+template <int NR>
+AG_BF16_TARGET void pack_b_bf16(uint32_t* dst, const bf16* b, int64_t ldb, bool tb, int64_t p0, int64_t kb,
+                                int64_t j0, int64_t nb) {
+  const int64_t kp = (kb + 1) / 2;
+  for (int64_t q = 0; q < nb; q += NR, dst += kp * NR) {
+    const int64_t n = std::min<int64_t>(NR, nb - q);
+    if (!tb) {
+      const bf16* s = b + p0 * ldb + j0 + q;
+      for (int64_t pp = 0; pp < kp; ++pp, s += 2 * ldb) {
+        const bool has_hi = 2 * pp + 1 < kb;
+#pragma GCC unroll 4
+        for (int64_t v = 0; v < NR / 16; ++v) {
+          const __mmask16 mask = first_lanes(n - 16 * v);
+          // (the maskz forms with every lane kept: GCC 12 warns maybe-uninitialized on the plain ones)
+          const __mmask16 all = 0xffff;
+          const __m512i lo = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, s + 16 * v));
+          const __m512i hi = has_hi ? _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, s + ldb + 16 * v))
+                                    : _mm512_setzero_si512();
+          _mm512_storeu_si512(dst + pp * NR + 16 * v, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(all, hi, 16)));
+        }
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        const bf16* row = b + (j0 + q + j) * ldb + p0;
+        for (int64_t pp = 0; pp < kp; ++pp)
+          dst[pp * NR + j] = uint32_t(row[2 * pp].bits) | (2 * pp + 1 < kb ? uint32_t(row[2 * pp + 1].bits) << 16 : 0u);
+      }
+      for (int64_t pp = 0; pp < kp && n < NR; ++pp) std::fill(dst + pp * NR + n, dst + pp * NR + NR, 0u);
+    }
+  }
+}
 #endif
 
 thread_local PackBuffer<uint32_t> t_pack_a16, t_pack_b16;
@@ -508,9 +546,11 @@ AG_BF16_TARGET void kernel_avx512_bf16(int64_t kp, const uint32_t* a, const uint
   merge_avx512<MR, NV>(acc, c, ldc, alpha, beta, bias);
 }
 
-// The five loops of gemm_packed, both operands always packed (the packing is the rounding).
+// The five loops of gemm_packed, both operands always packed (the packing is the rounding). B is
+// f32 (rounded while packed) or bf16 (paired as it is).
+template <class TB>
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+               const TB* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   constexpr int MR = 6, NV = 4, NR = 16 * NV;
   constexpr int64_t mc = kMcRows / MR * MR, nc = kNcCols / NR * NR;
   const int64_t kblocks = (K + kKcMax - 1) / kKcMax, kc = (K + kblocks - 1) / kblocks, kpmax = (kc + 1) / 2;
@@ -673,6 +713,19 @@ void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   check(cpu_has_bf16(), "sbgemm: this CPU has no AVX512-BF16 (avx512_bf16)");
   if (M <= 0 || N <= 0) return;
   if (K <= 0 || alpha == 0.f) {  // without reading a or b, as sgemm_with
+    scale_c(M, N, beta, c, ldc, bias);
+    return;
+  }
+#if defined(__x86_64__)
+  gemm_bf16(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+#endif
+}
+
+void sbgemm_b16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+                const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+  check(cpu_has_bf16(), "sbgemm: this CPU has no AVX512-BF16 (avx512_bf16)");
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.f) {
     scale_c(M, N, beta, c, ldc, bias);
     return;
   }

@@ -139,6 +139,47 @@ class RoundedOperand {
   float* data_;
 };
 
+// Calls block(p, i0, i1, j0, j1) for the pieces of C = op(a) op(b) (batch of P matrices) that
+// matmul_forward gives its threads, one piece per thread; same_bits_any_split: the GEMM gives each
+// element of C the same bits whatever piece it falls in (else, in deterministic mode, the pieces
+// depend on the sizes alone).
+template <class Block>
+void split_gemm(const Gemm& g, bool same_bits_any_split, Block block) {
+  const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
+  const int64_t work = P * M * N * std::max<int64_t>(g.K, 1);
+  const int64_t max_pieces = same_bits_any_split || !is_deterministic() ? num_threads() : kFixedPieces;
+  const int nt = int(std::clamp<int64_t>(work / kMinWorkPerThread, 1, max_pieces));
+  if (P * M >= nt * kRowTile) {  // split the B*M rows of C
+    parallel_for(nt, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        int64_t r = tile_boundary(P * M, M, int(t), nt, kRowTile);
+        const int64_t r1 = tile_boundary(P * M, M, int(t) + 1, nt, kRowTile);
+        while (r < r1) {  // the range may span several matrices: one GEMM call per matrix piece
+          const int64_t p = r / M, i0 = r % M, i1 = std::min(M, i0 + (r1 - r));
+          block(p, i0, i1, 0, N);
+          r += i1 - i0;
+        }
+      }
+    });
+    return;
+  }
+  for (int64_t p = 0; p < P; ++p) {  // few rows: split the columns of each matrix
+    parallel_for(nt, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        block(p, 0, M, tile_boundary(N, N, int(t), nt, kColTile), tile_boundary(N, N, int(t) + 1, nt, kColTile));
+    });
+  }
+}
+
+// The rows [i0, i1), columns [j0, j1) of one C = op(a) op(b) with b bf16 values (sbgemm_b16), as
+// gemm_block does with an f32 b.
+void gemm_block_b16(float* c, const float* a, const bf16* b, const Gemm& g, int64_t i0, int64_t i1, int64_t j0,
+                    int64_t j1) {
+  if (i1 <= i0 || j1 <= j0) return;
+  sbgemm_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, a + (g.trans_a ? i0 : i0 * g.lda), g.lda,
+             b + (g.trans_b ? j0 * g.ldb : j0), g.ldb, 0.f, c + i0 * g.N + j0, g.N);
+}
+
 }  // namespace
 
 int64_t operand_span(bool trans, int64_t rows, int64_t cols, int64_t ld, const Layout* batch) {
@@ -176,40 +217,37 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
     }
   }
   if constexpr (std::is_same_v<T, float>) sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
-  const int64_t work = P * M * N * std::max<int64_t>(g.K, 1);
-  // C is cut into nt pieces, one per thread. attograd's sgemm gives every element of C the same
+  // C is cut into pieces, one per thread. attograd's sgemm gives every element of C the same
   // bits whatever piece it falls in; OpenBLAS (dgemm for f64, and sgemm under
   // ATTOGRAD_GEMM=openblas) promises nothing of the kind, so in deterministic mode its pieces are
   // fixed by the sizes alone (at most kFixedPieces, shared out over the threads), never by the
   // thread count. Cost: a less even share when kFixedPieces is not a multiple of the threads.
   const bool same_bits_any_split = std::is_same_v<T, float> && sgemm_kernel() != GemmKernel::openblas;
-  const int64_t max_pieces = same_bits_any_split || !is_deterministic() ? num_threads() : kFixedPieces;
-  const int nt = int(std::clamp<int64_t>(work / kMinWorkPerThread, 1, max_pieces));
   // rows [i0, i1) and columns [j0, j1) of matrix p of the batch
-  auto block = [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  split_gemm(g, same_bits_any_split, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     gemm_block(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1, bias);
-  };
+  });
+}
 
-  if (P * M >= nt * kRowTile) {  // split the B*M rows of C
-    parallel_for(nt, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        int64_t r = tile_boundary(P * M, M, int(t), nt, kRowTile);
-        const int64_t r1 = tile_boundary(P * M, M, int(t) + 1, nt, kRowTile);
-        while (r < r1) {  // the range may span several matrices: one GEMM call per matrix piece
-          const int64_t p = r / M, i0 = r % M, i1 = std::min(M, i0 + (r1 - r));
-          block(p, i0, i1, 0, N);
-          r += i1 - i0;
-        }
-      }
+void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g) {
+  const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
+  if (P == 0 || M == 0 || N == 0) return;
+  sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
+  if (!(g.operands == Precision::bf16 && M > kSmallRows && sbgemm_native())) {
+    // where matmul_forward would not run sbgemm: b widened (exactly) and the f32 entry point
+    const int64_t n = operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b);
+    const size_t bytes = size_t(std::max<int64_t>(n, 1)) * sizeof(float);
+    float* w = static_cast<float*>(device_alloc(Device::cpu(), bytes));
+    parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) w[i] = float(b[i]);
     });
+    matmul_forward(c, a, static_cast<const float*>(w), g);
+    device_free(Device::cpu(), w, bytes);
     return;
   }
-  for (int64_t p = 0; p < P; ++p) {  // few rows: split the columns of each matrix
-    parallel_for(nt, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        block(p, 0, M, tile_boundary(N, N, int(t), nt, kColTile), tile_boundary(N, N, int(t) + 1, nt, kColTile));
-    });
-  }
+  split_gemm(g, true, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    gemm_block_b16(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1);
+  });
 }
 
 template <class T>

@@ -39,6 +39,12 @@ template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a,
 
 #if AG_KERNELS_CPU
 // ---- CPU only ----------------------------------------------------------------------------------
+// matmul_forward<float> with b holding bf16 values (a 16-bit tensor: what linear keeps of its input
+// under bf16 autocast), for bf16 operands (g.operands): where matmul_forward would run sbgemm, the
+// same pieces on sbgemm_b16, which pairs b as it is (no widened copy); elsewhere b is widened
+// (exactly) and matmul_forward runs. The same bits as matmul_forward on b widened, either way.
+void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g);
+
 // How many elements from operand x's first to its last one (batch included): a (M, K) operand read
 // as (rows, cols) = (M, K), or (K, M) when trans, with leading dim ld, over a batch of `batch`'s
 // strides (null: one matrix). What a rounded copy of the operand must cover; 0 when it is empty.
@@ -82,6 +88,10 @@ void set_sgemm_kernel(GemmKernel k);            // replaces the choice (ag::Erro
 // and bf16 subnormals count as zero. ag::Error where the CPU has no avx512_bf16.
 void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
             const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
+// The same with b holding bf16 values already (a 16-bit tensor): paired as it is packed, not
+// rounded. The same bits as sbgemm on b widened to f32.
+void sbgemm_b16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+                const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
 bool sbgemm_supported();            // whether this CPU has AVX512-BF16
 // Whether bf16 autocast's products run sbgemm instead of the emulation (rounded copies, f32 GEMM):
 // by default wherever the CPU has AVX512-BF16, while the sgemm kernel is avx512 (ATTOGRAD_GEMM=avx2,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "tests/helpers.h"
@@ -376,6 +377,64 @@ TEST_CASE("sbgemm: against an f64 triple loop of the bf16-rounded operands, all 
     check_case(GemmKernel::avx512, {ta, tb, 1000, 70, 20, 1.f, 1.f}, true);       // 3 mc blocks
   }
   check_case(GemmKernel::avx512, {false, true, 5, 4200, 9, 1.f, 0.f}, true);  // 2 nc blocks
+}
+
+TEST_CASE("sbgemm_b16: a bf16 b gives the bits of sbgemm on its widened values, both layouts, ragged and odd K") {
+  if (!have_bf16()) return;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  int cases = 0;
+  for (int t = 0; t < 4; ++t)
+    for (int64_t M : {int64_t(1), int64_t(7), int64_t(33)})
+      for (int64_t N : {int64_t(1), int64_t(17), int64_t(64), int64_t(100)})
+        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(301)}) {  // odd K: a zero pair; 301: 2 kc blocks
+          const bool ta = t & 1, tb = t & 2;
+          CAPTURE(ta);
+          CAPTURE(tb);
+          CAPTURE(M);
+          CAPTURE(N);
+          CAPTURE(K);
+          const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5;  // padded rows: strides honoured
+          std::vector<float> a(size_t((ta ? K : M) * lda)), bw(size_t((tb ? N : K) * ldb));
+          std::vector<ag::bf16> b(bw.size());
+          for (float& x : a) x = normal(rng);
+          for (size_t i = 0; i < b.size(); ++i) b[i] = ag::bf16(normal(rng)), bw[i] = float(b[i]);
+          const float alpha = cases % 2 ? 0.5f : 1.f, beta = cases % 3 == 0 ? 0.f : 0.25f;
+          std::vector<float> bias(static_cast<size_t>(N));
+          for (float& x : bias) x = normal(rng);
+          const float* bias_p = cases % 4 == 1 ? bias.data() : nullptr;
+          std::vector<float> want(size_t(M * N)), got(want.size());
+          for (size_t i = 0; i < want.size(); ++i) want[i] = got[i] = normal(rng);
+          ag::cpu::sbgemm(ta, tb, M, N, K, alpha, a.data(), lda, bw.data(), ldb, beta, want.data(), N, bias_p);
+          ag::cpu::sbgemm_b16(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, got.data(), N, bias_p);
+          CHECK(got == want);
+          ++cases;
+        }
+}
+
+TEST_CASE("matmul_forward_b16: linear's dW from its bf16 input, the bits of the widened product, native or not") {
+  // under bf16 autocast linear keeps its input x as a bf16 tensor; dW = g^T x reads it as it is
+  // where the CPU has AVX512-BF16 (else widened): either way the bits of matmul_forward on the
+  // widened values, whose products round x to what it already is
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal;
+  const int64_t rows = 300, in = 37, out = 70;
+  std::vector<float> g(size_t(rows * out)), xw(size_t(rows * in));
+  std::vector<ag::bf16> x(xw.size());
+  for (float& v : g) v = normal(rng);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = ag::bf16(normal(rng)), xw[i] = float(x[i]);
+  const ag::Gemm gemm{out, in, rows, true, false, out, in, nullptr, nullptr, ag::Precision::bf16};
+  const bool before = ag::cpu::sbgemm_native();
+  for (bool native : {true, false}) {
+    if (native && !ag::cpu::sbgemm_supported()) continue;
+    CAPTURE(native);
+    ag::cpu::set_sbgemm_native(native);
+    std::vector<float> want(size_t(out * in)), got(want.size(), std::numeric_limits<float>::quiet_NaN());
+    ag::cpu::matmul_forward(want.data(), g.data(), xw.data(), gemm);
+    ag::cpu::matmul_forward_b16(got.data(), g.data(), x.data(), gemm);
+    CHECK(got == want);
+  }
+  if (ag::cpu::sbgemm_supported()) ag::cpu::set_sbgemm_native(before);
 }
 
 TEST_CASE("sbgemm: known values, a bias, and K = 0") {
