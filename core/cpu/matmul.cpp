@@ -113,14 +113,12 @@ int64_t tile_boundary(int64_t n, int64_t period, int t, int parts, int64_t tile)
   return base + std::min(period, (i + tile / 2) / tile * tile);
 }
 
-// x[0, n) rounded to bf16 or fp16 (pw::round_operand), in a buffer of the caching allocator: these
-// copies are made at every product of every step, and a fresh heap buffer of their size would be
-// zeroed and faulted in page by page each time.
+// x[0, n) rounded to bf16 or fp16 (pw::round_operand), or bf16 values widened (exactly), in a
+// buffer of the caching allocator: these copies are made at every product of every step, and a
+// fresh heap buffer of their size would be zeroed and faulted in page by page each time.
 class RoundedOperand {
  public:
-  RoundedOperand(const float* x, int64_t n, Precision p)
-      : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(float)),
-        data_(static_cast<float*>(device_alloc(Device::cpu(), bytes_))) {
+  RoundedOperand(const float* x, int64_t n, Precision p) : RoundedOperand(n) {
     float* r = data_;
     parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
       if (p == Precision::bf16)
@@ -129,12 +127,21 @@ class RoundedOperand {
         for (int64_t i = i0; i < i1; ++i) r[i] = pw::round_fp16(x[i]);
     });
   }
+  RoundedOperand(const bf16* x, int64_t n) : RoundedOperand(n) {
+    float* r = data_;
+    parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) r[i] = float(x[i]);
+    });
+  }
   ~RoundedOperand() { device_free(Device::cpu(), data_, bytes_); }
   RoundedOperand(const RoundedOperand&) = delete;
   RoundedOperand& operator=(const RoundedOperand&) = delete;
   const float* data() const { return data_; }
 
  private:
+  explicit RoundedOperand(int64_t n)
+      : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(float)),
+        data_(static_cast<float*>(device_alloc(Device::cpu(), bytes_))) {}
   size_t bytes_;
   float* data_;
 };
@@ -235,14 +242,8 @@ void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g) 
   sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
   if (!(g.operands == Precision::bf16 && M > kSmallRows && sbgemm_native())) {
     // where matmul_forward would not run sbgemm: b widened (exactly) and the f32 entry point
-    const int64_t n = operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b);
-    const size_t bytes = size_t(std::max<int64_t>(n, 1)) * sizeof(float);
-    float* w = static_cast<float*>(device_alloc(Device::cpu(), bytes));
-    parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) w[i] = float(b[i]);
-    });
-    matmul_forward(c, a, static_cast<const float*>(w), g);
-    device_free(Device::cpu(), w, bytes);
+    const RoundedOperand wide(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
+    matmul_forward(c, a, wide.data(), g);
     return;
   }
   split_gemm(g, true, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
