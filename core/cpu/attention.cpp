@@ -24,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-
 #include "core/cpu/avx512.h"
 #include "core/cpu/vecmath.h"
 #include "core/kernels.h"
@@ -425,9 +424,9 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
   const T ninf = -std::numeric_limits<T>::infinity();
   const int64_t item_work = std::min(kBq, g.Tq) * g.Tk * (D + Dv);
   const Visibility vis = visibility(g);
+  const bool native = native_scores<T, In>(D);  // outside the threads: may read ATTOGRAD_GEMM (and throw)
   parallel_for(g.BH * nqb, grain_for(item_work), [&](int64_t w0, int64_t w1) {
     const int64_t ldt = transposed_ld<T>(g.Tk);
-    const bool native = native_scores<T, In>(D);
     std::vector<T> S(size_t(kBq * kBk)), Kt(size_t(native ? 0 : D * ldt)), acc(size_t(kBq * Dv)), m(kBq), l(kBq);
     std::vector<uint32_t> Ktw(size_t(native ? D / 2 * ldt : 0));  // K^T as bf16 pairs (native)
     std::vector<T> Qw, Vw;  // 16-bit q and v widened (rows_as); unused when In is T
@@ -520,9 +519,9 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
               const AttentionGeom& g) {
   const int64_t D = g.D, Dv = g.Dv;
   const Visibility vis = visibility(g);
+  const bool native = native_scores<T, In>(D);  // as in the forward
   parallel_for(g.BH, grain_for(2 * g.Tq * g.Tk * (D + Dv)), [&](int64_t w0, int64_t w1) {
     const int64_t ldt = transposed_ld<T>(g.Tk);
-    const bool native = native_scores<T, In>(D);
     std::vector<T> P(size_t(kBq * kBk)), dP(size_t(kBq * kBk)), Kt(size_t(native ? 0 : D * ldt)), Vt(size_t(Dv * ldt)),
         Dd(kBq);
     std::vector<uint32_t> Ktw(size_t(native ? D / 2 * ldt : 0));  // K^T as bf16 pairs (native)
