@@ -446,71 +446,55 @@ AG_BF16_TARGET void pack_a_bf16(uint32_t* dst, const float* a, int64_t lda, bool
   }
 }
 
-// op(b)[p0:+kb, j0:+nb] into panels of NR columns, dst[q*kp*NR + pp*NR + j], columns past nb zeros:
+// Lanes i < 16 of the pairs (lo[i], hi[i]) as words, for the lanes in mask (zeros elsewhere; hi
+// null: zeros). An f32 source is rounded (pair_lanes); a bf16 one holds bf16 values already (a
+// 16-bit tensor: what linear keeps of its input under bf16 autocast), so its values are only
+// paired: zero-extended to 32 bits, hi's shifted into the high halves. Both give the words of the
+// same bf16 values, so the products are the same bits. (The maskz forms keep every lane: GCC 12
+// warns maybe-uninitialized on the plain widening and shift.)
+AG_BF16_TARGET inline __m512i pair_vectors(const float* lo, const float* hi, __mmask16 mask) {
+  return pair_lanes(_mm512_maskz_loadu_ps(mask, lo), hi ? _mm512_maskz_loadu_ps(mask, hi) : _mm512_setzero_ps());
+}
+AG_BF16_TARGET inline __m512i pair_vectors(const bf16* lo, const bf16* hi, __mmask16 mask) {
+  const __mmask16 all = 0xffff;
+  const __m512i l = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, lo));
+  if (!hi) return l;
+  const __m512i h = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, hi));
+  return _mm512_or_si512(l, _mm512_maskz_slli_epi32(all, h, 16));
+}
+
+// A row of kb values as kp = ceil(kb / 2) words of pairs, the odd last one paired with a zero.
+AG_BF16_TARGET inline void pack_row_words(uint32_t* dst, const float* x, int64_t kb) { pack_row_bf16(dst, x, kb); }
+inline void pack_row_words(uint32_t* dst, const bf16* x, int64_t kb) {
+  for (int64_t pp = 0; 2 * pp < kb; ++pp)
+    dst[pp] = uint32_t(x[2 * pp].bits) | (2 * pp + 1 < kb ? uint32_t(x[2 * pp + 1].bits) << 16 : 0u);
+}
+
+// op(b)[p0:+kb, j0:+nb] into panels of NR columns, dst[q*kp*NR + pp*NR + j], columns past nb zeros,
+// from f32 values (rounded) or bf16 ones (pair_vectors):
 //   b stored as is (tb false): a pair lies in two source rows, each giving NR adjacent values;
-//   b stored transposed: a column's pairs are adjacent floats of one source row, paired into a
+//   b stored transposed: a column's pairs are adjacent values of one source row, paired into a
 //     row of words and then written down the panel's column (a transpose of 32-bit words).
-template <int NR>
-AG_BF16_TARGET void pack_b_bf16(uint32_t* dst, const float* b, int64_t ldb, bool tb, int64_t p0, int64_t kb,
+template <int NR, class Src>
+AG_BF16_TARGET void pack_b_bf16(uint32_t* dst, const Src* b, int64_t ldb, bool tb, int64_t p0, int64_t kb,
                                 int64_t j0, int64_t nb) {
   const int64_t kp = (kb + 1) / 2;
   alignas(64) uint32_t row[kKcMax / 2 + 16];
   for (int64_t q = 0; q < nb; q += NR, dst += kp * NR) {
     const int64_t n = std::min<int64_t>(NR, nb - q);
     if (!tb) {
-      const float* s = b + p0 * ldb + j0 + q;
+      const Src* s = b + p0 * ldb + j0 + q;
       for (int64_t pp = 0; pp < kp; ++pp, s += 2 * ldb) {
         const bool has_hi = 2 * pp + 1 < kb;
 #pragma GCC unroll 4
-        for (int64_t v = 0; v < NR / 16; ++v) {
-          const __mmask16 mask = first_lanes(n - 16 * v);
-          const __m512 lo = _mm512_maskz_loadu_ps(mask, s + 16 * v);
-          const __m512 hi = has_hi ? _mm512_maskz_loadu_ps(mask, s + ldb + 16 * v) : _mm512_setzero_ps();
-          _mm512_storeu_si512(dst + pp * NR + 16 * v, pair_lanes(lo, hi));
-        }
+        for (int64_t v = 0; v < NR / 16; ++v)
+          _mm512_storeu_si512(dst + pp * NR + 16 * v,
+                              pair_vectors(s + 16 * v, has_hi ? s + ldb + 16 * v : nullptr, first_lanes(n - 16 * v)));
       }
     } else {
       for (int64_t j = 0; j < n; ++j) {
-        pack_row_bf16(row, b + (j0 + q + j) * ldb + p0, kb);
+        pack_row_words(row, b + (j0 + q + j) * ldb + p0, kb);
         for (int64_t pp = 0; pp < kp; ++pp) dst[pp * NR + j] = row[pp];
-      }
-      for (int64_t pp = 0; pp < kp && n < NR; ++pp) std::fill(dst + pp * NR + n, dst + pp * NR + NR, 0u);
-    }
-  }
-}
-
-// The same panels from a b that holds bf16 values already (a 16-bit tensor: what linear keeps of
-// its input under bf16 autocast): no rounding, only the pairing. The words are those pack_b_bf16
-// makes from the f32 values these bf16 ones widen to, so the products are the same bits.
-//   tb false: a pair's two values lie in two source rows: 16 of each, zero-extended to 32 bits,
-//     the second shifted into the high halves;
-//   tb true: a column's pair is one 32-bit word of its source row (an odd last k paired with 0).
-template <int NR>
-AG_BF16_TARGET void pack_b_bf16(uint32_t* dst, const bf16* b, int64_t ldb, bool tb, int64_t p0, int64_t kb,
-                                int64_t j0, int64_t nb) {
-  const int64_t kp = (kb + 1) / 2;
-  for (int64_t q = 0; q < nb; q += NR, dst += kp * NR) {
-    const int64_t n = std::min<int64_t>(NR, nb - q);
-    if (!tb) {
-      const bf16* s = b + p0 * ldb + j0 + q;
-      for (int64_t pp = 0; pp < kp; ++pp, s += 2 * ldb) {
-        const bool has_hi = 2 * pp + 1 < kb;
-#pragma GCC unroll 4
-        for (int64_t v = 0; v < NR / 16; ++v) {
-          const __mmask16 mask = first_lanes(n - 16 * v);
-          // (the maskz forms with every lane kept: GCC 12 warns maybe-uninitialized on the plain ones)
-          const __mmask16 all = 0xffff;
-          const __m512i lo = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, s + 16 * v));
-          const __m512i hi = has_hi ? _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, s + ldb + 16 * v))
-                                    : _mm512_setzero_si512();
-          _mm512_storeu_si512(dst + pp * NR + 16 * v, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(all, hi, 16)));
-        }
-      }
-    } else {
-      for (int64_t j = 0; j < n; ++j) {
-        const bf16* row = b + (j0 + q + j) * ldb + p0;
-        for (int64_t pp = 0; pp < kp; ++pp)
-          dst[pp * NR + j] = uint32_t(row[2 * pp].bits) | (2 * pp + 1 < kb ? uint32_t(row[2 * pp + 1].bits) << 16 : 0u);
       }
       for (int64_t pp = 0; pp < kp && n < NR; ++pp) std::fill(dst + pp * NR + n, dst + pp * NR + NR, 0u);
     }
