@@ -1,5 +1,8 @@
 #include "core/allocator.h"
 
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -31,6 +34,26 @@ void hand_out(void* p, size_t bytes, size_t cls) {
   ASAN_UNPOISON_MEMORY_REGION(p, bytes);
 }
 
+// The memory the system can still give this process: MemAvailable of /proc/meminfo (free memory
+// plus what the kernel can reclaim without swapping), or what set_available_memory_probe gives.
+// Read at cache misses only (a steady training step has none); unknown (no /proc): unlimited.
+std::atomic<uint64_t (*)()> g_available_probe{nullptr};
+uint64_t meminfo_available() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return UINT64_MAX;
+  char line[256];
+  uint64_t kib = 0;
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f))
+    found = std::sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1;
+  std::fclose(f);
+  return found ? kib * 1024 : UINT64_MAX;
+}
+uint64_t available_memory() {
+  const auto probe = g_available_probe.load(std::memory_order_relaxed);
+  return probe ? probe() : meminfo_available();
+}
+
 // One free list per size class, under one mutex (allocations are per tensor, not per element).
 struct CpuCache {
   std::mutex mu;
@@ -52,6 +75,12 @@ struct CpuCache {
         return p;
       }
     }
+    // A block the system has no room for: give the cache back first. Linux overcommits, so a
+    // request past the free memory still succeeds and the OOM killer strikes when its pages are
+    // touched; the cached blocks are pages this process holds and uses no more (a training step's
+    // activations, when an evaluation asks for other sizes), so they go before the request does.
+    // Checked for blocks of 1 MiB and more, whose fresh pages cost more than reading the figure.
+    if (cls >= (size_t(1) << 20) && cached_bytes() > 0 && cls > available_memory()) empty();
     void* p = std::aligned_alloc(64, cls);
     if (!p) {
       empty();  // give the cache back and try once more before failing
@@ -63,6 +92,10 @@ struct CpuCache {
     stats.system_allocs++;
     note_in_use(cls);
     return p;
+  }
+  uint64_t cached_bytes() {
+    std::lock_guard lock(mu);
+    return stats.bytes_cached;
   }
   void note_in_use(size_t cls) {
     stats.bytes_in_use += cls;
@@ -134,6 +167,8 @@ void reset_peak_bytes(Device device) {
   }
   cuda::reset_peak_bytes(device.index);
 }
+
+void set_available_memory_probe(uint64_t (*probe)()) { g_available_probe.store(probe, std::memory_order_relaxed); }
 
 void empty_cache(Device device) {
   if (device.is_cpu()) return cpu_cache().empty();

@@ -25,8 +25,15 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
 AllocStats alloc_stats(Device device = Device::cpu());
 // Starts a new peak: peak_bytes_in_use becomes the current bytes_in_use (for measuring one step).
 void reset_peak_bytes(Device device = Device::cpu());
-// Gives every cached (free) block back to the system.
+// Gives every cached (free) block back to the system. The CPU cache also does it by itself before
+// a new block larger than the memory the system has available (MemAvailable): Linux would grant
+// the request and kill the process when the pages are touched, while the cache may hold the room.
+// So a run's evaluation, whose sizes differ from its training step's, does not hold both sets of
+// blocks when memory runs short.
 void empty_cache(Device device = Device::cpu());
+// For tests: what the CPU allocator takes as the memory the system has available (bytes); null
+// restores /proc/meminfo's MemAvailable.
+void set_available_memory_probe(uint64_t (*probe)());
 // Waits until `device` has finished all the work queued on it (kernels run asynchronously on a
 // GPU); a no-op on the CPU, whose kernels have finished when they return. For timing.
 void synchronize(Device device = Device::cpu());

@@ -80,6 +80,32 @@ TEST_CASE("allocator: empty_cache gives the cached blocks back") {
   CHECK(s1.bytes_in_use == s0.bytes_in_use);
 }
 
+TEST_CASE("allocator: a block larger than the available memory gives the cache back first") {
+  // 1 MiB available (the probe): a cached 4 MiB block stays while the new block fits, and is given
+  // back before a new block that does not, as an evaluation's new sizes after a training step
+  static uint64_t available = 0;
+  set_available_memory_probe([] { return available; });
+  empty_cache();
+  { Tensor t = empty({int64_t(1) << 20}); }  // 4 MiB, cached when freed
+  const AllocStats s0 = alloc_stats();
+  REQUIRE(s0.bytes_cached >= (uint64_t(4) << 20));
+  available = uint64_t(1) << 20;
+  { Tensor small = empty({1000}); }  // 4000 bytes fit: the cache is kept
+  CHECK(alloc_stats().bytes_cached >= s0.bytes_cached);
+  CHECK(alloc_stats().system_frees == s0.system_frees);
+  Tensor big = empty({int64_t(3) << 18});  // 3 MiB > 1 MiB available: the cache goes first
+  const AllocStats s1 = alloc_stats();
+  CHECK(s1.system_frees > s0.system_frees);
+  CHECK(s1.bytes_cached == 0);
+  big = Tensor();
+  available = UINT64_MAX;  // plenty: a miss keeps the cache
+  { Tensor other = empty({int64_t(5) << 18}); }
+  const uint64_t frees = alloc_stats().system_frees;
+  { Tensor again = empty({int64_t(7) << 18}); }
+  CHECK(alloc_stats().system_frees == frees);
+  set_available_memory_probe(nullptr);
+}
+
 TEST_CASE("allocator: impossible sizes raise ag::Error") {
   AG_CHECK_ERROR(empty({int64_t(1) << 40, int64_t(1) << 40}), "empty", "too large");
   AG_CHECK_ERROR(empty({int64_t(1) << 50}, DType::f32), "allocator", "out of memory");
