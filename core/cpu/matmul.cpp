@@ -70,6 +70,10 @@ int64_t batch_offset(const Layout* l, int64_t p) {
 // runs sgemm_small_m, which reads both operands where they are (and rounds autocast's as it reads).
 bool small_m_path(const Gemm& g) { return g.M <= kSmallRows && sgemm_kernel() != GemmKernel::openblas; }
 
+// Whether bf16 autocast's product runs sbgemm (native AVX512-BF16 products): more rows than
+// sgemm_small_m takes, on a CPU where the bf16 products are native.
+bool sbgemm_path(const Gemm& g) { return g.operands == Precision::bf16 && g.M > kSmallRows && sbgemm_native(); }
+
 // Rows [i0, i1) and columns [j0, j1) of one C = op(A) op(B), C with leading dim N. Row i of op(A)
 // starts at a + i*lda (stored as is) or at a + i (stored transposed); column j of op(B) at b + j
 // or b + j*ldb. A block with K == 0 is all zeros (BLAS may leave C untouched then).
@@ -207,8 +211,7 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
   // autocast bf16 on a CPU with AVX512-BF16: sbgemm rounds while it packs and sums the products
   // two at a time in f32 (gemm_block below); a few rows (M <= kSmallRows: a generated token's)
   // run sgemm_small_m, which rounds as it reads (no copy of the weight per token)
-  const bool native_bf16 = g.operands == Precision::bf16 && M > kSmallRows && sbgemm_native();
-  if (g.operands != Precision::fp32 && !native_bf16 && !(std::is_same_v<T, float> && small_m_path(g))) {
+  if (g.operands != Precision::fp32 && !sbgemm_path(g) && !(std::is_same_v<T, float> && small_m_path(g))) {
     // autocast: the same GEMM on copies of a and b rounded to bf16 or fp16. Every product of two
     // such values (8 or 11 significant bits each) is exact in f32, so this sums the very products
     // a tensor core would, in f32; only the order of the additions can differ from a GPU's.
@@ -240,7 +243,7 @@ void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g) 
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   if (P == 0 || M == 0 || N == 0) return;
   sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
-  if (!(g.operands == Precision::bf16 && M > kSmallRows && sbgemm_native())) {
+  if (!sbgemm_path(g)) {
     // where matmul_forward would not run sbgemm: b widened (exactly) and the f32 entry point
     const RoundedOperand wide(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
     matmul_forward(c, a, wide.data(), g);
