@@ -22,11 +22,24 @@ def wrong_indices(path):
         return {int(r["index"]) for r in csv.DictReader(f, delimiter="\t") if r["model"] != r["true"]}
 
 
+def usage(message):
+    print(f"seed_vote.py: {message}\n{__doc__}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main():
     if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    n = int(sys.argv[1])
-    runs = [wrong_indices(p) for p in sys.argv[2:]]
+        usage("give the number of test texts and at least one run")
+    try:
+        n = int(sys.argv[1])
+    except ValueError:
+        usage(f"N_TEST must be a positive integer, got {sys.argv[1]!r}")
+    if n <= 0:
+        usage(f"N_TEST must be a positive integer, got {n}")
+    try:
+        runs = [wrong_indices(p) for p in sys.argv[2:]]
+    except (OSError, KeyError, ValueError) as e:
+        usage(f"cannot read a run's test_errors.tsv: {e}")
     for p, w in zip(sys.argv[2:], runs):
         print(f"{p}: {100 * (n - len(w)) / n:.2f}%")
     for k in range(1, len(runs) + 1, 2):
