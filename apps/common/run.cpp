@@ -157,7 +157,9 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
       ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--data-dir", o.data_dir, "where the data is")->capture_default_str();
-  cli.add_flag("--eval-only", o.eval_only, "evaluate --checkpoint (or the run directory's) and exit");
+  cli.add_flag("--eval-only", o.eval_only,
+               "evaluate --checkpoint (or the run directory's) and exit: the model and its data as the checkpoint "
+               "saved them (an option of theirs given with another value is refused)");
   cli.add_option("--checkpoint", o.checkpoint, "checkpoint file for --eval-only");
   cli.add_option("--export-bf16", o.export_bf16,
                  "at the end of training, also write the model that was tested, its weights rounded to bf16 "
@@ -861,6 +863,29 @@ int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const s
     if (e.get_exit_code() == 0) return cli.exit(e);  // --help: CLI11 prints it
     fmt::print(stderr, "{}: {} ({} --help lists every option)\n", app, e.what(), app);
     return kExitUsage;
+  }
+}
+
+std::vector<std::string> given_options(const CLI::App& cli) {
+  std::vector<std::string> names;
+  for (const CLI::Option* opt : cli.get_options())
+    if (opt->count() > 0) names.push_back(opt->get_name());
+  return names;
+}
+
+void check_eval_only_options(const RunOptions& o, const nlohmann::json& saved, const nlohmann::json& given,
+                             std::span<const SavedOption> options, const std::string& app) {
+  for (const SavedOption& so : options) {
+    if (std::find(o.given.begin(), o.given.end(), so.option) == o.given.end()) continue;
+    const nlohmann::json::json_pointer key(so.key);
+    check(given.contains(key), "check_eval_only_options: {} names no value ({}) of the command line's config",
+          so.option, so.key);
+    if (!saved.contains(key) || saved.at(key) == given.at(key)) continue;
+    const auto shown = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+    throw UsageError(fmt::format(
+        "{}: {} {}: --eval-only evaluates the model as '{}' saved it, with {} {}; drop the option, or train a "
+        "model with it",
+        app, so.option, shown(given.at(key)), o.checkpoint, so.option, shown(saved.at(key))));
   }
 }
 

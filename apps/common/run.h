@@ -123,6 +123,9 @@ void print_usage_error(const std::string& app, const std::string& message);
 // after --help (printed), kExitUsage after a bad flag or value, reported on stderr in one line:
 // "app: <what CLI11 found> (app --help lists every option)".
 int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const std::string& app);
+// The options given on the command line after parsing, by their first long name ("--d-model").
+std::vector<std::string> given_options(const CLI::App& cli);
+
 
 // CLI11 checks for sizes and rates whose message states the bound ("--steps: -1 is not > 0");
 // CLI::PositiveNumber's prints the largest double in full.
@@ -160,9 +163,25 @@ struct RunOptions {
   int64_t patience = -1;       // stop after this many evaluations without a better validation metric
                                // (0: never; -1: the app decides from its data, resolve_patience)
   std::vector<std::string> command_line;  // argv as given: the resume hint repeats it + --resume
+  std::vector<std::string> given;         // the options given on the command line (given_options)
   // which cadences apply_run_options derived from --steps (they were 0), so set_steps redoes them
   bool eval_every_auto = false, log_every_auto = false, checkpoint_every_auto = false;
 };
+
+// An option that sets the model or its data, and where the app's saved config holds its value (a
+// JSON pointer: "/model/d_model").
+struct SavedOption {
+  std::string option, key;
+};
+// --eval-only evaluates the model as its checkpoint saved it: the model and its data are built from
+// the checkpoint's config, not from the command line. So an option of `options` given on the
+// command line (o.given) with another value than the checkpoint's would change nothing, silently:
+// it is refused with a UsageError naming the option, its value, the checkpoint's value and the
+// file. The same command as the training run plus --eval-only passes. `given`: the config the
+// command line makes, by the same to_json as the checkpoint's `saved`; a key that `saved` lacks (a
+// file from before the option existed) is not compared.
+void check_eval_only_options(const RunOptions& o, const nlohmann::json& saved, const nlohmann::json& given,
+                             std::span<const SavedOption> options, const std::string& app);
 
 // Changes --steps after apply_run_options (an app's default that depends on its data) and derives
 // again the cadences that were derived from it (--eval-every, --log-every, --checkpoint-every 0).

@@ -101,6 +101,23 @@ void diagnose(GPT& model, const std::vector<int64_t>& valid, const std::vector<i
              r.to_text(), path);
 }
 
+// The options whose values --eval-only takes from the checkpoint, and their keys in the config of
+// checked_config.
+const std::vector<SavedOption>& saved_options() {
+  static const std::vector<SavedOption> options = {
+      {"--dataset", "/data/dataset"}, {"--text-file", "/data/text_file"}, {"--context", "/model/context"},
+      {"--d-model", "/model/d_model"}, {"--heads", "/model/n_heads"},     {"--layers", "/model/n_layers"},
+      {"--mlp", "/model/mlp_hidden"},  {"--pos", "/model/pos"},           {"--kv-heads", "/model/kv_heads"},
+      {"--mlp-kind", "/model/mlp_kind"}, {"--norm", "/model/norm"}};
+  return options;
+}
+
+// A model config and its data as check_eval_only_options compares them: every model key, also the
+// choices that gpt_config_to_json leaves out at their defaults.
+nlohmann::json checked_config(const GPTConfig& model, const std::string& dataset, const std::string& text_file) {
+  return {{"model", nlohmann::json(model)}, {"data", {{"dataset", dataset}, {"text_file", text_file}}}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +191,7 @@ int main(int argc, char** argv) {
   cli.add_flag("--compare-kv-cache", s.compare, "also generate the other way: speed, and whether the tokens agree");
   if (const int rc = apps::parse_command_line(cli, argc, argv, "gpt"); rc >= 0) return rc;
   o.command_line.assign(argv, argv + argc);
+  o.given = given_options(cli);
 
   try {  // every option is checked before any data is read
     apply_run_options(o, "gpt");
@@ -198,6 +216,10 @@ int main(int argc, char** argv) {
             "'{}' is not a gpt checkpoint (no model, data or tokenizer entry; config {})", o.checkpoint,
             info.config.dump());
       const nlohmann::json& dc = info.config.at("data");
+      check_eval_only_options(o,
+                              checked_config(gpt_config_from_json(info.config.at("model")),
+                                             dc.at("dataset").get<std::string>(), dc.at("text_file").get<std::string>()),
+                              checked_config(cfg, dataset, text_file), saved_options(), "gpt");
       dataset = dc.at("dataset").get<std::string>(), text_file = dc.at("text_file").get<std::string>();
       if (auto missing = missing_gpt_data(dataset, text_file, cache_dir, fortune_root)) {
         fmt::print(stderr, "gpt: {}\n", *missing);
@@ -320,6 +342,9 @@ int main(int argc, char** argv) {
     compute.fill(report);
     run.finish(report);
     if (dg.attention && dist::is_main()) diagnose(model, d.valid, val_starts, T, o.batch, run.dir());
+  } catch (const UsageError& e) {  // an option --eval-only would ignore
+    apps::print_usage_error("gpt", e.what());
+    return kExitUsage;
   } catch (const std::exception& e) {  // ag::Error, and a malformed checkpoint's JSON
     apps::print_error("gpt", e.what());
     return apps::error_exit(kExitError);

@@ -144,9 +144,24 @@ void diagnose(ImageText& model, const ImageTextRunConfig& cfg, const ImageTextDa
   fmt::print("attention diagnostics on {} test scenes:\n{}written to {}\n", scenes.size(), r.to_text(), path);
 }
 
-int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const DiagnoseOptions& dg) {
+// The options whose values --eval-only takes from the checkpoint, and their keys in
+// imagetext_config_to_json.
+const std::vector<SavedOption>& saved_options() {
+  static const std::vector<SavedOption> options = {
+      {"--layout", "/layout"},         {"--min-items", "/min_items"},     {"--max-items", "/max_items"},
+      {"--patch", "/patch"},           {"--d-model", "/d_model"},         {"--heads", "/n_heads"},
+      {"--enc-layers", "/enc_layers"}, {"--dec-layers", "/dec_layers"},   {"--mlp", "/mlp_hidden"},
+      {"--val-images", "/val_images"}, {"--val-scenes", "/val_scenes"},   {"--test-scenes", "/test_scenes"},
+      {"--scene-seed", "/scene_seed"}};
+  return options;
+}
+
+// given: the config of the command line, for check_eval_only_options
+int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const DiagnoseOptions& dg,
+                        const ImageTextRunConfig& given) {
   if (!dist::is_main()) return 0;  // under mpirun rank 0 evaluates alone
   const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
+  check_eval_only_options(o, info.config, imagetext_config_to_json(given), saved_options(), "imagetext");
   const ImageTextRunConfig cfg = imagetext_config_from_json(info.config);
   const ImageTextData data = load_imagetext_data(o.data_dir, cfg.val_images);
   ImageText model(cfg.model);
@@ -316,6 +331,7 @@ int main(int argc, char** argv) {
       ->check(positive());
   if (const int rc = apps::parse_command_line(cli, argc, argv, "imagetext"); rc >= 0) return rc;
   o.command_line.assign(argv, argv + argc);
+  o.given = given_options(cli);
 
   try {  // every option is checked before any data is read
     apply_run_options(o, "imagetext");
@@ -328,7 +344,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
-    return o.eval_only ? evaluate_checkpoint(o, a, dg) : train(o, cfg, a, dg);
+    return o.eval_only ? evaluate_checkpoint(o, a, dg, cfg) : train(o, cfg, a, dg);
+  } catch (const UsageError& e) {  // an option --eval-only would ignore
+    apps::print_usage_error("imagetext", e.what());
+    return kExitUsage;
   } catch (const data::DatasetNotFound& e) {
     apps::print_error("imagetext", e.what());
     return apps::error_exit(kExitNoData);

@@ -109,9 +109,30 @@ void write_heatmap(LongSeqClassifier& model, const SeqDataset& ds, int64_t n, co
   }
 }
 
-int evaluate_checkpoint(const RunOptions& o, const AppOptions& a) {
+// The options whose values --eval-only takes from the checkpoint, and their keys in run_config.
+const std::vector<SavedOption>& saved_options() {
+  static const std::vector<SavedOption> options = {
+      {"--task", "/task/task"},          {"--attention", "/attention"},
+      {"--window", "/window"},           {"--sparse", "/sparse"},
+      {"--block", "/block"},             {"--window-blocks", "/window_blocks"},
+      {"--global-blocks", "/global_blocks"}, {"--stride-blocks", "/stride_blocks"},
+      {"--materialise", "/materialise"}, {"--k", "/k"},
+      {"--stride", "/stride"},           {"--dataset", "/task/dataset"},
+      {"--val-size", "/task/val_size"},  {"--data-seed", "/task/data_seed"},
+      {"--listops-train", "/task/listops/0"}, {"--listops-val", "/task/listops/1"},
+      {"--listops-test", "/task/listops/2"}, {"--listops-min-len", "/task/listops/3"},
+      {"--listops-max-len", "/task/listops/4"}, {"--passage", "/task/passage"},
+      {"--fixed-passages", "/task/random_windows"}, {"--d-model", "/d_model"},
+      {"--heads", "/n_heads"},           {"--layers", "/n_layers"},
+      {"--mlp", "/mlp_hidden"}};
+  return options;
+}
+
+// given: run_config of the command line's model and task, for check_eval_only_options
+int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const nlohmann::json& given) {
   if (!dist::is_main()) return 0;
   const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
+  check_eval_only_options(o, info.config, given, saved_options(), "longseq");
   LongSeqConfig cfg;
   try {
     cfg = info.config.get<LongSeqConfig>();
@@ -312,6 +333,7 @@ int main(int argc, char** argv) {
       ->check(positive());
   if (const int rc = apps::parse_command_line(cli, argc, argv, "longseq"); rc >= 0) return rc;
   o.command_line.assign(argv, argv + argc);
+  o.given = given_options(cli);
   t.random_windows = !fixed_passages;
 
   try {
@@ -331,7 +353,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
-    return o.eval_only ? evaluate_checkpoint(o, a) : train(o, cfg, t, a, dg);
+    return o.eval_only ? evaluate_checkpoint(o, a, run_config(cfg, t)) : train(o, cfg, t, a, dg);
+  } catch (const UsageError& e) {  // an option --eval-only would ignore
+    apps::print_usage_error("longseq", e.what());
+    return kExitUsage;
   } catch (const data::DatasetNotFound& e) {
     apps::print_error("longseq", e.what());
     return apps::error_exit(kExitNoData);

@@ -100,6 +100,38 @@ void diagnose(TextClassifier& model, const EncodedSet& test, int64_t batch, int6
   fmt::print("attention diagnostics on {} test texts:\n{}written to {}\n", b.labels.size(0), r.to_text(), path);
 }
 
+// The options whose values --eval-only takes from the checkpoint, and their keys in checked_config.
+const std::vector<SavedOption>& saved_options() {
+  static const std::vector<SavedOption> options = {
+      {"--dataset", "/data/dataset"},     {"--tsv-file", "/data/tsv_file"},       {"--tsv-test", "/data/tsv_test"},
+      {"--split-seed", "/data/split_seed"}, {"--tokenizer", "/data/tokenizer"},   {"--max-len", "/data/max_len"},
+      {"--min-freq", "/data/min_freq"},   {"--max-words", "/data/max_words"},     {"--layout-tokens", "/data/layout"},
+      {"--d-model", "/model/d_model"},    {"--heads", "/model/n_heads"},          {"--layers", "/model/n_layers"},
+      {"--mlp", "/model/mlp_hidden"},     {"--ngram-buckets", "/model/ngram_buckets"}, {"--ngrams", "/ngrams"},
+      {"--ngrams-per-token", "/model/ngrams_per_token"}};
+  return options;
+}
+
+// The command line's model before the data is read: the n-gram settings as given (buckets -1 is
+// auto, which checked_config reads as the checkpoint's choice).
+TextClassifierConfig model_of(TextClassifierConfig mc, const TrainSettings& settings) {
+  mc.ngram_buckets = settings.ngram_buckets;
+  std::tie(mc.ngram_min, mc.ngram_max) = parse_ngram_range(settings.ngram_range);  // checked by validate_config
+  return mc;
+}
+
+// A model and its data as check_eval_only_options compares them, with --ngrams as one "MIN-MAX"
+// value. The automatic choices (--tokenizer auto, --ngram-buckets -1) stand for what the data chose
+// when the checkpoint was trained: `saved_model` and `saved_data`'s.
+nlohmann::json checked_config(TextClassifierConfig mc, DataOptions d, const TextClassifierConfig& saved_model,
+                              const DataOptions& saved_data) {
+  if (d.tokenizer == "auto") d.tokenizer = saved_data.tokenizer;
+  if (mc.ngram_buckets < 0) mc.ngram_buckets = saved_model.ngram_buckets;
+  return {{"model", config_to_json(mc)},
+          {"data", data_to_json(d)},
+          {"ngrams", fmt::format("{}-{}", mc.ngram_min, mc.ngram_max)}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,6 +232,7 @@ int main(int argc, char** argv) {
   cli.add_option("--nb-alpha", settings.nb_alpha, "naive Bayes add-alpha smoothing")->capture_default_str()->check(positive());
   if (const int rc = apps::parse_command_line(cli, argc, argv, "textclf"); rc >= 0) return rc;
   o.command_line.assign(argv, argv + argc);
+  o.given = given_options(cli);
 
   try {  // every option is checked before any data is read
     apply_run_options(o, "textclf");
@@ -218,8 +251,12 @@ int main(int argc, char** argv) {
       check(info.config.contains("model") && info.config.contains("data"),
             "textclf: '{}' holds no textclf config (model and data)", o.checkpoint);
       check(info.extra.count("tokenizer") > 0, "textclf: '{}' holds no tokenizer", o.checkpoint);
-      mc = config_from_json(info.config["model"]);
+      const TextClassifierConfig saved_model = config_from_json(info.config["model"]);
       DataOptions from_ckpt = data_from_json(info.config["data"]);
+      check_eval_only_options(o, checked_config(saved_model, from_ckpt, saved_model, from_ckpt),
+                              checked_config(model_of(mc, settings), d, saved_model, from_ckpt), saved_options(),
+                              "textclf");
+      mc = saved_model;
       if (!o.data_dir.empty()) from_ckpt.root = o.data_dir;
       d = from_ckpt;
       saved_tok = TextTokenizer::from_json(info.extra["tokenizer"], o.checkpoint + ": tokenizer");
@@ -422,6 +459,9 @@ int main(int argc, char** argv) {
                  wrong[2]);
     fmt::print("misclassified test texts: {}\n", run.path("test_errors.tsv"));
     fmt::print("attention heatmap: {}\n", run.path("attention.svg"));
+  } catch (const UsageError& e) {  // an option --eval-only would ignore
+    apps::print_usage_error("textclf", e.what());
+    return kExitUsage;
   } catch (const Error& e) {
     apps::print_error("textclf", e.what());
     return apps::error_exit(kExitError);

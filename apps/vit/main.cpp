@@ -122,9 +122,20 @@ void diagnose(ViT& model, const VitData& data, int64_t batch, const std::string&
   fmt::print("attention diagnostics on {} test images:\n{}written to {}\n", indices.size(), r.to_text(), path);
 }
 
-int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const DiagnoseOptions& dg) {
+// The options whose values --eval-only takes from the checkpoint, and their keys in vit_config_to_json.
+const std::vector<SavedOption>& saved_options() {
+  static const std::vector<SavedOption> options = {{"--dataset", "/dataset"}, {"--patch", "/patch"},
+                                                   {"--d-model", "/d_model"}, {"--heads", "/n_heads"},
+                                                   {"--layers", "/n_layers"}, {"--mlp", "/mlp_hidden"}};
+  return options;
+}
+
+// given: the config of the command line, for check_eval_only_options
+int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const DiagnoseOptions& dg,
+                        const VitRunConfig& given) {
   if (!dist::is_main()) return 0;  // under mpirun rank 0 evaluates alone
   const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
+  check_eval_only_options(o, info.config, vit_config_to_json(given), saved_options(), "vit");
   const VitRunConfig cfg = vit_config_from_json(info.config);
   const VitData data = load_vit_data(cfg.dataset, o.data_dir);
   ViT model(cfg.model);
@@ -280,6 +291,7 @@ int main(int argc, char** argv) {
       ->check(positive());
   if (const int rc = apps::parse_command_line(cli, argc, argv, "vit"); rc >= 0) return rc;
   o.command_line.assign(argv, argv + argc);
+  o.given = given_options(cli);
   a.steps_given = cli.count("--steps") > 0, a.dropout_given = cli.count("--dropout") > 0;
   a.crop_given = cli.count("--crop-pad") > 0;
 
@@ -291,7 +303,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
-    return o.eval_only ? evaluate_checkpoint(o, a, dg) : train(o, cfg, a, dg);
+    return o.eval_only ? evaluate_checkpoint(o, a, dg, cfg) : train(o, cfg, a, dg);
+  } catch (const UsageError& e) {  // an option --eval-only would ignore
+    apps::print_usage_error("vit", e.what());
+    return kExitUsage;
   } catch (const data::DatasetNotFound& e) {
     apps::print_error("vit", e.what());
     return apps::error_exit(kExitNoData);

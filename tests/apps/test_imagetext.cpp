@@ -474,6 +474,13 @@ TEST_CASE("imagetext: a tiny run learns, writes its files, resumes bit for bit a
   INFO("stdout: " << text);
   CHECK(text.find("exact caption match") != std::string::npos);
   CHECK(text.find("image->text R@1") != std::string::npos);
+  // ... and refuses a model option that differs from the checkpoint's, which it would ignore
+  REQUIRE(run_command(with_option(tiny_command(apps, "a", 160, {"--eval-only"}), "--dec-layers", "2"), out, err) ==
+          ag::apps::kExitUsage);
+  CHECK(read_bytes(err) == fmt::format("imagetext: --dec-layers 2: --eval-only evaluates the model as '{}' saved it, "
+                                       "with --dec-layers 1; drop the option, or train a model with it (imagetext "
+                                       "--help lists every option)\n",
+                                       apps.checkpoint("a")));
 }
 
 TEST_CASE("imagetext: the binary exits 2 with one line for a bad option, before any work") {

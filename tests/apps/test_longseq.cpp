@@ -339,4 +339,31 @@ TEST_CASE("longseq: a tiny pixel run learns, writes its run directory, and its c
   CHECK(report.at("accuracy").get<double>() > 0.6);  // chance is 0.25
   const std::string svg = read_bytes(out + "/attention.svg");
   CHECK(svg.find("T = 64") != std::string::npos);
+
+  // --eval-only: the same command evaluates the checkpoint to the run's test accuracy; an option of
+  // the model with another value than the checkpoint's is refused, not ignored
+  const std::string eval = std::string("'") + ATTOGRAD_APP_DIR + "/longseq' --task pixels --data-dir '" +
+                           dir.dir.string() + "' --d-model 16 --heads 2 --layers 1 --mlp 32 --threads 1 --out '" +
+                           out + "' --eval-only";
+  const std::string eval_out = dir.file("eval.txt"), eval_err = dir.file("eval-err.txt");
+  const auto run_eval = [&](const std::string& more) {
+    const int s = std::system((eval + more + " > '" + eval_out + "' 2> '" + eval_err + "'").c_str());
+    REQUIRE(WIFEXITED(s));
+    return WEXITSTATUS(s);
+  };
+  REQUIRE(run_eval("") == 0);
+  const std::string text = read_bytes(eval_out);
+  INFO(text);
+  const size_t at = text.find("test accuracy ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::strtod(text.c_str() + at + 14, nullptr) ==
+        doctest::Approx(100 * report.at("accuracy").get<double>()).epsilon(1e-4));
+  for (const auto& [more, option] : std::vector<std::pair<std::string, std::string>>{
+           {" --materialise", "--materialise true"}, {" --attention window", "--attention window"}}) {
+    CHECK(run_eval(more) == kExitUsage);
+    CHECK(read_bytes(eval_err) ==
+          fmt::format("longseq: {}: --eval-only evaluates the model as '{}/checkpoint.safetensors' saved it, with {}; "
+                      "drop the option, or train a model with it (longseq --help lists every option)\n",
+                      option, out, option == "--materialise true" ? "--materialise false" : "--attention full"));
+  }
 }

@@ -229,6 +229,23 @@ void eval_only_matches_run(const std::string& app) {
   }
 }
 
+// --eval-only builds the model and its data from the checkpoint: an option of theirs given with
+// another value than the checkpoint's is refused (exit 2, one line naming both values), not
+// silently ignored. `name value`: a changed option (gpt's --pos rope: a choice the checkpoint
+// leaves out at its default).
+void eval_only_refuses_other_model(const std::string& app, const std::string& name, const std::string& value,
+                                   const std::string& saved) {
+  Apps apps("evalonly_refuse_" + app);
+  run_app(apps.command(app, "run", 4, 4, 1), apps.logs(), "train");
+  const std::vector<std::string> eval =
+      apps.command(app, "run", 4, 4, 1, {"--eval-only", "--checkpoint", apps.checkpoint("run")});
+  Child e = run_app(with_option(eval, name, value), apps.logs(), "eval", ag::apps::kExitUsage);
+  CHECK(e.out().empty());
+  CHECK(e.err() == fmt::format("{}: {} {}: --eval-only evaluates the model as '{}' saved it, with {} {}; drop the "
+                               "option, or train a model with it ({} --help lists every option)\n",
+                               app, name, value, apps.checkpoint("run"), name, saved, app));
+}
+
 }  // namespace
 
 TEST_CASE("reliability: vit: --deterministic gives the same checkpoint at 1 and 2 threads") {
@@ -249,6 +266,16 @@ TEST_CASE("reliability: gpt: --eval-only on the checkpoint reports the run's fin
 }
 TEST_CASE("reliability: textclf: --eval-only on the checkpoint reports the run's final test accuracy and loss") {
   eval_only_matches_run("textclf");
+}
+
+TEST_CASE("reliability: vit: --eval-only refuses a model option that differs from the checkpoint's") {
+  eval_only_refuses_other_model("vit", "--d-model", "32", "16");
+}
+TEST_CASE("reliability: gpt: --eval-only refuses a model option that differs from the checkpoint's") {
+  eval_only_refuses_other_model("gpt", "--pos", "rope", "learned");
+}
+TEST_CASE("reliability: textclf: --eval-only refuses a model option that differs from the checkpoint's") {
+  eval_only_refuses_other_model("textclf", "--ngrams", "3-5", "2-6");
 }
 
 TEST_CASE("reliability: vit: SIGINT saves after the step, exits 0 with the resume command, then --resume finishes") {

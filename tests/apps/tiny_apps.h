@@ -126,6 +126,20 @@ struct Apps {
   std::string checkpoint(const std::string& out) const { return tmp.file(out) + "/checkpoint.safetensors"; }
 };
 
+// `cmd` with option `name` set to `value`: its value replaced where the option is there, else both
+// appended (an empty `value`: a flag, appended).
+inline std::vector<std::string> with_option(std::vector<std::string> cmd, const std::string& name,
+                                            const std::string& value = "") {
+  const auto at = std::find(cmd.begin(), cmd.end(), name);
+  if (at != cmd.end() && !value.empty() && at + 1 != cmd.end()) {
+    *(at + 1) = value;
+    return cmd;
+  }
+  cmd.push_back(name);
+  if (!value.empty()) cmd.push_back(value);
+  return cmd;
+}
+
 // metrics.jsonl, one JSON object per line; with `kind` "train" only the training lines (every
 // --log-every steps: train_loss, lr, grad_norm, throughput), with "eval" only the evaluation lines.
 inline std::vector<nlohmann::json> read_metrics(const std::string& path, const std::string& kind = "") {
