@@ -575,7 +575,9 @@ Tensor rope(const Tensor& x, int64_t offset = 0, bool interleaved = false, doubl
 //            agree for a seed. With block_mask the fused kernels skip every tile whose blocks
 //            are all dropped: the cost grows with the kept blocks, not with Tq Tk. Under bf16 or
 //            fp16 autocast (autograd/autocast.h) f32 q, k, v are rounded to that format
-//            (round_bf16, round_fp16) and the rest is computed in f32.
+//            (round_bf16, round_fp16) and the rest is computed in f32, except that backward reads
+//            the gradients entering its products rounded too, as matmul's does: dO (also in
+//            rowsum(dO * O)) and dS before dQ and dK; P is not rounded.
 //   math:    docs/math/attention.md
 struct SdpaOptions {
   bool causal = false;

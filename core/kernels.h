@@ -118,6 +118,11 @@ struct AttentionGeom {
   // ALiBi: (H) slopes, head h's scores get alibi_bias(slope[h], ...) (core/kernels/attention_mask.h),
   // or null. On the kernel's device (the GPU's also take host memory, copied like lengths).
   const float* alibi = nullptr;
+  // autocast (autograd/autocast.h; f32 only): backward reads the gradients that enter its products
+  // rounded to this format, as matmul's backward reads its incoming gradient: dout (rounded by the
+  // caller, so D_i = dO_i . O_i reads it rounded too) and dS (rounded by the kernel, before
+  // dQ = scale dS K and dK = scale dS^T Q). P stays f32, as the forward's P V reads it.
+  Precision grad_operands = Precision::fp32;
 };
 
 // optim (core/kernels/optim.h): one parameter of SGD; `first` says its momentum buffer is fresh

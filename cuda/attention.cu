@@ -64,7 +64,16 @@ struct Geo : Visibility {
   double dropout, keep;    // keep = 1 / (1 - dropout), the factor of a kept weight
   uint64_t seed, offset;
   const float* alibi;      // (H) ALiBi slopes in device memory, or null
+  Precision grad_operands;  // autocast: dS rounded to this format before dQ and dK (AttentionGeom)
 };
+
+// dS_ij as the products dQ = scale dS K and dK = scale dS^T Q read it: rounded under autocast
+// (AttentionGeom::grad_operands; f32 only), as the CPU kernels do.
+template <class T>
+__device__ inline T product_ds(const Geo& g, T ds) {
+  if constexpr (std::is_same_v<T, float>) return pw::round_operand(ds, g.grad_operands);
+  return ds;
+}
 
 // The ALiBi bias of the scaled score of pair (i, j) in head bh % H (core/kernels/attention_mask.h),
 // 0 without slopes.
@@ -300,10 +309,10 @@ __device__ inline void pair_grads(const Geo& g, bool vis, float s, float dp, flo
   if (g.dropout > 0) {
     const float mk = vis ? keep_factor<float>(g, bh, i, j) : 0.f;
     pm = p * mk;
-    ds = p * (dp * mk - di);
+    ds = product_ds(g, p * (dp * mk - di));
   } else {
     pm = p;
-    ds = p * (dp - di);
+    ds = product_ds(g, p * (dp - di));
   }
 }
 
@@ -573,7 +582,7 @@ __global__ void attention_backward_q_naive_kernel(T* dq, const T* dout, const T*
       for (int64_t c = 0; c < g.Dv; ++c) dp += dOi[c] * V[j * g.vt + c];
       const T p = exp(s * T(g.scale) + alibi_term<T>(g, bh, i, j) - li),
               mk = g.dropout > 0 ? keep_factor<T>(g, bh, i, j) : T(1);
-      const T ds = p * (dp * mk - di);
+      const T ds = product_ds(g, p * (dp * mk - di));
       for (int64_t d = 0; d < g.D; ++d) dQi[d] += T(g.scale) * ds * K[j * g.kt + d];
     }
   }
@@ -600,7 +609,7 @@ __global__ void attention_backward_kv_naive_kernel(T* dk, T* dv, const T* dout, 
       for (int64_t c = 0; c < g.Dv; ++c) dp += dOi[c] * Vj[c];
       const T p = exp(s * T(g.scale) + alibi_term<T>(g, bh, i, j) - li),
               mk = g.dropout > 0 ? keep_factor<T>(g, bh, i, j) : T(1);
-      const T ds = p * (dp * mk - Dd[bh * g.Tq + i]);
+      const T ds = product_ds(g, p * (dp * mk - Dd[bh * g.Tq + i]));
       for (int64_t c = 0; c < g.Dv; ++c) dVj[c] += p * mk * dOi[c];
       for (int64_t d = 0; d < g.D; ++d) dKj[d] += T(g.scale) * ds * Qi[d];
     }
@@ -656,6 +665,7 @@ Geo make_geo(const AttentionGeom& g, DeviceCopy& lengths, DeviceCopy& key_mask, 
   e.dropout = g.dropout, e.keep = g.dropout > 0 ? dropout_scale<double>(g.dropout) : 1.0;
   e.seed = g.seed, e.offset = g.offset;
   e.alibi = alibi.of(g.alibi, size_t(g.H));
+  e.grad_operands = g.grad_operands;
   return e;
 }
 

@@ -80,22 +80,36 @@ Tensor alibi_bias_tensor(const Tensor& slopes, int64_t Tq, int64_t Tk, DType dty
   return from_vector<double>(bias, {1, H, Tq, Tk}).to(dtype);
 }
 
+// x as it is; its gradient read rounded to p (pw::round_operand) as it flows back: the composed
+// path's form of AttentionGeom::grad_operands. fp32: x itself.
+Tensor gradient_rounded(const Tensor& x, Precision p) {
+  if (p == Precision::fp32 || !x.requires_grad()) return x;
+  Tensor y = empty(x.shape(), x.dtype(), x.device());
+  y.copy_(x.detach());
+  record("scaled_dot_product_attention", {x}, y, [p](const Tensor& g) { return std::vector{round_operand(g, p)}; });
+  return y;
+}
+
 // The composed path: S = scale Q K^T (+ the ALiBi bias), masked, softmax, dropout, @ V. A row with
 // no visible key is left unmasked for the softmax (so no NaN enters forward or backward) and
-// zeroed afterwards.
+// zeroed afterwards. grads: autocast's rounding of the gradients that enter the two products, dO
+// and dS (AttentionGeom::grad_operands), fp32 for none.
 SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, double scale,
-                              const Tensor& visible) {
+                              const Tensor& visible, Precision grads) {
   Tensor hidden = eq(visible, scalar_tensor(0, DType::b8, q.device()));   // (B,1,Tq,Tk)
   Tensor empty_row = eq(sum(visible.to(DType::i64), {-1}, true), 0.0);  // (B,1,Tq,1): nothing visible
-  Tensor s = mul(matmul(q, k.mT()), scale);
+  Tensor s = gradient_rounded(mul(matmul(q, k.mT()), scale), grads);
   if (o.alibi_slopes.defined())
     s = add(s, alibi_bias_tensor(o.alibi_slopes, q.size(2), k.size(2), q.dtype()).to(q.device()));
   Tensor hide = where(empty_row, scalar_tensor(0, DType::b8, q.device()), hidden);
   Tensor w = softmax(masked_fill(s, hide, -std::numeric_limits<double>::infinity()), -1);
   w = where(empty_row, zeros({}, w.dtype(), w.device()), w);
   Tensor wd = o.dropout > 0 ? dropout(w, o.dropout, true, o.generator) : w;
-  return {matmul(wd, v), w};
+  return {gradient_rounded(matmul(wd, v), grads), w};
 }
+
+SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site,
+                     Precision grads);
 
 }  // namespace
 
@@ -122,6 +136,15 @@ Tensor rope(const Tensor& x, int64_t offset, bool interleaved, double base, Site
 }
 
 SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site) {
+  return attention(q, k, v, o, site, Precision::fp32);
+}
+
+namespace {
+
+// scaled_dot_product_attention, whose gradients entering the products are read rounded to `grads`
+// (fp32: as they are): autocast's form of it, once q, k and v are rounded.
+SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site,
+                     Precision grads) {
   const CallSite at("scaled_dot_product_attention", site);
   const char* op = "scaled_dot_product_attention";
   check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4,
@@ -196,17 +219,20 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     slopes = o.alibi_slopes.detach().to(q.device()).contiguous();
   }
   // autocast (autograd/autocast.h): q, k and v rounded to bf16 or fp16 (straight-through
-  // gradients), the rest in f32, so the fused and the composed path compute the same function. The
-  // fused CPU kernel keeps the rounded q, k, v in 16 bits (`half`: attention_forward_16, half the
-  // memory of f32 copies); elsewhere they are rounded by round_operand and kept in f32.
+  // gradients), and in backward the gradients that enter the products, dO and dS, rounded too
+  // (AttentionGeom::grad_operands), as matmul's backward reads its incoming gradient; the rest in
+  // f32, so the fused and the composed path compute the same function. The fused CPU kernel keeps
+  // the rounded q, k, v in 16 bits (`half`: attention_forward_16, half the memory of f32 copies);
+  // elsewhere they are rounded by round_operand and kept in f32.
   const Precision p = autocast_operands(q.dtype());
   const bool fused_16 = p != Precision::fp32 && q.device().is_cpu() && !o.return_weights;
   const DType half = fused_16 ? stored_dtype(p) : DType::f32;
+  if (fused_16) grads = p;
   if (half_kv && k.dtype() != half)  // a 16-bit k, v the 16-bit kernel does not read as it is
-    return scaled_dot_product_attention(q, cast(k.detach(), DType::f32), cast(v.detach(), DType::f32), o, site);
+    return attention(q, cast(k.detach(), DType::f32), cast(v.detach(), DType::f32), o, site, grads);
   if (p != Precision::fp32 && !fused_16) {
     AutocastGuard f32(Precision::fp32);
-    return scaled_dot_product_attention(round_operand(q, p), round_operand(k, p), round_operand(v, p), o, site);
+    return attention(round_operand(q, p), round_operand(k, p), round_operand(v, p), o, site, p);
   }
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(D));
 
@@ -216,7 +242,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
       return G == 1 ? t : reshape(expand(unsqueeze(t, 2), {B, Hkv, G, Tk, t.size(3)}), {B, H, Tk, t.size(3)});
     };
     return attention_composed(q, per_query_head(k), per_query_head(v), o, scale,
-                              visibility(o, B, Tq, Tk, lengths, kmask, blocks).to(q.device()));
+                              visibility(o, B, Tq, Tk, lengths, kmask, blocks).to(q.device()), grads);
   }
 
   // q, k, v are read where they are when their rows are unit-stride (the heads of a fused QKV
@@ -236,7 +262,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   }
   Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
   g.BH = B * H, g.H = H, g.G = G, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;
-  g.causal = o.causal, g.window = o.window;
+  g.causal = o.causal, g.window = o.window, g.grad_operands = grads;
   g.alibi = slopes.defined() ? slopes.data<float>() : nullptr;
   g.lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   g.key_mask = kmask.defined() ? kmask.data<bool>() : nullptr;
@@ -262,7 +288,9 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
     // contiguous; dk and dv per query head (B, H, Tk, .), each group summed below when G > 1
     const int64_t B = g.BH / g.H, Tk = g.Tk;
     const DType gt = o_.dtype();  // of the gradients: f32 when q, k, v are kept in 16 bits
-    Tensor gc = dout.contiguous(), dq = zeros(qc.shape(), gt, qc.device()), dk = zeros({B, g.H, Tk, g.D}, gt, qc.device()),
+    // dO as the products read it (autocast: rounded, AttentionGeom::grad_operands; D_i too)
+    Tensor gc = g.grad_operands == Precision::fp32 ? dout.contiguous() : round_operand(dout.contiguous(), g.grad_operands);
+    Tensor dq = zeros(qc.shape(), gt, qc.device()), dk = zeros({B, g.H, Tk, g.D}, gt, qc.device()),
            dv = zeros({B, g.H, Tk, g.Dv}, gt, qc.device());
     visit_half_or_floating("scaled_dot_product_attention", qc.dtype(), [&]<class In>() {
       if constexpr (is_half_v<In>) {
@@ -284,5 +312,7 @@ SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const 
   }, OutputCheck::finite, needs_grad({q, k, v}) ? kept_pairs(o, Tq, Tk) : 1);
   return {out, Tensor()};
 }
+
+}  // namespace
 
 }  // namespace ag

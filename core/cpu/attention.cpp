@@ -299,19 +299,23 @@ int64_t transposed_ld(int64_t Tk) {
   return (Tk + line - 1) / line * line + line;
 }
 
-// ---- scores of bf16 q and k on AVX512-BF16 ----------------------------------------------------
-// Under bf16 autocast q and k hold bf16 values, so S = scale Q K^T can multiply them as they are:
+// ---- products of bf16 operands on AVX512-BF16 ----------------------------------------------------
+// Under bf16 autocast q, k and v hold bf16 values, so S = scale Q K^T can multiply them as they are:
 // VDPBF16PS treats each 32-bit lane as a pair of bf16 values and adds both products into the
 // lane's f32 sum (each product is exact in f32, 8 x 8 significant bits), 32 multiply-adds per
-// instruction where an f32 FMA does 16. The pairs run along the head dimension: word pp of row i
+// instruction where an f32 FMA does 16. The pairs run along the summed dimension: word pp of row i
 // of Q is (Q[i][2pp], Q[i][2pp + 1]), two adjacent values, read as they are; K^T is turned once
-// per head into D/2 rows of such words (transpose_words). The scores are the f32 tile products'
+// per head into D/2 rows of such words (transpose_words). The products are the f32 tile products'
 // (the same exact products), summed two at a time, so they differ from them by f32 rounding only,
 // as sbgemm's differ from the emulation (core/cpu/gemm.cpp); each sum runs over pp in order in one
-// register, so the results do not depend on the thread count. Everything after the scores (the
-// softmax, P V and every backward product but the rebuilt S) stays the f32 kernels'. Used when
-// the CPU has AVX512-BF16 and the library's bf16 products are native (sbgemm_native), for an even
-// head size; else the scores come from the f32 tile product of the widened values, as for fp16.
+// register, so the results do not depend on the thread count.
+// Backward's products whose operands are bf16 under autocast run here too: dP = dO V^T (dO rounded
+// by the caller, V^T in pairs along Dv), dQ = scale dS K and dK = scale dS^T Q (dS rounded,
+// AttentionGeom::grad_operands; K and Q in pairs of rows, pair_rows). P V and dV = P^T dO keep f32
+// products: P is not rounded (the forward's normaliser is known only after the last key tile).
+// Used when the CPU has AVX512-BF16 and the library's bf16 products are native (sbgemm_native),
+// for an even head size (and an even Dv for backward's); else the f32 tile products of the
+// widened values compute the same numbers, as for fp16.
 #if defined(__x86_64__)
 #define AG_ATTENTION_BF16 1
 
@@ -329,11 +333,12 @@ void transpose_words(uint32_t* kt, int64_t ldt, const bf16* x, int64_t rows, int
     for (int64_t r = 0; r < rows; ++r) kt[pp * ldt + r] = pair_word(x + r * ld + 2 * pp);
 }
 
-// C[r][c] = alpha sum_pp A(r, pp) . B(pp, c) for r < R and c < n <= 32: A(r, pp) the word at
-// a + r lda + 2 pp (bf16 values), B(pp, c) = b[pp ldb + c]. 2 R accumulators of 16 sums.
+// C[r][c] = alpha sum_pp A(r, pp) . B(pp, c) (+ C[r][c] when add) for r < R and c < n <= 32:
+// A(r, pp) the word at a + r lda + 2 pp (bf16 values), B(pp, c) = b[pp ldb + c]. 2 R accumulators
+// of 16 sums.
 template <int R, bool kFull>
-AG_BF16_TARGET void scores_block(float* C, int64_t ldc, const bf16* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                                 int64_t kp, int64_t n, float alpha) {
+AG_BF16_TARGET void pair_block(float* C, int64_t ldc, const bf16* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                               int64_t kp, int64_t n, float alpha, bool add) {
   const __mmask16 m0 = kFull ? __mmask16(0xffff) : first_lanes(n), m1 = kFull ? __mmask16(0xffff) : first_lanes(n - 16);
   __m512 acc[R][2];
 #pragma GCC unroll 16
@@ -352,30 +357,54 @@ AG_BF16_TARGET void scores_block(float* C, int64_t ldc, const bf16* a, int64_t l
   const __m512 va = _mm512_set1_ps(alpha);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(C + r * ldc, m0, _mm512_mul_ps(va, acc[r][0]));
-    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, _mm512_mul_ps(va, acc[r][1]));
+    __m512 y0 = _mm512_mul_ps(va, acc[r][0]), y1 = _mm512_mul_ps(va, acc[r][1]);
+    if (add) {  // C + alpha acc, as tile_product adds
+      y0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, C + r * ldc), y0);
+      y1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, C + r * ldc + 16), y1);
+    }
+    _mm512_mask_storeu_ps(C + r * ldc, m0, y0);
+    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, y1);
   }
 }
 
 template <bool kFull>
-AG_BF16_TARGET void scores_columns(int64_t M, int64_t n, int64_t kp, float alpha, const bf16* a, int64_t lda,
-                                   const uint32_t* b, int64_t ldb, float* C, int64_t ldc) {
+AG_BF16_TARGET void pair_columns(int64_t M, int64_t n, int64_t kp, float alpha, const bf16* a, int64_t lda,
+                                 const uint32_t* b, int64_t ldb, float* C, int64_t ldc, bool add) {
   int64_t i = 0;
-  for (; i + 8 <= M; i += 8) scores_block<8, kFull>(C + i * ldc, ldc, a + i * lda, lda, b, ldb, kp, n, alpha);
-  for (; i < M; ++i) scores_block<1, kFull>(C + i * ldc, ldc, a + i * lda, lda, b, ldb, kp, n, alpha);
+  for (; i + 8 <= M; i += 8) pair_block<8, kFull>(C + i * ldc, ldc, a + i * lda, lda, b, ldb, kp, n, alpha, add);
+  for (; i < M; ++i) pair_block<1, kFull>(C + i * ldc, ldc, a + i * lda, lda, b, ldb, kp, n, alpha, add);
 }
 
-// S (M, N) = alpha Q K^T: q (M rows of D bf16 values, row stride ldq), kt = the words of K^T
-// (transpose_words, row stride ldt), S row-major with row stride lds. D even.
-AG_BF16_TARGET void scores_bf16(int64_t M, int64_t N, int64_t D, float alpha, const bf16* q, int64_t ldq,
-                                const uint32_t* kt, int64_t ldt, float* S, int64_t lds) {
+// C (M, N) = alpha A B (+ C when add) over kp pairs of the sum: A (M rows of 2 kp bf16 values,
+// row stride lda, the pairs side by side), B = kp rows of N words (row stride ldb), word (pp, c)
+// holding B's rows 2 pp and 2 pp + 1 of column c (transpose_words, pair_rows); C row-major with
+// row stride ldc. An odd count of summed terms pads A's last pair with a zero.
+AG_BF16_TARGET void pair_product(int64_t M, int64_t N, int64_t kp, float alpha, const bf16* a, int64_t lda,
+                                 const uint32_t* b, int64_t ldb, float* C, int64_t ldc, bool add) {
   int64_t j = 0;
-  for (; j + 32 <= N; j += 32) scores_columns<true>(M, 32, D / 2, alpha, q, ldq, kt + j, ldt, S + j, lds);
-  if (j < N) scores_columns<false>(M, N - j, D / 2, alpha, q, ldq, kt + j, ldt, S + j, lds);
+  for (; j + 32 <= N; j += 32) pair_columns<true>(M, 32, kp, alpha, a, lda, b + j, ldb, C + j, ldc, add);
+  if (j < N) pair_columns<false>(M, N - j, kp, alpha, a, lda, b + j, ldb, C + j, ldc, add);
+}
+
+// w (ceil(rows / 2) rows of cols words, row stride ldw) = the rows of x (rows x cols bf16 values,
+// row stride ld) in pairs: w[rr ldw + c] = (x[2 rr][c], x[2 rr + 1][c]), the second a zero past an
+// odd last row. The B operand of a product summed along x's rows (pair_product).
+void pair_rows(uint32_t* w, int64_t ldw, const bf16* x, int64_t ld, int64_t rows, int64_t cols) {
+  for (int64_t rr = 0; 2 * rr < rows; ++rr) {
+    const bf16* x0 = x + 2 * rr * ld;
+    if (2 * rr + 1 < rows) {
+      const bf16* x1 = x0 + ld;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) w[rr * ldw + c] = uint32_t(x0[c].bits) | uint32_t(x1[c].bits) << 16;
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) w[rr * ldw + c] = uint32_t(x0[c].bits);
+    }
+  }
 }
 #endif
 
-// transpose_words and scores_bf16 for In = bf16 (native_scores is false for every other In).
+// transpose_words and pair_product for In = bf16 (native_scores is false for every other In).
 template <class In>
 void transpose_pairs(uint32_t* kt, int64_t ldt, const In* x, int64_t rows, int64_t D, int64_t ld) {
 #if defined(AG_ATTENTION_BF16)
@@ -384,15 +413,22 @@ void transpose_pairs(uint32_t* kt, int64_t ldt, const In* x, int64_t rows, int64
   (void)kt, (void)ldt, (void)x, (void)rows, (void)D, (void)ld;
 }
 template <class T, class In>
-void scores_native(int64_t M, int64_t N, int64_t D, T alpha, const In* q, int64_t ldq, const uint32_t* kt, int64_t ldt,
-                   T* S, int64_t lds) {
+void product_native(int64_t M, int64_t N, int64_t kp, T alpha, const In* a, int64_t lda, const uint32_t* b,
+                    int64_t ldb, T* C, int64_t ldc, bool add) {
 #if defined(AG_ATTENTION_BF16)
-  if constexpr (std::is_same_v<In, bf16> && std::is_same_v<T, float>) scores_bf16(M, N, D, alpha, q, ldq, kt, ldt, S, lds);
+  if constexpr (std::is_same_v<In, bf16> && std::is_same_v<T, float>) pair_product(M, N, kp, alpha, a, lda, b, ldb, C, ldc, add);
 #endif
-  (void)M, (void)N, (void)D, (void)alpha, (void)q, (void)ldq, (void)kt, (void)ldt, (void)S, (void)lds;
+  (void)M, (void)N, (void)kp, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)C, (void)ldc, (void)add;
+}
+template <class In>
+void pair_rows_of(uint32_t* w, int64_t ldw, const In* x, int64_t ld, int64_t rows, int64_t cols) {
+#if defined(AG_ATTENTION_BF16)
+  if constexpr (std::is_same_v<In, bf16>) pair_rows(w, ldw, x, ld, rows, cols);
+#endif
+  (void)w, (void)ldw, (void)x, (void)ld, (void)rows, (void)cols;
 }
 
-// Whether the scores of q, k stored as In run on scores_bf16 (above): bf16 operands summed in f32,
+// Whether the scores of q, k stored as In run on pair_product (above): bf16 operands summed in f32,
 // an even head size, and the library's bf16 products native.
 template <class T, class In>
 bool native_scores(int64_t D) {
@@ -460,7 +496,7 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
       for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
         // S = scale Q K_j^T   (nq, nk)
         if (native)
-          scores_native(nq, nk, D, T(g.scale), q + hq.offset + i0 * hq.ld, hq.ld, Ktw.data() + j0, ldt, S.data(), kBk);
+          product_native(nq, nk, D / 2, T(g.scale), q + hq.offset + i0 * hq.ld, hq.ld, Ktw.data() + j0, ldt, S.data(), kBk, false);
         else
           tile_product(nq, nk, D, T(g.scale), Q, ldq, 1, Kt.data() + j0, ldt, S.data(), kBk, false);
         for (int64_t i = 0; i < nq; ++i) {
@@ -513,18 +549,31 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
 //   dP_ij = (dO_i . V_j) M_ij
 //   dS_ij = P_ij (dP_ij - D_i),   D_i = sum_j P_ij dP_ij = dO_i . O_i   (the softmax backward)
 //   dQ_i  = scale sum_j dS_ij K_j,   dK_j = scale sum_i dS_ij Q_i
-// with each tile's P rebuilt from the saved lse instead of stored.
+// with each tile's P rebuilt from the saved lse instead of stored. Under autocast
+// (g.grad_operands) dO comes rounded and dS is rounded before dQ and dK, as every product's incoming
+// gradient is (matmul's backward): D_i reads the rounded dO, and P stays f32.
 template <class T, class In>
 void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, const In* v, const T* out, const T* lse,
               const AttentionGeom& g) {
   const int64_t D = g.D, Dv = g.Dv;
   const Visibility vis = visibility(g);
   const bool native = native_scores<T, In>(D);  // as in the forward
+  // autocast: dS rounded before dQ and dK (dout came rounded); with bf16 pairs on VDPBF16PS for
+  // dO V^T, dS K and dS^T Q where the scores run there and Dv is even too
+  const Precision gp = std::is_same_v<T, float> ? g.grad_operands : Precision::fp32;
+  const bool native_grads = native && gp == Precision::bf16 && Dv % 2 == 0;
   parallel_for(g.BH, grain_for(2 * g.Tq * g.Tk * (D + Dv)), [&](int64_t w0, int64_t w1) {
     const int64_t ldt = transposed_ld<T>(g.Tk);
-    std::vector<T> P(size_t(kBq * kBk)), dP(size_t(kBq * kBk)), Kt(size_t(native ? 0 : D * ldt)), Vt(size_t(Dv * ldt)),
-        Dd(kBq);
+    std::vector<T> P(size_t(kBq * kBk)), dP(size_t(kBq * kBk)), Kt(size_t(native ? 0 : D * ldt)),
+        Vt(size_t(native_grads ? 0 : Dv * ldt)), Dd(kBq);
     std::vector<uint32_t> Ktw(size_t(native ? D / 2 * ldt : 0));  // K^T as bf16 pairs (native)
+    // native_grads: V^T in pairs along Dv; K in pairs of rows from an even (Kp0) and an odd (Kp1)
+    // key; a query block's Q in pairs of rows; its rounded dO; a tile's rounded dS and dS^T
+    const int64_t kpr = native_grads ? (g.Tk + 1) / 2 : 0;
+    std::vector<uint32_t> Vtw(size_t(native_grads ? Dv / 2 * ldt : 0)), Kp0(size_t(kpr * D)), Kp1(size_t(kpr * D)),
+        Qp(size_t(native_grads ? (kBq + 1) / 2 * D : 0));
+    std::vector<In> dOb(size_t(native_grads ? kBq * Dv : 0)), dSb(size_t(native_grads ? kBq * kBk : 0)),
+        dStb(size_t(native_grads ? kBk * kBq : 0));
     std::vector<T> Qw, Kw;  // 16-bit q and k widened (rows_as); unused when In is T
     std::vector<KeyRange> range(kBq);
     for (int64_t bh = w0; bh < w1; ++bh) {
@@ -532,19 +581,28 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
       const int64_t kvh = kv_head(g, bh);
       const HeadView hq = head_view(g.q, bh, g.H, g.Tq, D), hk = head_view(g.k, kvh, g.H / g.G, g.Tk, D),
                      hv = head_view(g.v, kvh, g.H / g.G, g.Tk, Dv);
-      const T *K, *Qh;
-      int64_t ldk, ldq;
-      std::tie(K, ldk) = rows_as<T>(k + hk.offset, hk.ld, g.Tk, D, Kw);
-      std::tie(Qh, ldq) = rows_as<T>(q + hq.offset, hq.ld, g.Tq, D, Qw);
+      const T *K = nullptr, *Qh = nullptr;
+      int64_t ldk = 0, ldq = 0;
+      if (!native_grads) {
+        std::tie(K, ldk) = rows_as<T>(k + hk.offset, hk.ld, g.Tk, D, Kw);
+        std::tie(Qh, ldq) = rows_as<T>(q + hq.offset, hq.ld, g.Tq, D, Qw);
+      }
       T *dK = dk + bh * g.Tk * D, *dV = dv + bh * g.Tk * Dv;
       if (native)
         transpose_pairs(Ktw.data(), ldt, k + hk.offset, g.Tk, D, hk.ld);  // K^T (D/2, Tk) in pairs
       else
         transpose(Kt.data(), ldt, K, g.Tk, D, ldk);  // K^T (D, Tk)
-      transpose(Vt.data(), ldt, v + hv.offset, g.Tk, Dv, hv.ld);  // V^T (Dv, Tk)
+      if (native_grads) {
+        transpose_pairs(Vtw.data(), ldt, v + hv.offset, g.Tk, Dv, hv.ld);  // V^T (Dv/2, Tk) in pairs
+        pair_rows_of(Kp0.data(), D, k + hk.offset, hk.ld, g.Tk, D);        // (K_0, K_1), (K_2, K_3), ...
+        if (g.Tk > 1) pair_rows_of(Kp1.data(), D, k + hk.offset + hk.ld, hk.ld, g.Tk - 1, D);  // (K_1, K_2), ...
+      } else {
+        transpose(Vt.data(), ldt, v + hv.offset, g.Tk, Dv, hv.ld);  // V^T (Dv, Tk)
+      }
       for (int64_t i0 = 0; i0 < g.Tq; i0 += kBq) {
-        const int64_t nq = std::min(kBq, g.Tq - i0);
-        const T *Q = Qh + i0 * ldq, *dO = dout + (bh * g.Tq + i0) * Dv, *O = out + (bh * g.Tq + i0) * Dv;
+        const int64_t nq = std::min(kBq, g.Tq - i0), nqp = (nq + 1) / 2 * 2;  // nqp: even, for dS^T's pairs
+        const T *dO = dout + (bh * g.Tq + i0) * Dv, *O = out + (bh * g.Tq + i0) * Dv;
+        const T* Q = native_grads ? nullptr : Qh + i0 * ldq;
         const T* L = lse + bh * g.Tq + i0;
         T* dQ = dq + (bh * g.Tq + i0) * D;
         const KeyRange span = key_hull(vis, b, i0, i0 + nq);  // as in the forward
@@ -555,12 +613,21 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
           for (int64_t c = 0; c < Dv; ++c) d += dO[i * Dv + c] * O[i * Dv + c];
           Dd[i] = d;
         }
+        if (native_grads) {  // dO (rounded by the caller: exact) and Q in pairs of rows
+          for (int64_t e = 0; e < nq * Dv; ++e) dOb[size_t(e)] = storage_cast<In>(float(dO[e]));
+          pair_rows_of(Qp.data(), D, q + hq.offset + i0 * hq.ld, hq.ld, nq, D);
+        }
         for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
+          const int64_t nkp = (nk + 1) / 2 * 2;  // even, for dS's pairs
           if (native)  // S
-            scores_native(nq, nk, D, T(g.scale), q + hq.offset + i0 * hq.ld, hq.ld, Ktw.data() + j0, ldt, P.data(), kBk);
+            product_native(nq, nk, D / 2, T(g.scale), q + hq.offset + i0 * hq.ld, hq.ld, Ktw.data() + j0, ldt, P.data(),
+                           kBk, false);
           else
             tile_product(nq, nk, D, T(g.scale), Q, ldq, 1, Kt.data() + j0, ldt, P.data(), kBk, false);
-          tile_product(nq, nk, Dv, T(1), dO, Dv, 1, Vt.data() + j0, ldt, dP.data(), kBk, false);    // dO V^T
+          if (native_grads)  // dO V^T
+            product_native(nq, nk, Dv / 2, T(1), dOb.data(), Dv, Vtw.data() + j0, ldt, dP.data(), kBk, false);
+          else
+            tile_product(nq, nk, Dv, T(1), dO, Dv, 1, Vt.data() + j0, ldt, dP.data(), kBk, false);
           for (int64_t i = 0; i < nq; ++i) {
             T *p = P.data() + i * kBk, *dp = dP.data() + i * kBk;
             // a row that saw no key (lse = +inf) has P = 0: hide all of it
@@ -583,11 +650,28 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
                 p[j] = pij;
               }
             }
+            if (gp != Precision::fp32)  // dS as dQ and dK read it (AttentionGeom::grad_operands)
+#pragma omp simd
+              for (int64_t j = 0; j < nk; ++j) dp[j] = T(pw::round_operand(float(dp[j]), gp));
+            if (native_grads) {  // dS and dS^T in bf16 (exact), an odd last pair padded with 0
+              In* ds = dSb.data() + i * kBk;
+              for (int64_t j = 0; j < nk; ++j) ds[j] = storage_cast<In>(float(dp[j]));
+              if (nk < nkp) ds[nk] = In{};
+              for (int64_t j = 0; j < nk; ++j) dStb[size_t(j * kBq + i)] = ds[j];
+            }
           }
           // dV_j += (P M)^T dO ;  dQ_i += scale dS K_j ;  dK_j += scale dS^T Q_i
           tile_product(nk, Dv, nq, T(1), P.data(), 1, kBk, dO, Dv, dV + j0 * Dv, Dv, true);
-          tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * ldk, ldk, dQ, D, true);
-          tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, ldq, dK + j0 * D, D, true);
+          if (native_grads) {
+            if (nq < nqp)
+              for (int64_t j = 0; j < nk; ++j) dStb[size_t(j * kBq + nq)] = In{};
+            const uint32_t* Kj = (j0 % 2 == 0 ? Kp0.data() : Kp1.data()) + j0 / 2 * D;  // rows (j0 + 2 jj, + 1)
+            product_native(nq, D, nkp / 2, T(g.scale), dSb.data(), kBk, Kj, D, dQ, D, true);
+            product_native(nk, D, nqp / 2, T(g.scale), dStb.data(), kBq, Qp.data(), D, dK + j0 * D, D, true);
+          } else {
+            tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * ldk, ldk, dQ, D, true);
+            tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, ldq, dK + j0 * D, D, true);
+          }
         });
       }
     }
