@@ -82,9 +82,11 @@ HeadReference attention_head_naive(const float* q, const float* k, const float* 
 }
 
 // --bf16: cpu::attention_forward_16 / attention_backward_16 on bf16 q, k, v (what bf16 autocast
-// keeps), with the scores S = scale Q K^T on VDPBF16PS (native, ag::cpu::sbgemm_native) and with
-// the f32 tile products of the widened values (emulated), alternating; each path's outputs are
-// compared once, before timing (they differ by f32 rounding only). Medians of wall time per round.
+// keeps) under autocast's rule (dout rounded to bf16, AttentionGeom::grad_operands bf16), with the
+// products of bf16 operands on VDPBF16PS (native, ag::cpu::sbgemm_native: the scores, and in
+// backward dO V^T, dS K, dS^T Q) and with the f32 tile products of the widened values (emulated),
+// alternating; each path's outputs are compared once, before timing (they differ by f32 rounding
+// only). Medians of wall time per round.
 int bench_bf16(int64_t B, int64_t H, int64_t T, int64_t D, int reps, int rounds) {
   if (!cpu::sbgemm_supported()) {
     fmt::print(stderr, "bench_attention_tiles --bf16: this CPU has no AVX512-BF16 (avx512_bf16)\n");
@@ -98,17 +100,17 @@ int bench_bf16(int64_t B, int64_t H, int64_t T, int64_t D, int reps, int rounds)
   for (auto* x : {&q, &k, &v})
     for (bf16& e : *x) e = bf16(normal(rng));
   std::vector<float> dout(sz), out(sz), lse(static_cast<size_t>(BH * T)), dq(sz), dk(sz), dv(sz);
-  for (float& e : dout) e = normal(rng);
+  for (float& e : dout) e = pw::round_bf16(normal(rng));  // as the op hands it to the kernel
   fmt::print("attograd bench_attention_tiles --bf16: B {} H {} T {} d {}, bf16 q, k, v, {} threads, OMP_WAIT_POLICY {}\n\n",
              B, H, T, D, num_threads(), bench::omp_wait_policy());
-  fmt::print("{:<8} {:<9} {:>6} {:>12} {:>10} {:>13} {:>11}\n", "mask", "scores", "round", "forward ms", "GFLOP/s",
+  fmt::print("{:<8} {:<9} {:>6} {:>12} {:>10} {:>13} {:>11}\n", "mask", "products", "round", "forward ms", "GFLOP/s",
              "backward ms", "GFLOP/s");
   const bool before = cpu::sbgemm_native();
   for (bool causal : {false, true}) {
     cpu::AttentionGeom g;
     g.BH = BH, g.H = H, g.Tq = T, g.Tk = T, g.D = D, g.Dv = D;
     g.scale = 1.0 / std::sqrt(double(D));
-    g.causal = causal;
+    g.causal = causal, g.grad_operands = Precision::bf16;
     const double pairs = causal ? double(T) * (T + 1) / 2 : double(T) * T;
     const double gemm = 2.0 * double(BH) * pairs * double(D);
     auto forward = [&] { cpu::attention_forward_16(out.data(), lse.data(), q.data(), k.data(), v.data(), g); };
@@ -158,8 +160,9 @@ int main(int argc, char** argv) {
   bool bf16_only = false;
   int rounds = 3;
   app.add_flag("--bf16", bf16_only,
-               "instead: the kernels on bf16 q, k, v (bf16 autocast's), the scores on AVX512-BF16 (native) against "
-               "f32 products of the widened values (emulated), in alternating rounds; a table and one JSON line each");
+               "instead: the kernels on bf16 q, k, v under bf16 autocast's rule, the products of bf16 operands on "
+               "AVX512-BF16 (native) against f32 products of the widened values (emulated), in alternating rounds; "
+               "a table and one JSON line each");
   app.add_option("--rounds", rounds, "--bf16: alternating rounds of the two paths")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (bf16_only) return bench_bf16(B, H, T, D, reps, rounds);
@@ -185,7 +188,7 @@ int main(int argc, char** argv) {
     cpu::AttentionGeom g;
     g.BH = BH, g.H = H, g.Tq = T, g.Tk = T, g.D = D, g.Dv = D;
     g.scale = 1.0 / std::sqrt(double(D));
-    g.causal = causal;
+    g.causal = causal, g.grad_operands = Precision::bf16;
     const double pairs = causal ? double(T) * (T + 1) / 2 : double(T) * T;  // visible (query, key) pairs
     const double gemm = 2.0 * double(BH) * pairs * double(D);              // FLOPs of one GEMM
     {  // correctness at these shapes, before timing

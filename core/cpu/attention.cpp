@@ -412,11 +412,11 @@ void transpose_pairs(uint32_t* kt, int64_t ldt, const In* x, int64_t rows, int64
 #endif
   (void)kt, (void)ldt, (void)x, (void)rows, (void)D, (void)ld;
 }
-template <class T, class In>
-void product_native(int64_t M, int64_t N, int64_t kp, T alpha, const In* a, int64_t lda, const uint32_t* b,
+template <class T, class A>
+void product_native(int64_t M, int64_t N, int64_t kp, T alpha, const A* a, int64_t lda, const uint32_t* b,
                     int64_t ldb, T* C, int64_t ldc, bool add) {
 #if defined(AG_ATTENTION_BF16)
-  if constexpr (std::is_same_v<In, bf16> && std::is_same_v<T, float>) pair_product(M, N, kp, alpha, a, lda, b, ldb, C, ldc, add);
+  if constexpr (std::is_same_v<A, bf16> && std::is_same_v<T, float>) pair_product(M, N, kp, alpha, a, lda, b, ldb, C, ldc, add);
 #endif
   (void)M, (void)N, (void)kp, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)C, (void)ldc, (void)add;
 }
@@ -568,12 +568,15 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
         Vt(size_t(native_grads ? 0 : Dv * ldt)), Dd(kBq);
     std::vector<uint32_t> Ktw(size_t(native ? D / 2 * ldt : 0));  // K^T as bf16 pairs (native)
     // native_grads: V^T in pairs along Dv; K in pairs of rows from an even (Kp0) and an odd (Kp1)
-    // key; a query block's Q in pairs of rows; its rounded dO; a tile's rounded dS and dS^T
+    // key; a query block's rounded dO and Q^T (D rows of its queries); a tile's rounded dS, as rows
+    // (dSb) and in pairs of rows (dSw); the head's dK^T, summed tile by tile (dKt: dK = scale
+    // dS^T Q runs as dK^T = scale Q^T dS, whose pairs, two rows of dS, are contiguous)
     const int64_t kpr = native_grads ? (g.Tk + 1) / 2 : 0;
     std::vector<uint32_t> Vtw(size_t(native_grads ? Dv / 2 * ldt : 0)), Kp0(size_t(kpr * D)), Kp1(size_t(kpr * D)),
-        Qp(size_t(native_grads ? (kBq + 1) / 2 * D : 0));
-    std::vector<In> dOb(size_t(native_grads ? kBq * Dv : 0)), dSb(size_t(native_grads ? kBq * kBk : 0)),
-        dStb(size_t(native_grads ? kBk * kBq : 0));
+        dSw(size_t(native_grads ? kBq / 2 * kBk : 0));
+    std::vector<bf16> dOb(size_t(native_grads ? kBq * Dv : 0)), dSb(size_t(native_grads ? kBq * kBk : 0)),
+        Qt(size_t(native_grads ? D * kBq : 0));
+    std::vector<T> dKt(size_t(native_grads ? D * ldt : 0));
     std::vector<T> Qw, Kw;  // 16-bit q and k widened (rows_as); unused when In is T
     std::vector<KeyRange> range(kBq);
     for (int64_t bh = w0; bh < w1; ++bh) {
@@ -596,6 +599,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
         transpose_pairs(Vtw.data(), ldt, v + hv.offset, g.Tk, Dv, hv.ld);  // V^T (Dv/2, Tk) in pairs
         pair_rows_of(Kp0.data(), D, k + hk.offset, hk.ld, g.Tk, D);        // (K_0, K_1), (K_2, K_3), ...
         if (g.Tk > 1) pair_rows_of(Kp1.data(), D, k + hk.offset + hk.ld, hk.ld, g.Tk - 1, D);  // (K_1, K_2), ...
+        for (int64_t c = 0; c < D; ++c) std::fill_n(dKt.data() + c * ldt, g.Tk, T(0));
       } else {
         transpose(Vt.data(), ldt, v + hv.offset, g.Tk, Dv, hv.ld);  // V^T (Dv, Tk)
       }
@@ -613,9 +617,11 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
           for (int64_t c = 0; c < Dv; ++c) d += dO[i * Dv + c] * O[i * Dv + c];
           Dd[i] = d;
         }
-        if (native_grads) {  // dO (rounded by the caller: exact) and Q in pairs of rows
-          for (int64_t e = 0; e < nq * Dv; ++e) dOb[size_t(e)] = storage_cast<In>(float(dO[e]));
-          pair_rows_of(Qp.data(), D, q + hq.offset + i0 * hq.ld, hq.ld, nq, D);
+        if (native_grads) {  // dO (rounded by the caller: exact) and Q^T, an odd last query paired with 0
+          for (int64_t e = 0; e < nq * Dv; ++e) dOb[size_t(e)] = bf16(float(dO[e]));
+          const In* Qb = q + hq.offset + i0 * hq.ld;
+          for (int64_t i = 0; i < nqp; ++i)
+            for (int64_t c = 0; c < D; ++c) Qt[size_t(c * kBq + i)] = i < nq ? storage_cast<bf16>(Qb[i * hq.ld + c]) : bf16{};
         }
         for_each_key_tile(vis, i0, i0 + nq, span, [&](int64_t j0, int64_t nk, bool blocks) {
           const int64_t nkp = (nk + 1) / 2 * 2;  // even, for dS's pairs
@@ -650,30 +656,47 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
                 p[j] = pij;
               }
             }
-            if (gp != Precision::fp32)  // dS as dQ and dK read it (AttentionGeom::grad_operands)
+            // dS as dQ and dK read it (AttentionGeom::grad_operands)
+            if (gp == Precision::bf16) {
 #pragma omp simd
-              for (int64_t j = 0; j < nk; ++j) dp[j] = T(pw::round_operand(float(dp[j]), gp));
-            if (native_grads) {  // dS and dS^T in bf16 (exact), an odd last pair padded with 0
-              In* ds = dSb.data() + i * kBk;
-              for (int64_t j = 0; j < nk; ++j) ds[j] = storage_cast<In>(float(dp[j]));
-              if (nk < nkp) ds[nk] = In{};
-              for (int64_t j = 0; j < nk; ++j) dStb[size_t(j * kBq + i)] = ds[j];
+              for (int64_t j = 0; j < nk; ++j) dp[j] = T(pw::round_bf16(float(dp[j])));
+            } else if (gp == Precision::fp16) {
+              for (int64_t j = 0; j < nk; ++j) dp[j] = T(pw::round_fp16(float(dp[j])));
+            }
+            if (native_grads) {  // dS in bf16 (the top halves of the rounded values), an odd last pair padded with 0
+              bf16* ds = dSb.data() + i * kBk;
+#pragma omp simd
+              for (int64_t j = 0; j < nk; ++j) ds[j].bits = uint16_t(pw::float_bits(float(dp[j])) >> 16);
+              if (nk < nkp) ds[nk] = bf16{};
             }
           }
           // dV_j += (P M)^T dO ;  dQ_i += scale dS K_j ;  dK_j += scale dS^T Q_i
           tile_product(nk, Dv, nq, T(1), P.data(), 1, kBk, dO, Dv, dV + j0 * Dv, Dv, true);
           if (native_grads) {
-            if (nq < nqp)
-              for (int64_t j = 0; j < nk; ++j) dStb[size_t(j * kBq + nq)] = In{};
             const uint32_t* Kj = (j0 % 2 == 0 ? Kp0.data() : Kp1.data()) + j0 / 2 * D;  // rows (j0 + 2 jj, + 1)
             product_native(nq, D, nkp / 2, T(g.scale), dSb.data(), kBk, Kj, D, dQ, D, true);
-            product_native(nk, D, nqp / 2, T(g.scale), dStb.data(), kBq, Qp.data(), D, dK + j0 * D, D, true);
+            for (int64_t ii = 0; 2 * ii < nq; ++ii) {  // (dS[2 ii][j], dS[2 ii + 1][j]): rows of words
+              const bf16* d0 = dSb.data() + 2 * ii * kBk;
+              const bf16* d1 = d0 + kBk;
+              uint32_t* w = dSw.data() + ii * kBk;
+              if (2 * ii + 1 < nq) {
+#pragma omp simd
+                for (int64_t j = 0; j < nk; ++j) w[j] = uint32_t(d0[j].bits) | uint32_t(d1[j].bits) << 16;
+              } else {
+#pragma omp simd
+                for (int64_t j = 0; j < nk; ++j) w[j] = uint32_t(d0[j].bits);
+              }
+            }
+            product_native(D, nk, nqp / 2, T(g.scale), Qt.data(), kBq, dSw.data(), kBk, dKt.data() + j0, ldt, true);
           } else {
             tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * ldk, ldk, dQ, D, true);
             tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, ldq, dK + j0 * D, D, true);
           }
         });
       }
+      if (native_grads)  // dK += (dK^T)^T
+        for (int64_t j = 0; j < g.Tk; ++j)
+          for (int64_t c = 0; c < D; ++c) dK[j * D + c] += dKt[size_t(c * ldt + j)];
     }
   });
 }
