@@ -503,10 +503,13 @@ TEST_CASE("autocast: bf16 attention products on AVX512-BF16, against the emulati
     int mask;  // 0 none, 1 causal, 2 key padding, 3 window, 4 block mask, 5 dropout
   };
   // ragged tiles: 37 queries (blocks of 32 + 5 rows: 8-row and 1-row blocks), 300 keys (a tile of
-  // 256 and one of 44: full and masked columns); D 15 is odd, so it keeps the f32 products
+  // 256 and one of 44: full and masked columns); a window over 77 keys starts key tiles at odd
+  // keys (the pairs of K rows from an odd key) and ends them at odd counts; D 15 is odd, so it
+  // keeps the f32 products
   const Case cases[] = {{"d 16", 2, 3, 3, 37, 300, 16, 0},        {"d 32 causal", 1, 2, 2, 300, 300, 32, 1},
                         {"d 64 padding", 2, 2, 2, 37, 70, 64, 2}, {"d 16 window, grouped", 1, 4, 2, 90, 90, 16, 3},
                         {"d 32 block mask", 1, 2, 2, 96, 96, 32, 4}, {"d 16 dropout", 1, 2, 2, 40, 40, 16, 5},
+                        {"d 32 window, odd Tq and Tk (key tiles from odd keys)", 1, 2, 2, 45, 77, 32, 3},
                         {"d 15 (odd: f32 products)", 1, 2, 2, 37, 45, 15, 1}};
   for (const Case& c : cases) {
     const std::string name = c.name;
@@ -556,10 +559,13 @@ TEST_CASE("autocast: bf16 attention products on AVX512-BF16, against the emulati
       CAPTURE(i);
       check_close(one[i], two[i], 0, 0);  // the same bits at any thread count
       const double scale = max_diff(ref[i], zeros_like(ref[i]));
-      // the same exact products as the f32 kernel, summed two at a time: f32 rounding apart
-      CHECK(max_diff(one[i], emulated[i]) <= 1e-5 * scale);
-      // the rule composed of ops (return_weights): f32 rounding apart, but for a dS near a bf16 tie
-      CHECK(share_within(one[i], composed[i], 1e-5 * scale) >= 0.98);
+      // the same exact products as the f32 kernel, summed two at a time: f32 rounding apart (in
+      // backward, but for a dS within f32 rounding of a bf16 tie, which the two sums may round
+      // apart: by a bf16 step of that one term); likewise the rule composed of ops (return_weights)
+      for (const std::vector<Tensor>* other : {&emulated, &composed}) {
+        CHECK(share_within(one[i], (*other)[i], 1e-5 * scale) >= 0.98);
+        CHECK(max_diff(one[i], (*other)[i]) <= (i == 0 ? 1e-5 : 4e-3) * scale);
+      }
       if (i == 0) {  // out: the f32 attention of the rounded q, k, v
         CHECK(max_diff(one[i], ref[i]) <= 2e-5 * scale);
         CHECK(max_diff(emulated[i], ref[i]) <= 2e-5 * scale);
