@@ -126,7 +126,6 @@ int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const s
 // The options given on the command line after parsing, by their first long name ("--d-model").
 std::vector<std::string> given_options(const CLI::App& cli);
 
-
 // CLI11 checks for sizes and rates whose message states the bound ("--steps: -1 is not > 0");
 // CLI::PositiveNumber's prints the largest double in full.
 CLI::Validator positive();      // a number > 0

@@ -108,9 +108,6 @@ SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v,
   return {gradient_rounded(matmul(wd, v), grads), w};
 }
 
-SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site,
-                     Precision grads);
-
 }  // namespace
 
 Tensor rope(const Tensor& x, int64_t offset, bool interleaved, double base, Site site) {
@@ -133,10 +130,6 @@ Tensor rope(const Tensor& x, int64_t offset, bool interleaved, double base, Site
     return std::vector{dx};
   });
   return y;
-}
-
-SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site) {
-  return attention(q, k, v, o, site, Precision::fp32);
 }
 
 namespace {
@@ -314,5 +307,9 @@ SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
 }
 
 }  // namespace
+
+SdpaResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site) {
+  return attention(q, k, v, o, site, Precision::fp32);
+}
 
 }  // namespace ag

@@ -666,7 +666,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
             if (native_grads) {  // dS in bf16 (the top halves of the rounded values), an odd last pair padded with 0
               bf16* ds = dSb.data() + i * kBk;
 #pragma omp simd
-              for (int64_t j = 0; j < nk; ++j) ds[j].bits = uint16_t(pw::float_bits(float(dp[j])) >> 16);
+              for (int64_t j = 0; j < nk; ++j) ds[j].bits = pw::bf16_bits(float(dp[j]));
               if (nk < nkp) ds[nk] = bf16{};
             }
           }
@@ -675,18 +675,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
           if (native_grads) {
             const uint32_t* Kj = (j0 % 2 == 0 ? Kp0.data() : Kp1.data()) + j0 / 2 * D;  // rows (j0 + 2 jj, + 1)
             product_native(nq, D, nkp / 2, T(g.scale), dSb.data(), kBk, Kj, D, dQ, D, true);
-            for (int64_t ii = 0; 2 * ii < nq; ++ii) {  // (dS[2 ii][j], dS[2 ii + 1][j]): rows of words
-              const bf16* d0 = dSb.data() + 2 * ii * kBk;
-              const bf16* d1 = d0 + kBk;
-              uint32_t* w = dSw.data() + ii * kBk;
-              if (2 * ii + 1 < nq) {
-#pragma omp simd
-                for (int64_t j = 0; j < nk; ++j) w[j] = uint32_t(d0[j].bits) | uint32_t(d1[j].bits) << 16;
-              } else {
-#pragma omp simd
-                for (int64_t j = 0; j < nk; ++j) w[j] = uint32_t(d0[j].bits);
-              }
-            }
+            pair_rows_of(dSw.data(), kBk, dSb.data(), kBk, nq, nk);  // (dS[2 ii][j], dS[2 ii + 1][j])
             product_native(D, nk, nqp / 2, T(g.scale), Qt.data(), kBq, dSw.data(), kBk, dKt.data() + j0, ldt, true);
           } else {
             tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * ldk, ldk, dQ, D, true);
