@@ -269,6 +269,8 @@ void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const
               mc.d_model);
   usage_check(t.label_smoothing >= 0 && t.label_smoothing < 1, "textclf: --label-smoothing {}: expected [0, 1)",
               t.label_smoothing);
+  usage_check(t.word_dropout >= 0 && t.word_dropout <= 0.9, "textclf: --word-dropout {}: expected [0, 0.9]",
+              t.word_dropout);
   usage_check(t.bucket_window >= 1, "textclf: --bucket-window {}: expected at least 1 (1: no bucketing)",
               t.bucket_window);
   usage_check(t.eval_samples >= 0, "textclf: --eval-samples {}: expected >= 0 (0: all)", t.eval_samples);
@@ -377,14 +379,42 @@ std::vector<std::string> missing_fortune_packages(const std::string& root) {
   return missing;
 }
 
-Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_t max_len) {
+Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_t max_len, const WordDropout& drop) {
+  check(drop.p >= 0 && drop.p < 1, "textclf make_batch: word dropout {} outside [0, 1)", drop.p);
   std::vector<std::vector<int64_t>> seqs;
+  std::vector<std::vector<int32_t>> forms;  // with n-grams: each kept token's form
   std::vector<int64_t> labels;
   seqs.reserve(indices.size());
   labels.reserve(indices.size());
-  for (int64_t i : indices) {
+  // a token is kept when its draw, uniform in [0, 2^24), is at least p 2^24
+  const auto threshold = uint64_t(std::ceil(drop.p * double(kWordDropoutDraws)));
+  for (size_t r = 0; r < indices.size(); ++r) {
+    const int64_t i = indices[r];
     check(i >= 0 && i < set.size(), "textclf make_batch: index {} outside [0, {})", i, set.size());
-    seqs.push_back(set.ids[size_t(i)]);
+    const std::vector<int64_t>& ids = set.ids[size_t(i)];
+    const std::vector<int32_t>* f = set.has_ngrams() ? &set.forms[size_t(i)] : nullptr;
+    std::vector<uint8_t> keep(ids.size(), 1);
+    size_t kept = ids.size();
+    if (threshold > 0) {
+      const uint64_t text = uint64_t(drop.first) + r;  // the text's place in the global batch
+      kept = 0;
+      for (size_t t = 0; t < ids.size(); ++t) {
+        keep[t] = data::philox_below(drop.seed, kWordDropoutStream + uint64_t(drop.step),
+                                     text * kWordDropoutMaxTokens + t, kWordDropoutDraws) >= threshold;
+        kept += keep[t];
+      }
+      if (kept == 0) std::fill(keep.begin(), keep.end(), 1);  // a text never becomes empty
+    }
+    std::vector<int64_t> s;
+    std::vector<int32_t> sf;
+    s.reserve(ids.size());
+    for (size_t t = 0; t < ids.size(); ++t)
+      if (keep[t]) {
+        s.push_back(ids[t]);
+        if (f) sf.push_back((*f)[t]);
+      }
+    seqs.push_back(std::move(s));
+    if (f) forms.push_back(std::move(sf));
     labels.push_back(set.labels[size_t(i)]);
   }
   data::PaddedBatch p = data::pad_batch(seqs, 0, max_len);
@@ -397,13 +427,13 @@ Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_
     // (B, T, G): token t of text b gets its form's n-gram ids, the rest of the row stays 0
     const auto B = int64_t(indices.size()), T = p.tokens.size(1);
     int64_t G = 1;
-    for (int64_t i : indices)
-      for (int32_t f : set.forms[size_t(i)]) G = std::max(G, int64_t(set.form_ngrams[size_t(f)].size()));
+    for (const auto& fr : forms)
+      for (int32_t f : fr) G = std::max(G, int64_t(set.form_ngrams[size_t(f)].size()));
     std::vector<int64_t> ng(size_t(B * T * G), 0);
     for (int64_t r = 0; r < B; ++r) {
-      const std::vector<int32_t>& forms = set.forms[size_t(indices[size_t(r)])];
-      for (int64_t t = 0; t < std::min(T, int64_t(forms.size())); ++t) {
-        const std::vector<int64_t>& g = set.form_ngrams[size_t(forms[size_t(t)])];
+      const std::vector<int32_t>& fr = forms[size_t(r)];
+      for (int64_t t = 0; t < std::min(T, int64_t(fr.size())); ++t) {
+        const std::vector<int64_t>& g = set.form_ngrams[size_t(fr[size_t(t)])];
         std::copy(g.begin(), g.end(), ng.begin() + (r * T + t) * G);
       }
     }
@@ -452,18 +482,20 @@ std::vector<int64_t> BucketSampler::batch(int64_t step) const {
 
 std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set, const BucketSampler& sampler,
                                                            int64_t steps, int64_t max_len, int prefetch,
-                                                           int shard_rank, int shard_count) {
+                                                           int shard_rank, int shard_count, WordDropout drop) {
   check(steps > 0, "textclf make_train_loader: steps must be > 0, got {}", steps);
   data::LoaderOptions o;
   o.batch_size = 1;
   o.shuffle = false;
   o.prefetch = prefetch;
   return std::make_unique<data::DataLoader<Batch>>(
-      steps, o, [&set, &sampler, max_len, shard_rank, shard_count](std::span<const int64_t> s) {
+      steps, o, [&set, &sampler, max_len, shard_rank, shard_count, drop](std::span<const int64_t> s) {
         const std::vector<int64_t> idx = sampler.batch(s[0]);  // the global batch of step s[0]
         const data::Range mine = data::shard(int64_t(idx.size()), shard_rank, shard_count);
+        WordDropout d = drop;
+        d.step = s[0], d.first = mine.begin;
         return make_batch(set, std::span<const int64_t>(idx).subspan(size_t(mine.begin), size_t(mine.size())),
-                          max_len);
+                          max_len, d);
       });
 }
 

@@ -140,6 +140,7 @@ inline constexpr int64_t kWordNgramBuckets = 262144;
 // The command line's settings that the model and data config do not hold (apps/textclf/main.cpp).
 struct TrainSettings {
   double label_smoothing = 0.0;
+  double word_dropout = 0.0;         // --word-dropout: WordDropout's p for the training batches
   int64_t bucket_window = 16;        // batches sorted by length together
   int64_t eval_samples = 2000;       // validation texts per evaluation during training (0: all)
   int64_t eval_batch_tokens = 16384; // padded tokens per evaluation batch
@@ -153,8 +154,8 @@ std::pair<int64_t, int64_t> parse_ngram_range(const std::string& text);
 // The checks of the command line, before any data is read: a UsageError naming the option and
 // value when --max-len is outside [1, 4096], --min-freq < 1, --max-words < 3 (<pad>, <unk> and a
 // word), --tsv-file/--tsv-test without --dataset tsv, a model size < 1, --heads not dividing
-// --d-model, --label-smoothing outside [0, 1), --bucket-window or --eval-batch-tokens < 1,
-// --eval-samples < 0, --ngram-buckets outside [0, 2^26] (or > 0 with the char tokenizer),
+// --d-model, --label-smoothing outside [0, 1), --word-dropout outside [0, 0.9], --bucket-window or
+// --eval-batch-tokens < 1, --eval-samples < 0, --ngram-buckets outside [0, 2^26] (or > 0 with the char tokenizer),
 // --ngrams malformed, --ngrams-per-token < 1, --nb-alpha <= 0, --layout-tokens with the char
 // tokenizer.
 void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const TrainSettings& t);
@@ -173,7 +174,21 @@ struct Batch {
   Tensor ngrams;                   // i64 (B, T, G), or undefined when the set has no n-grams
   int64_t num_tokens = 0;          // valid tokens (sum of lengths)
 };
-Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_t max_len);
+// Word dropout (a training augmentation, as random crops are for images): each token of text r of
+// the batch of step `step` is left out with probability p, decided by
+//   data::philox_below(seed, kWordDropoutStream + step, (first + r) * kWordDropoutMaxTokens + t, 2^24) < p 2^24
+// (first: the slice's offset in the global batch), so a batch is a pure function of the step on
+// every rank and thread count, and a resumed run sees what an unbroken one would. A text whose
+// every token would go keeps them all. p = 0 draws nothing.
+struct WordDropout {
+  double p = 0;
+  uint64_t seed = 0;
+  int64_t step = 0, first = 0;
+};
+inline constexpr uint64_t kWordDropoutStream = uint64_t(1) << 40, kWordDropoutMaxTokens = 4096,
+                          kWordDropoutDraws = uint64_t(1) << 24;
+Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_t max_len,
+                 const WordDropout& drop = {});
 
 // Length bucketing without giving up randomness. Epoch e of step s = e * num_batches() + b:
 //   1. order = data::epoch_permutation(N, seed, e)               a fresh shuffle
@@ -208,7 +223,8 @@ class BucketSampler {
 // padded to that slice's longest text.
 std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set, const BucketSampler& sampler,
                                                            int64_t steps, int64_t max_len, int prefetch = 2,
-                                                           int shard_rank = 0, int shard_count = 1);
+                                                           int shard_rank = 0, int shard_count = 1,
+                                                           WordDropout drop = {});
 
 // ---- training and evaluation --------------------------------------------------------------------
 struct StepResult {

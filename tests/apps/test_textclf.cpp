@@ -9,7 +9,9 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 #include <set>
+#include <span>
 
 #include "apps/common/run.h"
 #include "tests/apps/usage_error.h"
@@ -171,6 +173,112 @@ TEST_CASE("textclf: n-gram ids of the encoded set and the batch") {
   AG_CHECK_ERROR(encode_dataset(ds, TextTokenizer::build_char({"ab"}), 5, spec), "encode_dataset", "100 buckets",
                  "char");
   AG_CHECK_ERROR(TextTokenizer::build_char({"ab"}).pieces("ab", 3), "TextTokenizer::pieces", "char");
+}
+
+TEST_CASE("textclf: word dropout leaves out the tokens its draws name, the same on every shard and after a resume") {
+  // 200 texts of 20 distinct words each (letters spelling 20 i + t), so that every kept token
+  // says where it came from
+  data::TextDataset ds;
+  ds.classes = {"a", "b"};
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) {
+    std::string text;
+    for (int t = 0; t < 20; ++t) {
+      std::string word = "w";
+      for (int k = 20 * i + t; k > 0; k /= 26) word += char('a' + k % 26);
+      text += (t ? " " : "") + word;
+    }
+    texts.push_back(text);
+    ds.examples.push_back({text, i % 2});
+  }
+  ds.examples.push_back({"lonely", 0});  // a one-word text (index 200)
+  texts.push_back("lonely");
+  const TextTokenizer tok = TextTokenizer::build_word(texts, 1, 100000);
+  const data::NgramSpec spec{.buckets = 1000, .min_n = 2, .max_n = 3, .max_per_token = 8};
+  const EncodedSet set = encode_dataset(ds, tok, 32, spec);
+  std::vector<int64_t> all(200);
+  std::iota(all.begin(), all.end(), int64_t(0));
+  const std::vector<int64_t> some{7, 3, 150, 42};
+
+  // p = 0 is the batch without dropout, bit for bit
+  const Batch plain = make_batch(set, some, 32);
+  const Batch off = make_batch(set, some, 32, {.p = 0.0, .seed = 5, .step = 3});
+  CHECK(off.tokens.to_vector<int64_t>() == plain.tokens.to_vector<int64_t>());
+  CHECK(off.ngrams.to_vector<int64_t>() == plain.ngrams.to_vector<int64_t>());
+
+  // the kept tokens are those whose draw is at least p 2^24, in order, each with its own n-grams
+  const WordDropout drop{.p = 0.3, .seed = 5, .step = 3, .first = 0};
+  const Batch b = make_batch(set, all, 32, drop);
+  const std::vector<int64_t> tokens = b.tokens.to_vector<int64_t>(), lengths = b.lengths.to_vector<int64_t>(),
+                             ng = b.ngrams.to_vector<int64_t>();
+  const int64_t T = b.tokens.size(1), G = b.ngrams.size(2);
+  int64_t dropped = 0;
+  for (int64_t r = 0; r < 200; ++r) {
+    std::vector<int64_t> expect;
+    for (uint64_t t = 0; t < 20; ++t) {
+      const bool gone = data::philox_below(5, kWordDropoutStream + 3, uint64_t(r) * kWordDropoutMaxTokens + t,
+                                           uint64_t(1) << 24) < uint64_t(std::ceil(0.3 * double(1 << 24)));
+      if (!gone) expect.push_back(set.ids[size_t(r)][t]);
+      dropped += gone;
+    }
+    REQUIRE(lengths[size_t(r)] == int64_t(expect.size()));
+    CHECK(std::vector<int64_t>(tokens.begin() + r * T, tokens.begin() + r * T + lengths[size_t(r)]) == expect);
+    for (int64_t t = 0; t < lengths[size_t(r)]; ++t) {  // the n-grams of the word now at position t
+      std::vector<int64_t> g = data::hashed_ngrams(tok.pieces(texts[size_t(r)], 32)[size_t(
+                                                       std::find(set.ids[size_t(r)].begin(), set.ids[size_t(r)].end(),
+                                                                 expect[size_t(t)]) -
+                                                       set.ids[size_t(r)].begin())],
+                                                   spec);
+      g.resize(size_t(G), 0);
+      CHECK(std::vector<int64_t>(ng.begin() + (r * T + t) * G, ng.begin() + (r * T + t + 1) * G) == g);
+    }
+  }
+  // 4000 tokens: the share left out is p within 4 standard deviations (sqrt(0.21 / 4000) = 0.0072)
+  CHECK(std::abs(double(dropped) / 4000.0 - 0.3) < 0.029);
+  CHECK(b.num_tokens == 4000 - dropped);
+
+  // two shards of the batch (data parallel) are the global batch's two halves
+  auto rows = [](const Batch& x) {  // each text's tokens, without the padding
+    const std::vector<int64_t> tk = x.tokens.to_vector<int64_t>(), ln = x.lengths.to_vector<int64_t>();
+    std::vector<std::vector<int64_t>> out;
+    for (size_t r = 0; r < ln.size(); ++r)
+      out.emplace_back(tk.begin() + int64_t(r) * x.tokens.size(1), tk.begin() + int64_t(r) * x.tokens.size(1) + ln[r]);
+    return out;
+  };
+  std::vector<std::vector<int64_t>> halves = rows(make_batch(set, std::span<const int64_t>(all).first(100), 32, drop));
+  WordDropout second = drop;
+  second.first = 100;
+  for (auto& r : rows(make_batch(set, std::span<const int64_t>(all).subspan(100), 32, second))) halves.push_back(r);
+  CHECK(halves == rows(b));
+  // another step draws again; a text whose every token would go keeps them all
+  WordDropout next = drop;
+  next.step = 4;
+  CHECK(make_batch(set, all, 32, next).tokens.to_vector<int64_t>() != tokens);
+  WordDropout heavy{.p = 0.9, .seed = 5};
+  int64_t emptied = 0;
+  for (heavy.step = 0; heavy.step < 64; ++heavy.step) {
+    const Batch one = make_batch(set, std::vector<int64_t>{200}, 32, heavy);
+    CHECK(one.lengths.to_vector<int64_t>() == std::vector<int64_t>{1});
+    emptied += data::philox_below(5, kWordDropoutStream + uint64_t(heavy.step), 0, uint64_t(1) << 24) <
+               uint64_t(std::ceil(0.9 * double(1 << 24)));
+  }
+  CHECK(emptied > 40);  // most of the 64 steps would have dropped the only word
+  AG_CHECK_ERROR(make_batch(set, some, 32, {.p = 1.0}), "make_batch", "word dropout 1");
+
+  // the loader draws by the step: a resumed loader gives the same batches
+  std::vector<int64_t> lens;
+  for (const auto& ids : set.ids) lens.push_back(int64_t(ids.size()));
+  BucketSampler sampler(lens, 16, 2, 9);
+  auto full = make_train_loader(set, sampler, 12, 32, 2, 0, 1, {.p = 0.3, .seed = 11});
+  full->seek(0);
+  std::vector<std::vector<int64_t>> seen;
+  for (int s = 0; s < 12; ++s) seen.push_back(full->next_step().tokens.to_vector<int64_t>());
+  auto resumed = make_train_loader(set, sampler, 12, 32, 0, 0, 1, {.p = 0.3, .seed = 11});
+  resumed->seek(7);
+  for (int s = 7; s < 12; ++s) CHECK(resumed->next_step().tokens.to_vector<int64_t>() == seen[size_t(s)]);
+  auto without = make_train_loader(set, sampler, 12, 32, 0);
+  without->seek(7);
+  CHECK(without->next_step().tokens.to_vector<int64_t>() != seen[7]);
 }
 
 TEST_CASE("textclf: tokenizer and config round trip through a checkpoint") {
@@ -383,6 +491,7 @@ TEST_CASE("textclf: a small TSV set gets its defaults from its texts, each said 
   CHECK(text.find("textclf: --tokenizer word: 100% of the 480 training texts hold 3 or more words") !=
         std::string::npos);
   CHECK(text.find("textclf: --dropout 0.1: word models") != std::string::npos);
+  CHECK(text.find("textclf: --word-dropout 0.3: 480 training texts (< 20000: a small set)") != std::string::npos);
   CHECK(text.find("textclf: --steps 150: 20 epochs of 480 training texts (< 20000: a small set) at batch 64") !=
         std::string::npos);
   CHECK(text.find("textclf: --patience 5: 480 training texts") != std::string::npos);
@@ -390,12 +499,13 @@ TEST_CASE("textclf: a small TSV set gets its defaults from its texts, each said 
   CHECK(text.find("testing the best model by validation: step ") != std::string::npos);
   const auto report = nlohmann::json::parse(ag::test::read_bytes(tmp.file("words/report.json")));
   CHECK(report.at("config").at("data").at("tokenizer") == "word");
+  CHECK(report.at("config").at("word_dropout").get<double>() == 0.3);  // what fixes the batches, for --resume
   CHECK(report.at("accuracy").get<double>() > 0.9);  // the topics share only "the", "on" and "a"
   // no spaces: characters; and flags given on the command line win, unannounced
   const std::string g = run("glued", tmp.file("glued.tsv"), "--steps 20 --dropout 0 --patience 0");
   INFO(g);
   CHECK(g.find("textclf: --tokenizer char: 0% of the 480 training texts hold 3 or more words") != std::string::npos);
-  for (const char* flag : {"textclf: --steps", "textclf: --dropout", "textclf: --patience"})
+  for (const char* flag : {"textclf: --steps", "textclf: --dropout", "textclf: --patience", "textclf: --word-dropout"})
     CHECK_MESSAGE(g.find(flag) == std::string::npos, flag);
   // --ngram-buckets needs words: refused (exit 2, one line) once the texts say they are not words
   const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/textclf' --dataset tsv --tsv-file '" +
@@ -620,6 +730,8 @@ TEST_CASE("textclf: the command line is checked before any data is read") {
   check_usage_error(with_data([](auto& d) { d.tsv_file = "x.tsv"; }), {"--tsv-file", "x.tsv", "--dataset tsv", "fortunes"});
   check_usage_error(with_settings([](auto& t) { t.label_smoothing = 1.0; }), {"--label-smoothing 1"});
   check_usage_error(with_settings([](auto& t) { t.bucket_window = 0; }), {"--bucket-window 0"});
+  check_usage_error(with_settings([](auto& t) { t.word_dropout = 0.95; }), {"--word-dropout 0.95", "[0, 0.9]"});
+  check_usage_error(with_settings([](auto& t) { t.word_dropout = -0.1; }), {"--word-dropout -0.1"});
   check_usage_error(with_settings([](auto& t) { t.eval_samples = -5; }), {"--eval-samples -5"});
   check_usage_error(with_settings([](auto& t) { t.eval_batch_tokens = 0; }), {"--eval-batch-tokens 0"});
   check_usage_error(with_settings([](auto& t) { t.ngram_buckets = -2; }), {"--ngram-buckets -2"});

@@ -115,9 +115,9 @@ struct Apps {
     if (app == "vit")  // augmentation on: its crop and flip draws must resume too
       add({"--data-dir", tmp.file("fashion"), "--patch", "4", "--crop-pad", "1", "--flip", "--eval-batch", "64",
            "--attention-images", "1"});
-    else if (app == "textclf")
+    else if (app == "textclf")  // word dropout on: its draws must resume too
       add({"--dataset", "tsv", "--tsv-file", tmp.file("train.tsv"), "--max-len", "24", "--baseline", "off",
-           "--eval-samples", "0"});
+           "--eval-samples", "0", "--word-dropout", "0.2"});
     else if (app == "gpt")
       add({"--text-file", tmp.file("text.txt"), "--context", "16", "--eval-windows", "8", "--sample-tokens", "0"});
     a.insert(a.end(), more.begin(), more.end());
