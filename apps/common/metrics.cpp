@@ -307,6 +307,13 @@ JsonlWriter::JsonlWriter(const std::string& path, bool append) : path_(path) {
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   file_ = std::fopen(path.c_str(), append ? "ab" : "wb");
   check(file_ != nullptr, "JsonlWriter: cannot open '{}': {}", path, std::strerror(errno));
+  if (append) {  // a line a killed process left half written ends here, so the next one starts whole
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (in && in.tellg() > 0) {
+      in.seekg(-1, std::ios::end);
+      if (in.get() != '\n') check(std::fputc('\n', file_) != EOF, "JsonlWriter: writing to '{}' failed", path);
+    }
+  }
 }
 
 JsonlWriter::~JsonlWriter() {

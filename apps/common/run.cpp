@@ -520,6 +520,7 @@ int64_t Run::resume() {
       skipped_ = std::stoll(entry("run.skipped"));
       skips_in_a_row_ = std::stoll(entry("run.skips_in_a_row"));
       scale_skips_ = std::stoll(entry("run.loss_scale_skips"));
+      eval_pending_ = entry("run.eval_pending") == "1";
       if (c.extra.count("run.best")) {  // model selection so far
         const auto j = nlohmann::json::parse(c.extra.at("run.best"));
         best_.step = j.at("step").get<int64_t>(), best_.evals_since = j.at("evals_since").get<int64_t>();
@@ -538,6 +539,7 @@ int64_t Run::resume() {
       throw Error(fmt::format("{}: --resume: {} has unreadable run.* metadata ({})", app_, ckpt, e.what()));
     }
     last_saved_step_ = first_step_;
+    changed_ = false;
     // the curves so far come back from the metrics of the interrupted run
     std::ifstream in;
     if (dist::is_main()) in.open(path("metrics.jsonl"));  // the curves are rank 0's to draw
@@ -553,7 +555,8 @@ int64_t Run::resume() {
           curves_.add(chart, series, double(j["step"].get<int64_t>()), value.get<double>());
         }
     }
-    fmt::print(stderr, "{}: resumed from {} at step {}\n", app_, ckpt, first_step_);
+    fmt::print(stderr, "{}: resumed from {} at step {}{}\n", app_, ckpt, first_step_,
+               eval_pending_ ? ", evaluating that step first (the checkpoint was written before its evaluation)" : "");
   }
   if (dist::is_main()) metrics_ = std::make_unique<MetricsLogger>(dir_, resuming);
   last_step_ = first_step_;
@@ -605,6 +608,7 @@ Run::StepTotals Run::reduce_step(double loss, int64_t samples, int64_t tokens) {
 }
 
 bool Run::optimizer_step(int64_t step, double loss) {
+  changed_ = true;
   check(reduced_ || dist::world_size() == 1,
         "{}: step {}: optimizer_step without reduce_step: under mpirun the gradients would differ across ranks",
         app_, step);
@@ -645,6 +649,7 @@ bool Run::optimizer_step(int64_t step, double loss) {
 }
 
 void Run::step_done(int64_t step, double loss, int64_t samples, int64_t tokens) {
+  changed_ = true;
   const double t = now_seconds();
   train_seconds_ += t - last_step_time_;
   last_step_time_ = t;
@@ -688,6 +693,7 @@ bool Run::eval_due(int64_t step) const { return step % o_.eval_every == 0 || ste
 bool Run::checkpoint_due(int64_t step) const { return step % o_.checkpoint_every == 0 || step == o_.steps; }
 
 void Run::log_eval(int64_t step, const Scalars& scalars) {
+  last_eval_step_ = step, changed_ = true;
   // model selection, on every rank alike (their evaluations agree)
   std::string selection;
   if (!select_metric_.empty()) {
@@ -753,12 +759,13 @@ bool Run::save(int64_t step) {
                                             : std::string("what it held (no checkpoint of this run yet)")));
     return false;
   }
-  if (!dist::is_main()) {  // rank 0 writes; every rank holds the same parameters and moments
-    last_saved_step_ = step;
-    return true;
+  if (step == last_saved_step_ && !changed_) return true;  // the file holds this state already
+  if (dist::is_main()) {  // rank 0 writes; every rank holds the same parameters and moments
+    std::map<std::string, std::string> meta;
+    if (eval_due(step) && last_eval_step_ != step) meta["run.eval_pending"] = "1";
+    write_checkpoint(path("checkpoint.safetensors"), step, meta);  // restarts the step clock after the write
   }
-  write_checkpoint(path("checkpoint.safetensors"), step);  // restarts the step clock after the write
-  last_saved_step_ = step;
+  last_saved_step_ = step, changed_ = false;
   return true;
 }
 
@@ -769,8 +776,9 @@ std::map<std::string, std::string> Run::model_metadata() const {
   return meta;
 }
 
-void Run::write_checkpoint(const std::string& file, int64_t step) {
+void Run::write_checkpoint(const std::string& file, int64_t step, const std::map<std::string, std::string>& more) {
   std::map<std::string, std::string> meta = model_metadata();
+  meta.insert(more.begin(), more.end());
   meta["run.loss_sum"] = fmt::format("{:.17g}", loss_sum_);
   meta["run.loss_count"] = std::to_string(loss_count_);
   meta["run.skipped"] = std::to_string(skipped_);

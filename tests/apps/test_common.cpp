@@ -323,6 +323,22 @@ TEST_CASE("metrics: JSONL lines parse as JSON with the fields, tfevents alongsid
   int n = 0;
   while (std::getline(g, line)) n += nlohmann::json::parse(line).is_object();
   CHECK(n == 3);
+  // A line a killed process left half written: the next process's first line starts on a line
+  // of its own, whole.
+  {
+    std::ofstream cut(jsonl, std::ios::app | std::ios::binary);
+    cut << "{\"step\": 40, \"lo";
+  }
+  {
+    JsonlWriter w(jsonl, /*append=*/true);
+    w.write({{"step", 50}});
+  }
+  std::ifstream h(jsonl);
+  std::vector<std::string> lines;
+  while (std::getline(h, line)) lines.push_back(line);
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[3] == "{\"step\": 40, \"lo");
+  CHECK(nlohmann::json::parse(lines[4]) == nlohmann::json{{"step", 50}});
 }
 
 // ---- SVG -----------------------------------------------------------------------------------

@@ -7,6 +7,8 @@
 //                       checkpoints are equal tensor by tensor, bit for bit, and so are the
 //                       metrics.jsonl lines (train loss included), with dropout on
 //   flat RSS            2000 steps: "rss_mb" of metrics.jsonl stays within 1 MiB after warm-up
+//   SIGKILL             after a save, before or during the evaluation of its step: --resume
+//                       evaluates that step first and ends where a straight run ends, bit for bit
 //   missing data        exit 2 with one line naming the Debian package to install
 //   --deterministic     1 and 2 threads end in the same checkpoint, bit for bit
 //   --eval-only         the saved model evaluates to the numbers the run reported at its end
@@ -22,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -142,6 +145,68 @@ void resume_equivalence(const std::string& app) {
     INFO("metrics line " << i);
     CHECK((a[i].contains("train_loss") || a[i].contains("skipped_steps")));
     CHECK(a[i].dump() == b[i].dump());  // doubles printed with every digit: equal text is equal bits
+  }
+}
+
+// ---- a kill after a save ----------------------------------------------------------------------
+
+// The lines of a metrics.jsonl of `kind` ("train" or "eval"), each step once (a step logged again
+// after a resume: its last line), without the wall-clock, throughput and memory fields. A line a
+// killed process left half written is skipped, as Run::resume skips it.
+std::vector<nlohmann::json> metrics_by_step(const std::string& path, const std::string& kind) {
+  std::map<int64_t, nlohmann::json> by_step;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (j.contains("lr") != (kind == "train")) continue;
+    for (const char* name : {"time", "rss_mb", "samples_per_s", "tokens_per_s"}) j.erase(name);
+    by_step[j.at("step").get<int64_t>()] = j;
+  }
+  std::vector<nlohmann::json> lines;
+  for (auto& [step, j] : by_step) lines.push_back(std::move(j));
+  return lines;
+}
+
+// The apps save a step before they evaluate it. Run B is killed by SIGKILL (no handler runs) as soon
+// as its first checkpoint exists: in the steps after that save, or in the evaluation itself. Its
+// checkpoint says the evaluation of its step is pending; --resume evaluates that step first, then
+// trains on, and ends where a straight run A ends: the same checkpoint and best.safetensors, bit for
+// bit, and the same training and evaluation lines (a step logged twice, before the kill and after
+// the resume, with the same numbers).
+void kill_and_resume(const std::string& app) {
+  constexpr int64_t N = 400, every = 20;
+  Apps apps("kill_" + app);
+  run_app(apps.command(app, "straight", N, every, 1), apps.logs(), "straight");
+  const std::vector<std::string> cmd = apps.command(app, "killed", N, every, 1);
+  const std::string ckpt = apps.checkpoint("killed");
+  Child c = spawn_app(cmd, apps.logs(), "first");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(ckpt) && std::chrono::steady_clock::now() < deadline && ::waitpid(c.pid, nullptr, WNOHANG) == 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  REQUIRE(::kill(c.pid, SIGKILL) == 0);
+  REQUIRE(wait_exit(c) == 128 + SIGKILL);  // killed, not finished (else N is too small for this machine)
+  const CheckpointInfo info = read_checkpoint_info(ckpt);
+  INFO(app << " killed with its checkpoint at step " << info.step);
+  REQUIRE(info.step < N);
+  CHECK(info.step % every == 0);
+  CHECK(info.extra.at("run.eval_pending") == "1");
+
+  Child r = run_app(with_option(cmd, "--resume"), apps.logs(), "resumed");
+  INFO("resumed output:\n" << r.output());
+  CHECK(r.output().find(fmt::format("resumed from {} at step {}, evaluating that step first", ckpt, info.step)) !=
+        std::string::npos);
+  CHECK(r.output().find(fmt::format("step {}/{}:", info.step, N)) != std::string::npos);  // that evaluation's line
+  check_checkpoints(apps.checkpoint("straight"), ckpt);
+  check_checkpoints(apps.tmp.file("straight") + "/best.safetensors", apps.tmp.file("killed") + "/best.safetensors");
+  CHECK_FALSE(read_checkpoint_info(ckpt).extra.count("run.eval_pending"));  // the last save came after the evaluation
+  for (const char* kind : {"train", "eval"}) {
+    INFO(kind << " lines");
+    const std::vector<nlohmann::json> a = metrics_by_step(apps.tmp.file("straight") + "/metrics.jsonl", kind),
+                                      b = metrics_by_step(apps.tmp.file("killed") + "/metrics.jsonl", kind);
+    REQUIRE(a.size() == size_t(N / every));
+    REQUIRE(b.size() == a.size());
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].dump() == b[i].dump());  // equal text: equal bits
   }
 }
 
@@ -314,6 +379,16 @@ void resume_refuses_other_batch(const std::string& app) {
   CHECK(c.err().find("\"batch\":4") != std::string::npos);
   CHECK(c.err().find("\"batch\":8") != std::string::npos);
   CHECK(read_bytes(apps.checkpoint("run")) == before);
+}
+
+TEST_CASE("reliability: vit: SIGKILL after a save: --resume evaluates the saved step first and ends as a straight run") {
+  kill_and_resume("vit");
+}
+TEST_CASE("reliability: gpt: SIGKILL after a save: --resume evaluates the saved step first and ends as a straight run") {
+  kill_and_resume("gpt");
+}
+TEST_CASE("reliability: textclf: SIGKILL after a save: --resume evaluates the saved step first and ends as a straight run") {
+  kill_and_resume("textclf");
 }
 
 TEST_CASE("reliability: vit: --resume with another --batch is refused, the checkpoint untouched") {
