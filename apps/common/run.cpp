@@ -750,6 +750,7 @@ void Run::log_eval(int64_t step, const Scalars& scalars) {
 }
 
 bool Run::save(int64_t step) {
+  if (step == last_saved_step_ && !changed_) return true;  // the file holds this state already
   std::vector<Tensor> state;
   for (const auto& [name, t] : opt_.state_dict()) state.push_back(t);
   if (!all_finite(model_.parameters()) || !all_finite(state)) {
@@ -759,7 +760,6 @@ bool Run::save(int64_t step) {
                                             : std::string("what it held (no checkpoint of this run yet)")));
     return false;
   }
-  if (step == last_saved_step_ && !changed_) return true;  // the file holds this state already
   if (dist::is_main()) {  // rank 0 writes; every rank holds the same parameters and moments
     std::map<std::string, std::string> meta;
     if (eval_due(step) && last_eval_step_ != step) meta["run.eval_pending"] = "1";
