@@ -225,7 +225,7 @@ DataOptions data_from_json(const nlohmann::json& j) {
     throw bad(fmt::format("'split_seed' must be an integer >= 0, got {}", seed.dump()));
   d.split_seed = seed.get<uint64_t>();
   d.tokenizer = text("tokenizer");
-  d.max_len = integer("max_len", 1, 4096);
+  d.max_len = integer("max_len", 1, kMaxTextLen);
   d.min_freq = int(integer("min_freq", 1, std::numeric_limits<int>::max()));
   d.max_words = int(integer("max_words", 3, std::numeric_limits<int>::max()));
   if (j.contains("layout")) {  // absent in checkpoints made before it: off
@@ -249,8 +249,8 @@ std::pair<int64_t, int64_t> parse_ngram_range(const std::string& text) {
 }
 
 void validate_config(const DataOptions& d, const TextClassifierConfig& mc, const TrainSettings& t) {
-  usage_check(d.max_len >= 1 && d.max_len <= 4096, "textclf: --max-len {}: expected 1..4096 tokens per text",
-              d.max_len);
+  usage_check(d.max_len >= 1 && d.max_len <= kMaxTextLen, "textclf: --max-len {}: expected 1..{} tokens per text",
+              d.max_len, kMaxTextLen);
   usage_check(d.min_freq >= 1, "textclf: --min-freq {}: expected at least 1", d.min_freq);
   usage_check(d.max_words >= 3, "textclf: --max-words {}: expected at least 3 (<pad>, <unk> and one word)",
               d.max_words);
@@ -393,26 +393,20 @@ Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_
     check(i >= 0 && i < set.size(), "textclf make_batch: index {} outside [0, {})", i, set.size());
     const std::vector<int64_t>& ids = set.ids[size_t(i)];
     const std::vector<int32_t>* f = set.has_ngrams() ? &set.forms[size_t(i)] : nullptr;
-    std::vector<uint8_t> keep(ids.size(), 1);
-    size_t kept = ids.size();
-    if (threshold > 0) {
-      const uint64_t text = uint64_t(drop.first) + r;  // the text's place in the global batch
-      kept = 0;
-      for (size_t t = 0; t < ids.size(); ++t) {
-        keep[t] = data::philox_below(drop.seed, kWordDropoutStream + uint64_t(drop.step),
-                                     text * kWordDropoutMaxTokens + t, kWordDropoutDraws) >= threshold;
-        kept += keep[t];
-      }
-      if (kept == 0) std::fill(keep.begin(), keep.end(), 1);  // a text never becomes empty
-    }
+    const uint64_t text = uint64_t(drop.first) + r;  // the text's place in the global batch
     std::vector<int64_t> s;
     std::vector<int32_t> sf;
     s.reserve(ids.size());
     for (size_t t = 0; t < ids.size(); ++t)
-      if (keep[t]) {
+      if (threshold == 0 || data::philox_below(drop.seed, kWordDropoutStream + uint64_t(drop.step),
+                                               text * uint64_t(kMaxTextLen) + t, kWordDropoutDraws) >= threshold) {
         s.push_back(ids[t]);
         if (f) sf.push_back((*f)[t]);
       }
+    if (s.empty()) {  // a text never becomes empty: one whose every token would go keeps them all
+      s = ids;
+      if (f) sf = *f;
+    }
     seqs.push_back(std::move(s));
     if (f) forms.push_back(std::move(sf));
     labels.push_back(set.labels[size_t(i)]);

@@ -108,6 +108,9 @@ struct EncodedSet {
 EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,
                           const data::NgramSpec& ngrams = {});
 
+// The most tokens a text keeps (--max-len's bound).
+inline constexpr int64_t kMaxTextLen = 4096;
+
 // Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that
 // --eval-only rebuilds the same split.
 //   fortunes  language identification on data::load_fortunes(root), split 80/10/10 by split_seed
@@ -176,7 +179,7 @@ struct Batch {
 };
 // Word dropout (a training augmentation, as random crops are for images): each token of text r of
 // the batch of step `step` is left out with probability p, decided by
-//   data::philox_below(seed, kWordDropoutStream + step, (first + r) * kWordDropoutMaxTokens + t, 2^24) < p 2^24
+//   data::philox_below(seed, kWordDropoutStream + step, (first + r) * kMaxTextLen + t, 2^24) < p 2^24
 // (first: the slice's offset in the global batch), so a batch is a pure function of the step on
 // every rank and thread count, and a resumed run sees what an unbroken one would. A text whose
 // every token would go keeps them all. p = 0 draws nothing.
@@ -185,8 +188,7 @@ struct WordDropout {
   uint64_t seed = 0;
   int64_t step = 0, first = 0;
 };
-inline constexpr uint64_t kWordDropoutStream = uint64_t(1) << 40, kWordDropoutMaxTokens = 4096,
-                          kWordDropoutDraws = uint64_t(1) << 24;
+inline constexpr uint64_t kWordDropoutStream = uint64_t(1) << 40, kWordDropoutDraws = uint64_t(1) << 24;
 Batch make_batch(const EncodedSet& set, std::span<const int64_t> indices, int64_t max_len,
                  const WordDropout& drop = {});
 

@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "char", "word"}));
   cli.add_option("--max-len", d.max_len, "tokens per text (longer texts keep their beginning)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+      ->check(CLI::Range(int64_t(1), kMaxTextLen));
   cli.add_option("--min-freq", d.min_freq, "word tokenizer: minimum count of a word")
       ->capture_default_str()
       ->check(positive());

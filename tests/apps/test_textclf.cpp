@@ -216,7 +216,7 @@ TEST_CASE("textclf: word dropout leaves out the tokens its draws name, the same 
   for (int64_t r = 0; r < 200; ++r) {
     std::vector<int64_t> expect;
     for (uint64_t t = 0; t < 20; ++t) {
-      const bool gone = data::philox_below(5, kWordDropoutStream + 3, uint64_t(r) * kWordDropoutMaxTokens + t,
+      const bool gone = data::philox_below(5, kWordDropoutStream + 3, uint64_t(r) * uint64_t(kMaxTextLen) + t,
                                            uint64_t(1) << 24) < uint64_t(std::ceil(0.3 * double(1 << 24)));
       if (!gone) expect.push_back(set.ids[size_t(r)][t]);
       dropped += gone;
