@@ -566,6 +566,7 @@ int64_t Run::resume() {
     bar_ = std::make_unique<ProgressBar>(o_.steps, po);
   }
   last_step_time_ = now_seconds();
+  if (eval_pending_ && evaluate_) evaluate_(first_step_);  // saved before its evaluation, which did not finish
   return first_step_;
 }
 
@@ -578,6 +579,13 @@ bool Run::stop_requested() const {
 
 void Run::select_by(std::string metric, bool higher_is_better, std::string tie_breaker) {
   select_metric_ = std::move(metric), select_higher_ = higher_is_better, select_tie_ = std::move(tie_breaker);
+}
+
+void Run::evaluate_with(std::function<void(int64_t)> evaluate) { evaluate_ = std::move(evaluate); }
+
+void Run::end_step(int64_t step) {
+  if (checkpoint_due(step)) save(step);  // first: a crash in the evaluation loses no training
+  if (eval_due(step) && evaluate_) evaluate_(step);
 }
 
 int64_t Run::load_best() {

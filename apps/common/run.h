@@ -20,16 +20,14 @@
 // A training loop on it:
 //
 //   Run run("vit", opts, model, opt, gen, config);   // header line, Ctrl-C handler, metrics files
-//   auto evaluate_step = [&](int64_t s) { run.log_eval(s, evaluate(validation split)); };
+//   run.evaluate_with([&](int64_t s) { run.log_eval(s, evaluate(validation split)); });
 //   int64_t step = run.resume();                      // --resume: load the checkpoint, else 0
-//   if (run.eval_pending()) evaluate_step(step);      // it was saved before its evaluation ended
 //   for (; step < opts.steps && !run.stop_requested(); ++step) {   // Ctrl-C, SIGTERM, --stop-at
 //     sched.set_lr(opt, step);
 //     ... forward, zero_grad, backward ...
 //     run.optimizer_step(step + 1, loss);            // clip, health check, opt.step() or a skip
 //     run.step_done(step + 1, loss, batch_samples, batch_tokens);   // progress bar, throughput
-//     if (run.checkpoint_due(step + 1)) run.save(step + 1);   // first: an evaluation that crashes loses nothing
-//     if (run.eval_due(step + 1)) evaluate_step(step + 1);
+//     run.end_step(step + 1);                        // checkpoint_due: save; then eval_due: evaluate
 //   }
 //   run.save(step);   // also after Ctrl-C: nothing trained is lost (nothing written when unchanged)
 //   run.load_best();  // the model of the best validation metric (run.select_by), for the test set
@@ -322,11 +320,9 @@ class Run {
   ~Run();
 
   // With --resume and a checkpoint in the run dir: loads model, optimizer, RNG and returns its
-  // step (the metrics files are appended to). Otherwise 0.
+  // step (the metrics files are appended to). Otherwise 0. A checkpoint written before the
+  // evaluation of its step (see save) has that step evaluated (evaluate_with) before it returns.
   int64_t resume();
-  // The checkpoint resumed from was written before the evaluation of its step, which did not
-  // finish in that process (see save): the app evaluates that step (log_eval) before it trains on.
-  bool eval_pending() const { return eval_pending_ && last_eval_step_ != first_step_; }
   // Ctrl-C or SIGTERM arrived, --stop-at's step (when before the last) is done, or --patience
   // evaluations passed without a better validation metric. Under mpirun a signal counts once
   // reduce_step has shared it, so every rank stops after the same step (the evaluations, and so an
@@ -388,6 +384,12 @@ class Run {
   void step_done(int64_t step, double loss, int64_t samples, int64_t tokens = 0);
   bool eval_due(int64_t step) const;
   bool checkpoint_due(int64_t step) const;
+  // The app's evaluation of its validation split at a step, which calls log_eval. Call before
+  // resume().
+  void evaluate_with(std::function<void(int64_t)> evaluate);
+  // After step_done: saves when checkpoint_due(step), then evaluates when eval_due(step). The
+  // save comes first so that a crash during the evaluation loses no training (see save).
+  void end_step(int64_t step);
   // Logs scalars (e.g. {"val_loss", ..}, {"val_accuracy", ..}) with the skipped steps so far and
   // the current RSS ("rss_mb") to metrics.jsonl and tfevents (curves.svg gets the losses and
   // accuracies); prints one line, which also shows the mean finite training loss since the
@@ -398,11 +400,10 @@ class Run {
   // Refuses when a parameter or an optimizer moment is not finite: says so, leaves the previous
   // checkpoint as it was and returns false. Under mpirun only rank 0 writes (the ranks hold the
   // same parameters); the others return true.
-  // The apps save a step before they evaluate it, so that a crash during the evaluation (or any
+  // end_step saves a step before it evaluates it, so that a crash during the evaluation (or any
   // time before the next save) loses no training: a checkpoint of an eval_due step not yet
   // evaluated is marked ("run.eval_pending"), and a run resumed from it evaluates that step first
-  // (eval_pending), which gives what the unbroken run gave: the same model, RNG and selection
-  // state. A second save of the same step with nothing logged or trained since writes nothing.
+  // (resume), which gives what the unbroken run gave: the same model, RNG and selection state. A second save of the same step with nothing logged or trained since writes nothing.
   bool save(int64_t step);
   // Prints a line without breaking the progress bar (rank 0 only).
   void print(const std::string& line);
@@ -444,6 +445,7 @@ class Run {
   int64_t skipped_ = 0, skips_in_a_row_ = 0, last_saved_step_ = -1;
   int64_t last_eval_step_ = -1;  // the step of the last log_eval
   bool eval_pending_ = false;    // the resumed checkpoint's "run.eval_pending"
+  std::function<void(int64_t)> evaluate_;  // evaluate_with's
   bool changed_ = true;          // trained or logged since the last save
   void write_checkpoint(const std::string& file, int64_t step, const std::map<std::string, std::string>& more = {});
   // What a saved model of this run carries to read_checkpoint_info: the caller's extra entries,

@@ -302,12 +302,11 @@ int main(int argc, char** argv) {
     int64_t val_step = -1;  // the step `val` was measured at
 
     // ---- training ----
-    auto evaluate_step = [&](int64_t s) {
+    run.evaluate_with([&](int64_t s) {
       val = lm_loss(model, d.valid, val_starts, T, o.batch, /*sharded=*/true), val_step = s;
       run.log_eval(s, {{"val_loss", val}});
-    };
+    });
     int64_t step = run.resume();
-    if (run.eval_pending()) evaluate_step(step);  // saved before its evaluation, which did not finish
     const data::Range mine = data::shard(global_batch(o), dist::rank(), dist::world_size());  // this rank's windows of the global batch
     for (; step < o.steps && !run.stop_requested(); ++step) {
       sched->set_lr(opt, step);
@@ -323,8 +322,7 @@ int main(int argc, char** argv) {
       const Run::StepTotals t = run.reduce_step(loss.item<double>(), w.x.size(0), w.x.numel());  // over the ranks
       run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
       run.step_done(step + 1, t.loss, t.samples, t.tokens);
-      if (run.checkpoint_due(step + 1)) run.save(step + 1);  // before the evaluation: a crash in it loses nothing
-      if (run.eval_due(step + 1)) evaluate_step(step + 1);
+      run.end_step(step + 1);  // saves, then evaluates: a crash in the evaluation loses nothing
     }
     run.save(step);  // after Ctrl-C, or the state after the last evaluation (nothing when unchanged)
     // the best model by validation loss is the one sampled and reported

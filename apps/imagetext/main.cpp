@@ -214,15 +214,14 @@ int train(RunOptions o, ImageTextRunConfig cfg, const AppOptions& a, const Diagn
                                                o.batch, m.patches() + 1 + m.max_len, dg, &compute_text);
   run.print(compute_text);
 
-  auto evaluate_step = [&](int64_t s) {  // on the validation scenes: the test scenes wait for the end
+  run.evaluate_with([&](int64_t s) {  // on the validation scenes: the test scenes wait for the end
     const CaptionEval v = evaluate_captions(model, data.val, cfg.scenes, val, data.norm, a.eval_batch, true);
     run.log_eval(s, {{"val_loss", v.loss},
                      {"val_token_accuracy", v.token_accuracy},
                      {"val_exact_match", v.exact_match},
                      {"val_word_accuracy", v.word_accuracy}});
-  };
+  });
   int64_t step = run.resume();
-  if (run.eval_pending()) evaluate_step(step);  // saved before its evaluation, which did not finish
   for (; step < o.steps && !run.stop_requested(); ++step) {
     schedule->set_lr(opt, step);
     // the global batch of scenes of this step, planned as one process would; this rank's slice
@@ -245,8 +244,7 @@ int train(RunOptions o, ImageTextRunConfig cfg, const AppOptions& a, const Diagn
     const Run::StepTotals t = run.reduce_step(loss, int64_t(scenes.size()), batch.words);
     run.optimizer_step(step + 1, t.loss);
     run.step_done(step + 1, t.loss, t.samples, t.tokens);
-    if (run.checkpoint_due(step + 1)) run.save(step + 1);  // before the evaluation: a crash in it loses nothing
-    if (run.eval_due(step + 1)) evaluate_step(step + 1);
+    run.end_step(step + 1);  // saves, then evaluates: a crash in the evaluation loses nothing
   }
   run.save(step);   // also after Ctrl-C: nothing trained is lost
   run.load_best();  // the model of the best validation exact match

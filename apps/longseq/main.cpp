@@ -201,12 +201,11 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
   run.print(compute_text);
 
   EvalResult last_val;
-  auto evaluate_step = [&](int64_t s) {
+  run.evaluate_with([&](int64_t s) {
     last_val = evaluate(model, data.val, a.eval_batch, s == o.steps ? 0 : a.eval_limit, /*sharded=*/true);
     run.log_eval(s, {{"val_loss", last_val.loss}, {"val_accuracy", last_val.accuracy}});
-  };
+  });
   int64_t step = run.resume();
-  if (run.eval_pending()) evaluate_step(step);  // saved before its evaluation, which did not finish
   auto loader = make_train_loader(data.train, global_batch(o), o.seed, step, 2, dist::rank(), dist::world_size());
   for (; step < o.steps && !run.stop_requested(); ++step) {
     schedule->set_lr(opt, step);
@@ -223,8 +222,7 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
         run.reduce_step(loss, batch.labels.size(0), sum(batch.lengths).item<int64_t>());
     run.optimizer_step(step + 1, tot.loss);
     run.step_done(step + 1, tot.loss, tot.samples, tot.tokens);
-    if (run.checkpoint_due(step + 1)) run.save(step + 1);  // before the evaluation: a crash in it loses nothing
-    if (run.eval_due(step + 1)) evaluate_step(step + 1);
+    run.end_step(step + 1);  // saves, then evaluates: a crash in the evaluation loses nothing
   }
   run.save(step);
   run.load_best();  // the model of the best validation accuracy

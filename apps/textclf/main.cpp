@@ -403,12 +403,11 @@ int main(int argc, char** argv) {
     for (const auto& ids : train.ids) lengths.push_back(int64_t(ids.size()));
     BucketSampler sampler(lengths, global_batch(o), settings.bucket_window, o.seed);  // N x --batch under mpirun
     auto sched = make_schedule(o);
-    auto evaluate_step = [&](int64_t s) {
+    run.evaluate_with([&](int64_t s) {
       EvalResult v = evaluate(model, valid, classes, settings.eval_batch_tokens, settings.eval_samples, /*sharded=*/true);
       run.log_eval(s, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
-    };
+    });
     int64_t step = run.resume();
-    if (run.eval_pending()) evaluate_step(step);  // saved before its evaluation, which did not finish
     run.print(fmt::format("model: d_model {}, {} heads, {} layers, MLP {}, dropout {}, word dropout {}, n-gram buckets "
                           "{}; AdamW lr {} ({} schedule), batch {}, {} steps ({:.2f} epochs), {} parameters",
                           mc.d_model, mc.n_heads, mc.n_layers, mc.mlp_hidden, mc.dropout, settings.word_dropout,
@@ -442,8 +441,7 @@ int main(int argc, char** argv) {
         const Run::StepTotals t = run.reduce_step(loss, b.labels.size(0), b.num_tokens);  // over the ranks
         run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
         run.step_done(step + 1, t.loss, t.samples, t.tokens);
-        if (run.checkpoint_due(step + 1)) run.save(step + 1);  // before the evaluation: a crash in it loses nothing
-        if (run.eval_due(step + 1)) evaluate_step(step + 1);
+        run.end_step(step + 1);  // saves, then evaluates: a crash in the evaluation loses nothing
       }
     }
     run.save(step);

@@ -183,16 +183,15 @@ int train(RunOptions o, VitRunConfig cfg, const AppOptions& a, const DiagnoseOpt
       profile_model(model, [&] { return model.forward(probe); }, o.batch, grid * grid + 1, dg, &compute_text);
   run.print(compute_text);
 
-  auto evaluate_step = [&](int64_t s) {  // on the validation images: the test set waits for the end
+  run.evaluate_with([&](int64_t s) {  // on the validation images: the test set waits for the end
     if (val_set.size() > 0) {
       const EvalResult v = evaluate(model, val_set, data.norm, a.eval_batch, a.eval_limit, /*sharded=*/true);
       run.log_eval(s, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
     } else {
       run.log_eval(s, {});
     }
-  };
+  });
   int64_t step = run.resume();
-  if (run.eval_pending()) evaluate_step(step);  // saved before its evaluation, which did not finish
   // the global batch of N x --batch images, planned as one process would; this rank makes its slice
   auto loader = make_train_loader(train_set, data.norm, cfg.augment, global_batch(o), o.seed, step, 2,
                                   dist::rank(), dist::world_size());
@@ -211,8 +210,7 @@ int train(RunOptions o, VitRunConfig cfg, const AppOptions& a, const DiagnoseOpt
     const Run::StepTotals t = run.reduce_step(loss, batch.labels.size(0));  // over the ranks
     run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
     run.step_done(step + 1, t.loss, t.samples);
-    if (run.checkpoint_due(step + 1)) run.save(step + 1);  // before the evaluation: a crash in it loses nothing
-    if (run.eval_due(step + 1)) evaluate_step(step + 1);
+    run.end_step(step + 1);  // saves, then evaluates: a crash in the evaluation loses nothing
   }
   run.save(step);  // also after Ctrl-C: nothing trained is lost
   run.load_best();  // the model of the best validation accuracy, when there was a validation split
