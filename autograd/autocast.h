@@ -44,6 +44,7 @@
 
 #include "core/dtype.h"
 #include "core/precision.h"
+#include "core/tensor.h"
 
 namespace ag {
 
@@ -68,6 +69,21 @@ inline std::optional<Precision> parse_precision(std::string_view s) {
     if (s == name(p)) return p;
   return std::nullopt;
 }
+
+// Weights kept in bf16 for inference. Under bf16 autocast with grad mode off (evaluation,
+// generation: nothing is recorded, so no weight changes between two products), the weight w that
+// linear reads is rounded to bf16 once and the bf16 copy is kept, in this thread, for the next
+// product that reads w: a generated token's products then read half the bytes and round nothing
+// (cpu::sgemm_small_m_b16), and the same bits as rounding w as it is read. Returns that copy, or
+// an undefined tensor where no copy is kept (another precision, grad mode on, w not an f32 CPU
+// tensor that requires grad). A copy is valid while w's storage lives with the version it had
+// (every in-place write bumps it: an optimizer step, load_state_dict, copy_); the copies are
+// dropped when the precision changes and when a product runs under bf16 autocast with grad mode
+// on (training: the weights change at every step, and the rounding happens in the packing).
+// Cost: a bf16 copy of each weight read, half its f32 bytes, while inference runs.
+Tensor autocast_bf16_weight(const Tensor& w);
+// How many weights have a bf16 copy kept in this thread (for tests).
+int64_t autocast_bf16_weights_kept();
 
 // Sets the precision for its lifetime, then restores the previous one (guards nest).
 class AutocastGuard {

@@ -260,6 +260,9 @@ void broadcast(const std::vector<Tensor>& tensors, int root) {
 #if ATTOGRAD_WITH_NCCL
   if (any_cuda) nccl::wait(what);
 #endif
+  // written in place: what was kept of their old values (the tape's saved tensors, autocast's
+  // bf16 weights) is stale now
+  for (const Tensor& t : tensors) mark_modified(t);
 #endif
 }
 

@@ -186,11 +186,20 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
   out_shape.push_back(out);
   Tensor y = empty(out_shape, x.dtype(), x.device());
   const Precision operands = autocast_operands(x.dtype());  // read now, kept for backward
-  const cpu::Gemm gemm{rows, out, in, false, true, ldx, ldw, nullptr, nullptr, operands};
-  visit_floating("linear", x.dtype(), [&]<class T>() {
-    KERNEL(x.device(), matmul_forward, y.data<T>(), xs.data<T>(), ws.data<T>(), gemm,
-           bs.defined() ? bs.data<T>() : static_cast<const T*>(nullptr));
-  });
+  // inference under bf16 autocast on the CPU: the weight's bf16 copy, rounded once and kept
+  const Tensor wk = x.device().is_cpu() ? autocast_bf16_weight(w) : Tensor();
+  if (wk.defined()) {
+    const cpu::Gemm gemm{rows, out, in, false, true, ldx, std::max<int64_t>(in, 1), nullptr, nullptr, operands};
+    const detail::KernelScope scope("matmul_forward_b16", x.device(), typeid(gemm));
+    cpu::matmul_forward_b16(y.data<float>(), xs.data<float>(), wk.data<bf16>(), gemm,
+                            bs.defined() ? bs.data<float>() : nullptr);
+  } else {
+    const cpu::Gemm gemm{rows, out, in, false, true, ldx, ldw, nullptr, nullptr, operands};
+    visit_floating("linear", x.dtype(), [&]<class T>() {
+      KERNEL(x.device(), matmul_forward, y.data<T>(), xs.data<T>(), ws.data<T>(), gemm,
+             bs.defined() ? bs.data<T>() : static_cast<const T*>(nullptr));
+    });
+  }
   const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
   const Shape x_shape = x.shape();
   // Under bf16 or fp16 autocast dW's product reads x rounded to that format anyway: keep x for

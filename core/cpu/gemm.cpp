@@ -728,31 +728,43 @@ namespace {
 struct Identity {
   AG_HD float operator()(float x) const { return x; }
 };
+struct Widen {  // a bf16 value as the f32 it is (exact)
+  float operator()(bf16 x) const { return float(x); }
+};
 
-// sgemm_small_m with each element of a and b read through `round` (an identity, pw::RoundBf16 or
-// pw::RoundFp16).
-template <class Round>
-void small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-             int64_t ldb, float* c, int64_t ldc, const float* bias, Round round) {
+// sgemm_small_m with each element of a read through `round_a` (an identity, pw::RoundBf16 or
+// pw::RoundFp16) and each of b through `read_b` (the same rounding for an f32 b, Widen for a bf16 one).
+template <class TB, class RoundA, class ReadB>
+void small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const TB* b,
+             int64_t ldb, float* c, int64_t ldc, const float* bias, RoundA round_a, ReadB read_b) {
   // the rows of op(a) made contiguous (and rounded) once when they are strided or rounded
   thread_local std::vector<float> rows;
   const float* A = a;
   int64_t ars = lda;
-  if (ta || !std::is_same_v<Round, Identity>) {
+  if (ta || !std::is_same_v<RoundA, Identity>) {
     rows.resize(size_t(M * K));
     for (int64_t k = 0; k < K; ++k)
-      for (int64_t i = 0; i < M; ++i) rows[size_t(i * K + k)] = round(ta ? a[k * lda + i] : a[i * lda + k]);
+      for (int64_t i = 0; i < M; ++i) rows[size_t(i * K + k)] = round_a(ta ? a[k * lda + i] : a[i * lda + k]);
     A = rows.data(), ars = K;
   }
   if (tb) {  // c[i, j] = sum_k A[i, k] b[j * ldb + k]: a dot product of two contiguous rows
+    // in 16 partial sums (sum l takes k = l, l + 16, ...), then those in a fixed tree: an order
+    // set here, not by how the compiler vectorises a reduction, so an f32 b rounded as it is read
+    // and the bf16 b of the same values give the same bits
+    constexpr int L = 16;
     for (int64_t j = 0; j < N; ++j) {
-      const float* bj = b + j * ldb;
+      const TB* bj = b + j * ldb;
       for (int64_t i = 0; i < M; ++i) {
         const float* ai = A + i * ars;
-        float acc = 0;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t k = 0; k < K; ++k) acc += ai[k] * round(bj[k]);
-        c[i * ldc + j] = bias ? acc + bias[j] : acc;
+        float part[L] = {};
+        int64_t k = 0;
+        for (; k + L <= K; k += L)
+#pragma omp simd
+          for (int l = 0; l < L; ++l) part[l] += ai[k + l] * read_b(bj[k + l]);
+        for (int l = 0; k + l < K; ++l) part[l] += ai[k + l] * read_b(bj[k + l]);
+        for (int w = L / 2; w >= 1; w /= 2)
+          for (int l = 0; l < w; ++l) part[l] += part[l + w];
+        c[i * ldc + j] = bias ? part[0] + bias[j] : part[0];
       }
     }
     return;
@@ -763,20 +775,121 @@ void small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, 
     else std::fill(ci, ci + N, 0.f);
     for (int64_t k = 0; k < K; ++k) {
       const float aik = A[i * ars + k];
-      const float* bk = b + k * ldb;
+      const TB* bk = b + k * ldb;
 #pragma omp simd
-      for (int64_t j = 0; j < N; ++j) ci[j] += aik * round(bk[j]);
+      for (int64_t j = 0; j < N; ++j) ci[j] += aik * read_b(bk[j]);
     }
   }
 }
+
+#if defined(__x86_64__)
+// 32 consecutive values of one row of op(b)^T as 16 words of pairs (k = 2pp, 2pp + 1; zeros past
+// n values): an f32 row rounded as it is read (pair_run), a bf16 row as it is stored, which is
+// already that layout (the value at the even k in the low half of each word).
+AG_BF16_TARGET inline __m512i pair_row(const float* x, int64_t n) { return pair_run(x, n); }
+AG_BF16_TARGET inline __m512i pair_row(const bf16* x, int64_t n) {
+  const __mmask32 mask = n >= 32 ? ~__mmask32(0) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1);
+  return _mm512_maskz_loadu_epi16(mask, x);
+}
+
+// The sum of v's 16 lanes as a fixed tree: halves, then quarters, pairs and neighbours. (The
+// maskz forms with every lane kept: GCC 12 warns maybe-uninitialized on the plain ones.)
+AG_BF16_TARGET inline float lane_sum(__m512 v) {
+  const __mmask16 all = 0xffff;
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_cvtss_f32(v);
+}
+
+// sgemm_small_m's dot products (b stored transposed: column j of op(b) is b's row j) on
+// VDPBF16PS: op(a)'s MM rows rounded and paired once (A: kp words each), then column by column of
+// op(b) its pairs (rounded as read, or bf16 as stored), 16 words per step. Element (i, j) sums
+// lane l's pairs pp = l, l + 16, ... in order, then the 16 lanes by lane_sum, then adds bias[j]:
+// an order that depends on K alone, so any split of the columns gives the same bits. One column
+// at a time reads the weight as one sequential stream: 2.5x the f32 loop's speed on weights that
+// do not fit the caches, where 4 or 8 columns at a time (rows ldb apart, each short) reached 1.4x.
+template <int MM, class TB>
+AG_BF16_TARGET inline void dot_column(const uint32_t* A, int64_t kp, int64_t K, const TB* bj, float* c, int64_t ldc,
+                                      const float* bias) {
+  __m512 acc[MM];
+#pragma GCC unroll 4
+  for (int i = 0; i < MM; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t pp = 0; pp < kp; pp += 16) {
+    const __m512bh bw = (__m512bh)pair_row(bj + 2 * pp, K - 2 * pp);
+#pragma GCC unroll 4
+    for (int i = 0; i < MM; ++i)
+      acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_maskz_loadu_epi32(first_lanes(kp - pp), A + i * kp + pp), bw);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MM; ++i) {
+    const float s = lane_sum(acc[i]);
+    c[i * ldc] = bias ? s + *bias : s;
+  }
+}
+
+template <int MM, class TB>
+AG_BF16_TARGET void small_m_dot_bf16(bool ta, int64_t N, int64_t K, const float* a, int64_t lda, const TB* b,
+                                     int64_t ldb, float* c, int64_t ldc, const float* bias) {
+  const int64_t kp = (K + 1) / 2;
+  thread_local std::vector<uint32_t> words;  // op(a)'s rows as pairs, kp words each
+  thread_local std::vector<float> column;    // a stored transposed: one row of op(a) gathered
+  words.resize(size_t(MM * kp));
+  for (int i = 0; i < MM; ++i) {
+    const float* row = a + i * lda;
+    if (ta) {
+      column.resize(size_t(K));
+      for (int64_t k = 0; k < K; ++k) column[size_t(k)] = a[k * lda + i];
+      row = column.data();
+    }
+    pack_row_bf16(words.data() + i * kp, row, K);
+  }
+  const uint32_t* A = words.data();  // (thread_local: read once, not in the loop)
+  for (int64_t j = 0; j < N; ++j) dot_column<MM>(A, kp, K, b + j * ldb, c + j, ldc, bias ? bias + j : nullptr);
+}
+
+template <class TB>
+void small_m_dot_bf16(bool ta, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const TB* b,
+                      int64_t ldb, float* c, int64_t ldc, const float* bias) {
+  static_assert(kSmallRows == 4, "one instance per row count up to kSmallRows");
+  switch (M) {
+    case 1: return small_m_dot_bf16<1>(ta, N, K, a, lda, b, ldb, c, ldc, bias);
+    case 2: return small_m_dot_bf16<2>(ta, N, K, a, lda, b, ldb, c, ldc, bias);
+    case 3: return small_m_dot_bf16<3>(ta, N, K, a, lda, b, ldb, c, ldc, bias);
+    default: return small_m_dot_bf16<4>(ta, N, K, a, lda, b, ldb, c, ldc, bias);
+  }
+}
+#endif
+
+// Whether a bf16 product of few rows runs small_m_dot_bf16: b stored transposed (a Linear's
+// weight) where bf16 products are native; else the loops of small_m.
+bool small_m_native(bool tb) { return tb && sbgemm_native(); }
 
 }  // namespace
 
 void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float* c, int64_t ldc, const float* bias, Precision operands) {
-  if (operands == Precision::bf16) small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, pw::RoundBf16{});
-  else if (operands == Precision::fp16) small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, pw::RoundFp16{});
-  else small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, Identity{});
+  if (M <= 0 || N <= 0) return;
+#if defined(__x86_64__)
+  if (operands == Precision::bf16 && M <= kSmallRows && small_m_native(tb))
+    return small_m_dot_bf16(ta, M, N, K, a, lda, b, ldb, c, ldc, bias);
+#endif
+  if (operands == Precision::bf16)
+    small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, pw::RoundBf16{}, pw::RoundBf16{});
+  else if (operands == Precision::fp16)
+    small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, pw::RoundFp16{}, pw::RoundFp16{});
+  else
+    small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, Identity{}, Identity{});
+}
+
+void sgemm_small_m_b16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const bf16* b,
+                       int64_t ldb, float* c, int64_t ldc, const float* bias) {
+  if (M <= 0 || N <= 0) return;
+#if defined(__x86_64__)
+  if (M <= kSmallRows && small_m_native(tb)) return small_m_dot_bf16(ta, M, N, K, a, lda, b, ldb, c, ldc, bias);
+#endif
+  small_m(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, bias, pw::RoundBf16{}, Widen{});
 }
 
 }  // namespace ag::cpu

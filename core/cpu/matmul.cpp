@@ -182,13 +182,17 @@ void split_gemm(const Gemm& g, bool same_bits_any_split, Block block) {
   }
 }
 
-// The rows [i0, i1), columns [j0, j1) of one C = op(a) op(b) with b bf16 values (sbgemm_b16), as
-// gemm_block does with an f32 b.
+// The rows [i0, i1), columns [j0, j1) of one C = op(a) op(b) with b bf16 values, as gemm_block
+// does with an f32 b: sgemm_small_m_b16 for few rows, else sbgemm_b16 (where sbgemm_path holds).
 void gemm_block_b16(float* c, const float* a, const bf16* b, const Gemm& g, int64_t i0, int64_t i1, int64_t j0,
-                    int64_t j1) {
+                    int64_t j1, const float* bias) {
   if (i1 <= i0 || j1 <= j0) return;
-  sbgemm_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, a + (g.trans_a ? i0 : i0 * g.lda), g.lda,
-             b + (g.trans_b ? j0 * g.ldb : j0), g.ldb, 0.f, c + i0 * g.N + j0, g.N);
+  const float* ab = a + (g.trans_a ? i0 : i0 * g.lda);
+  const bf16* bb = b + (g.trans_b ? j0 * g.ldb : j0);
+  float* cb = c + i0 * g.N + j0;
+  const float* bb_ = bias ? bias + j0 : nullptr;
+  if (small_m_path(g)) sgemm_small_m_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_);
+  else sbgemm_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
 }
 
 }  // namespace
@@ -239,18 +243,21 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
   });
 }
 
-void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g) {
+void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g, const float* bias) {
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   if (P == 0 || M == 0 || N == 0) return;
   sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
-  if (!sbgemm_path(g)) {
-    // where matmul_forward would not run sbgemm: b widened (exactly) and the f32 entry point
+  const bool small = small_m_path(g) && g.operands == Precision::bf16;
+  if (!small && !sbgemm_path(g)) {
+    // where matmul_forward would not run sbgemm or sgemm_small_m: b widened (exactly) and the f32
+    // entry point
     const RoundedOperand wide(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
-    matmul_forward(c, a, wide.data(), g);
+    matmul_forward(c, a, wide.data(), g, bias);
     return;
   }
   split_gemm(g, true, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    gemm_block_b16(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1);
+    gemm_block_b16(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1,
+                   bias);
   });
 }
 

@@ -42,8 +42,9 @@ template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a,
 // matmul_forward<float> with b holding bf16 values (a 16-bit tensor: what linear keeps of its input
 // under bf16 autocast), for bf16 operands (g.operands): where matmul_forward would run sbgemm, the
 // same pieces on sbgemm_b16, which pairs b as it is (no widened copy); elsewhere b is widened
-// (exactly) and matmul_forward runs. The same bits as matmul_forward on b widened, either way.
-void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g);
+// (exactly) and matmul_forward runs; a product of few rows (M <= kSmallRows) runs
+// sgemm_small_m_b16. The same bits as matmul_forward on b widened, either way; `bias` as there.
+void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g, const float* bias = nullptr);
 
 // How many elements from operand x's first to its last one (batch included): a (M, K) operand read
 // as (rows, cols) = (M, K), or (K, M) when trans, with leading dim ld, over a batch of `batch`'s
@@ -106,12 +107,20 @@ void set_sbgemm_native(bool on);    // ag::Error for true where the CPU has no A
 // along K per element; stored as is: rows of B scaled and added. matmul picks it by the rows of the
 // whole matrix (never of a thread's piece), so a result never depends on the thread count.
 // With `operands` bf16 or fp16 (autocast) both are read rounded to that format as they are read
-// (pw::round_operand): the numbers of the same loops on rounded copies, without making copies of a
-// whole weight for one token's row.
+// (pw::round_operand), without making copies of a whole weight for one token's row: the numbers
+// of the same loops on rounded copies, except for bf16 with op(b) stored transposed where bf16
+// products are native (sbgemm_native()): there the dot products run on VDPBF16PS, two products per
+// lane and step, the lanes summed at the end (the same products in another order: within f32
+// rounding of those loops, bf16 subnormals counted as zero as in sbgemm).
 inline constexpr int64_t kSmallRows = 4;
 void sgemm_small_m(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float* c, int64_t ldc, const float* bias = nullptr,
                    Precision operands = Precision::fp32);
+// sgemm_small_m with bf16 operands and b holding bf16 values already (a weight kept in bf16 by
+// autocast, autograd/autocast.h): a is rounded as it is read, b read as it is (half the bytes of
+// an f32 weight). The same bits as sgemm_small_m(..., Precision::bf16) on b widened to f32.
+void sgemm_small_m_b16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const bf16* b,
+                       int64_t ldb, float* c, int64_t ldc, const float* bias = nullptr);
 #endif
 
 #endif  // AG_KERNELS_CPU

@@ -268,7 +268,10 @@ TEST_CASE("sgemm: the few-rows path (generation) against an f64 triple loop") {
 TEST_CASE("sgemm: the few-rows path rounds autocast's operands as it reads them: the bits of rounded copies") {
   // sgemm_small_m(..., bf16 / fp16) against the same call on copies of a and b rounded by
   // pw::round_bf16 / pw::round_fp16 (what autocast made before: a copy of a whole weight per token)
-  // and an f64 loop over the rounded operands; both differ from the f32 result
+  // and an f64 loop over the rounded operands; both differ from the f32 result. The loops only:
+  // with native bf16 products a transposed b runs VDPBF16PS (the next test case)
+  const bool native_before = ag::cpu::sbgemm_native();
+  if (ag::cpu::sbgemm_supported()) ag::cpu::set_sbgemm_native(false);
   for (ag::Precision p : {ag::Precision::bf16, ag::Precision::fp16})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
@@ -294,6 +297,7 @@ TEST_CASE("sgemm: the few-rows path rounds autocast's operands as it reads them:
             acc += double(ta ? ar[size_t(k * lda)] : ar[size_t(k)]) * double(tb ? br[size_t(k)] : br[size_t(k * ldb)]);
           CHECK(std::abs(got[0] - acc) < 1e-5 * (1 + std::abs(acc)));
         }
+  if (ag::cpu::sbgemm_supported()) ag::cpu::set_sbgemm_native(native_before);
   // and through matmul: a (1, K) row times a Linear's weight, as generation runs it
   ag::Generator gen(3);
   const ag::Tensor x = ag::randn({1, 40}, ag::DType::f64, &gen), w = ag::randn({24, 40}, ag::DType::f64, &gen);
@@ -355,6 +359,84 @@ bool have_bf16() {
 }
 
 }  // namespace
+
+TEST_CASE("sgemm: the few-rows bf16 product on VDPBF16PS: an f64 loop of the rounded operands, a bf16 b read as "
+          "it is with the same bits, any split of the columns") {
+  // sgemm_small_m(..., bf16) with b stored transposed (a Linear's weight) where bf16 products are
+  // native, and sgemm_small_m_b16 (b already bf16: a weight autocast keeps in bf16). Odd K (the
+  // last pair half empty), K past one and two 32-value steps, ragged column groups, padded ld.
+  if (!have_bf16()) return;
+  const bool native_before = ag::cpu::sbgemm_native();
+  ag::cpu::set_sbgemm_native(true);
+  REQUIRE(ag::cpu::sbgemm_native());
+  auto r = [](float x) { return ag::pw::round_bf16(x); };
+  int cases = 0, differ = 0;
+  for (bool ta : {false, true})
+    for (int64_t M = 1; M <= ag::cpu::kSmallRows; ++M)
+      for (int64_t N : {1, 5, 33})
+        for (int64_t K : {1, 2, 31, 32, 33, 64, 129}) {
+          const int64_t pad = 3, lda = (ta ? M : K) + pad, ldb = K + pad;
+          const std::vector<float> a = filled(size_t((ta ? K : M) * lda), 31), b = filled(size_t(N * ldb), 32),
+                                   bias = filled(size_t(N), 33);
+          std::vector<ag::bf16> b16(b.size());
+          std::transform(b.begin(), b.end(), b16.begin(), [](float x) { return ag::bf16(x); });
+          std::vector<float> got(size_t(M * N)), from_b16(size_t(M * N)), split(size_t(M * N)), emulated(size_t(M * N));
+          ag::cpu::sgemm_small_m(ta, true, M, N, K, a.data(), lda, b.data(), ldb, got.data(), N, bias.data(),
+                                 ag::Precision::bf16);
+          ag::cpu::sgemm_small_m_b16(ta, true, M, N, K, a.data(), lda, b16.data(), ldb, from_b16.data(), N, bias.data());
+          // columns [0, j) and [j, N) as two calls, as a thread split gives them
+          const int64_t j = N / 2 + 1 < N ? N / 2 + 1 : N;
+          ag::cpu::sgemm_small_m_b16(ta, true, M, j, K, a.data(), lda, b16.data(), ldb, split.data(), N, bias.data());
+          ag::cpu::sgemm_small_m_b16(ta, true, M, N - j, K, a.data(), lda, b16.data() + j * ldb, ldb, split.data() + j,
+                                     N, bias.data() + j);
+          ag::cpu::set_sbgemm_native(false);
+          ag::cpu::sgemm_small_m(ta, true, M, N, K, a.data(), lda, b.data(), ldb, emulated.data(), N, bias.data(),
+                                 ag::Precision::bf16);
+          std::vector<float> emulated_b16(size_t(M * N));
+          ag::cpu::sgemm_small_m_b16(ta, true, M, N, K, a.data(), lda, b16.data(), ldb, emulated_b16.data(), N,
+                                     bias.data());
+          ag::cpu::set_sbgemm_native(true);
+          CHECK(emulated_b16 == emulated);
+          CAPTURE(ta);
+          CAPTURE(M);
+          CAPTURE(N);
+          CAPTURE(K);
+          CHECK(std::memcmp(got.data(), from_b16.data(), got.size() * sizeof(float)) == 0);
+          CHECK(std::memcmp(got.data(), split.data(), got.size() * sizeof(float)) == 0);
+          differ += got != emulated;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t jj = 0; jj < N; ++jj) {
+              double acc = bias[size_t(jj)], mag = std::abs(acc);
+              for (int64_t k = 0; k < K; ++k) {
+                const double x = r(ta ? a[size_t(k * lda + i)] : a[size_t(i * lda + k)]);
+                const double w = r(b[size_t(jj * ldb + k)]);
+                acc += x * w, mag += std::abs(x * w);
+              }
+              const double g = got[size_t(i * N + jj)], e = emulated[size_t(i * N + jj)];
+              if (!(std::abs(g - acc) <= 2e-6 * mag) || !(std::abs(e - acc) <= 2e-6 * mag))
+                FAIL_CHECK(fmt::format("c[{},{}] = {} (loops: {}), expected {} (sum of |products| {})", i, jj, g, e,
+                                       acc, mag));
+            }
+          ++cases;
+        }
+  CHECK(cases == 2 * 4 * 3 * 7);
+  MESSAGE(differ, " of ", cases, " products differ from the loops' bits in some element");
+  CHECK(differ >= cases / 4);  // it ran VDPBF16PS, not the loops (which would differ nowhere)
+  // b stored as is keeps the loops (the same bits as with native products off), and the b16
+  // entry point gives them too
+  const int64_t M = 3, N = 40, K = 37;
+  const std::vector<float> a = filled(size_t(M * K), 34), b = filled(size_t(K * N), 35);
+  std::vector<ag::bf16> b16(b.size());
+  std::transform(b.begin(), b.end(), b16.begin(), [](float x) { return ag::bf16(x); });
+  std::vector<float> native(size_t(M * N)), from_b16(size_t(M * N)), loops(size_t(M * N));
+  ag::cpu::sgemm_small_m(false, false, M, N, K, a.data(), K, b.data(), N, native.data(), N, nullptr, ag::Precision::bf16);
+  ag::cpu::sgemm_small_m_b16(false, false, M, N, K, a.data(), K, b16.data(), N, from_b16.data(), N);
+  ag::cpu::set_sbgemm_native(false);
+  ag::cpu::sgemm_small_m(false, false, M, N, K, a.data(), K, b.data(), N, loops.data(), N, nullptr, ag::Precision::bf16);
+  ag::cpu::set_sbgemm_native(native_before);
+  CHECK(native == loops);
+  CHECK(from_b16 == loops);
+}
 
 TEST_CASE("sbgemm: against an f64 triple loop of the bf16-rounded operands, all transposes, ragged sizes") {
   if (!have_bf16()) return;

@@ -293,6 +293,66 @@ TEST_CASE("autocast: linear keeps its input for backward in 16 bits, with the sa
   }
 }
 
+TEST_CASE("autocast: inference keeps each weight's bf16 copy, with the bits of rounding it as it is read, until "
+          "the weight changes") {
+  // Under bf16 autocast with grad mode off, linear reads its weight's bf16 copy (rounded once,
+  // autocast_bf16_weight) instead of rounding the f32 weight at every product. The products must
+  // be the same bits as the same linear on a weight that is not cached (one that requires no
+  // grad), for a generated token's rows (sgemm_small_m_b16) and for a batch (sbgemm_b16 or the
+  // emulation), with native bf16 products and without.
+  const bool native_before = cpu::sbgemm_native();
+  std::vector<bool> natives{false};
+  if (cpu::sbgemm_supported()) natives.push_back(true);
+  for (bool native : natives) {
+    if (cpu::sbgemm_supported()) cpu::set_sbgemm_native(native);
+    CAPTURE(native);
+    Tensor w = rnd({70, 37}, 61).set_requires_grad(true), b = rnd({70}, 62).set_requires_grad(true);
+    AutocastGuard bf16(Precision::bf16);
+    NoGradGuard no_grad;
+    CHECK(autocast_bf16_weights_kept() == 0);
+    for (int64_t rows : {1, 3, 9, 40}) {
+      CAPTURE(rows);
+      const Tensor x = rnd({rows, 37}, 63 + uint64_t(rows));
+      const Tensor y = linear(x, w, b), y_nobias = linear(x, w);
+      CHECK(autocast_bf16_weights_kept() == 1);  // the same copy for every call
+      CHECK(y.to_vector<float>() == linear(x, w.detach(), b.detach()).to_vector<float>());
+      CHECK(y_nobias.to_vector<float>() == linear(x, w.detach()).to_vector<float>());
+      // and they are bf16 products: an f64 reference of the rounded operands, not the f32 result
+      Tensor ref = matmul(round_bf16(x).to(DType::f64), round_bf16(w.detach()).to(DType::f64).mT()) +
+                   b.detach().to(DType::f64);
+      check_close(y, ref.to_vector<double>(), 1e-5, 1e-5);
+      AutocastGuard off(Precision::fp32);
+      CHECK(y.to_vector<float>() != linear(x, w.detach(), b.detach()).to_vector<float>());
+    }
+    CHECK(autocast_bf16_weights_kept() == 0);  // the fp32 guard above dropped the copies
+    const Tensor x = rnd({1, 37}, 70);
+    const std::vector<float> before = linear(x, w, b).to_vector<float>();
+    CHECK(autocast_bf16_weights_kept() == 1);
+    // an in-place write (an optimizer step, load_state_dict) makes the copy stale: the next product
+    // reads the new values
+    w.detach().mul_(-0.5);
+    const std::vector<float> after = linear(x, w, b).to_vector<float>();
+    CHECK(after != before);
+    CHECK(after == linear(x, w.detach(), b.detach()).to_vector<float>());
+    CHECK(autocast_bf16_weights_kept() == 1);
+    // a weight that is gone leaves no copy behind once another is cached
+    {
+      Tensor w2 = rnd({5, 37}, 71).set_requires_grad(true);
+      linear(x, w2);
+      CHECK(autocast_bf16_weights_kept() == 2);
+    }
+    Tensor w3 = rnd({6, 37}, 72).set_requires_grad(true);
+    linear(x, w3);
+    CHECK(autocast_bf16_weights_kept() == 2);  // w's and w3's
+    // a product recorded for backward (training) drops every copy
+    set_grad_enabled(true);
+    linear(x.detach().set_requires_grad(true), w);
+    set_grad_enabled(false);
+    CHECK(autocast_bf16_weights_kept() == 0);
+  }
+  if (cpu::sbgemm_supported()) cpu::set_sbgemm_native(native_before);
+}
+
 TEST_CASE("autocast: the naive matmul kernel rounds as the GEMM path does") {
   Tensor a = rnd({5, 17}, 31), b = rnd({17, 9}, 32);
   Tensor c1 = empty({5, 9}), c2 = empty({5, 9});
