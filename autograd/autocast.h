@@ -21,7 +21,10 @@
 //     bf16 ones), so the numbers are a little closer to f32;
 //   - what linear (its input) and the fused CPU attention (q, k, v) keep for backward is the
 //     rounded operand itself, as a bf16 tensor (core/half.h): half those activations' memory, the
-//     same numbers (docs/mixed-precision.md).
+//     same numbers (docs/mixed-precision.md);
+//   - in inference (grad mode off) linear reads a bf16 copy of its weight, rounded once and kept
+//     while the weight is unchanged (autocast_bf16_weight below): the same numbers, half the bytes
+//     per generated token.
 // bf16 needs no loss scaling: its range is f32's. f64 tensors are never cast (gradient checks
 // stay exact). The ops read the precision when they run forward and keep it for their backward,
 // so backward needs no guard of its own.

@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--precision", precision,
                  "fp32, bf16 or fp16: generate under that autocast (ag::AutocastGuard): 16-bit products, the KV "
-                 "cache kept in 16 bits")
+                 "cache kept in 16 bits (bf16: linear reads bf16 copies of the weights)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
