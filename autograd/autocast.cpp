@@ -27,7 +27,9 @@ struct Key {
   bool operator==(const Key&) const = default;
 };
 struct KeyHash {
-  size_t operator()(const Key& k) const { return std::hash<const void*>()(k.storage) ^ size_t(k.offset) * 0x9e3779b97f4a7c15u; }
+  size_t operator()(const Key& k) const {
+    return std::hash<const void*>()(k.storage) ^ size_t(k.offset) * 0x9e3779b97f4a7c15u;
+  }
 };
 thread_local std::unordered_map<Key, KeptWeight, KeyHash> g_kept;
 

@@ -191,8 +191,10 @@ void gemm_block_b16(float* c, const float* a, const bf16* b, const Gemm& g, int6
   const bf16* bb = b + (g.trans_b ? j0 * g.ldb : j0);
   float* cb = c + i0 * g.N + j0;
   const float* bb_ = bias ? bias + j0 : nullptr;
-  if (small_m_path(g)) sgemm_small_m_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_);
-  else sbgemm_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
+  if (small_m_path(g))
+    sgemm_small_m_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_);
+  else
+    sbgemm_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
 }
 
 }  // namespace
