@@ -808,8 +808,8 @@ AG_BF16_TARGET inline float lane_sum(__m512 v) {
 // op(b) its pairs (rounded as read, or bf16 as stored), 16 words per step. Element (i, j) sums
 // lane l's pairs pp = l, l + 16, ... in order, then the 16 lanes by lane_sum, then adds bias[j]:
 // an order that depends on K alone, so any split of the columns gives the same bits. One column
-// at a time reads the weight as one sequential stream: 2.5x the f32 loop's speed on weights that
-// do not fit the caches, where 4 or 8 columns at a time (rows ldb apart, each short) reached 1.4x.
+// at a time reads the weight as one sequential stream, which matters where the weights come from
+// memory: 4 or 8 columns at a time (rows ldb apart, each short) read it more slowly.
 template <int MM, class TB>
 AG_BF16_TARGET inline void dot_column(const uint32_t* A, int64_t kp, int64_t K, const TB* bj, float* c, int64_t ldc,
                                       const float* bias) {
