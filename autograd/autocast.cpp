@@ -12,6 +12,7 @@ namespace ag {
 namespace {
 
 thread_local Precision g_precision = Precision::fp32;
+thread_local bool g_no_copies = false;  // NoBf16WeightCopiesGuard
 
 // A weight's bf16 copy, valid while the weight's storage is alive with `version`.
 struct KeptWeight {
@@ -47,7 +48,8 @@ Tensor autocast_bf16_weight(const Tensor& w) {
     if (!g_kept.empty()) g_kept.clear();
     return Tensor();
   }
-  if (!w.defined() || w.dtype() != DType::f32 || !w.device().is_cpu() || !w.requires_grad()) return Tensor();
+  if (g_no_copies || !w.defined() || w.dtype() != DType::f32 || !w.device().is_cpu() || !w.requires_grad())
+    return Tensor();
   const std::shared_ptr<Storage>& st = w.impl().storage;
   const Key key{st.get(), w.offset()};
   auto it = g_kept.find(key);
@@ -68,5 +70,8 @@ Tensor autocast_bf16_weight(const Tensor& w) {
 }
 
 int64_t autocast_bf16_weights_kept() { return int64_t(g_kept.size()); }
+
+NoBf16WeightCopiesGuard::NoBf16WeightCopiesGuard() : prev_(g_no_copies) { g_no_copies = true; }
+NoBf16WeightCopiesGuard::~NoBf16WeightCopiesGuard() { g_no_copies = prev_; }
 
 }  // namespace ag

@@ -82,11 +82,26 @@ inline std::optional<Precision> parse_precision(std::string_view s) {
 // tensor that requires grad). A copy is valid while w's storage lives with the version it had
 // (every in-place write bumps it: an optimizer step, load_state_dict, copy_); the copies are
 // dropped when the precision changes and when a product runs under bf16 autocast with grad mode
-// on (training: the weights change at every step, and the rounding happens in the packing).
+// on (training: the weights change at every step, and the rounding happens in the packing);
+// none are kept under NoBf16WeightCopiesGuard.
 // Cost: a bf16 copy of each weight read, half its f32 bytes, while inference runs.
 Tensor autocast_bf16_weight(const Tensor& w);
 // How many weights have a bf16 copy kept in this thread (for tests).
 int64_t autocast_bf16_weights_kept();
+
+// Keeps no bf16 weight copies on this thread for its lifetime (guards nest): for a forward
+// without grad that is part of training, ag::checkpoint's first pass, whose copies would only
+// add half the weights' bytes to the step's memory until its backward drops them.
+class NoBf16WeightCopiesGuard {
+ public:
+  NoBf16WeightCopiesGuard();
+  ~NoBf16WeightCopiesGuard();
+  NoBf16WeightCopiesGuard(const NoBf16WeightCopiesGuard&) = delete;
+  NoBf16WeightCopiesGuard& operator=(const NoBf16WeightCopiesGuard&) = delete;
+
+ private:
+  bool prev_;
+};
 
 // Sets the precision for its lifetime, then restores the previous one (guards nest).
 class AutocastGuard {

@@ -1,5 +1,6 @@
 #include "autograd/recompute.h"
 
+#include "autograd/autocast.h"
 #include "autograd/tape.h"
 
 namespace ag {
@@ -23,7 +24,8 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& f, const Tensor& x
   }
   Tensor y;
   {
-    NoGradGuard no_grad;  // no graph: nothing inside f is kept
+    NoGradGuard no_grad;                // no graph: nothing inside f is kept,
+    NoBf16WeightCopiesGuard no_copies;  // nor bf16 copies of its weights (autocast.h)
     y = f(x);
   }
   check(y.defined() && is_floating(y.dtype()), "checkpoint: f must return a floating tensor");

@@ -349,6 +349,13 @@ TEST_CASE("autocast: inference keeps each weight's bf16 copy, with the bits of r
     linear(x.detach().set_requires_grad(true), w);
     set_grad_enabled(false);
     CHECK(autocast_bf16_weights_kept() == 0);
+    // a checkpointed forward (training) keeps none either, and gives the same bits
+    set_grad_enabled(true);
+    const Tensor xc = rnd({2, 37}, 73).set_requires_grad(true);
+    const Tensor yc = checkpoint([&](const Tensor& in) { return linear(in, w, b); }, xc, {w, b});
+    CHECK(autocast_bf16_weights_kept() == 0);
+    CHECK(yc.to_vector<float>() == linear(xc, w, b).to_vector<float>());
+    set_grad_enabled(false);
   }
   if (cpu::sbgemm_supported()) cpu::set_sbgemm_native(native_before);
 }
