@@ -403,7 +403,8 @@ class Run {
   // end_step saves a step before it evaluates it, so that a crash during the evaluation (or any
   // time before the next save) loses no training: a checkpoint of an eval_due step not yet
   // evaluated is marked ("run.eval_pending"), and a run resumed from it evaluates that step first
-  // (resume), which gives what the unbroken run gave: the same model, RNG and selection state. A second save of the same step with nothing logged or trained since writes nothing.
+  // (resume), which gives what the unbroken run gave: the same model, RNG and selection state. A
+  // second save of the same step with nothing logged or trained since writes nothing.
   bool save(int64_t step);
   // Prints a line without breaking the progress bar (rank 0 only).
   void print(const std::string& line);
