@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 #include "optim/sgd.h"
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
   CLI::App app{"attograd: allocations per steady-state training step"};
   int steps = 20, warmup = 3;
   app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_alloc"); rc >= 0) return rc;
 
   Generator gen(0);
   auto param = [&](Shape s, double bound) { return rand(s, DType::f32, &gen, -bound, bound).set_requires_grad(true); };

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 
@@ -44,10 +45,10 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print one JSON line of attograd's results only (no PyTorch run, no table)");
   app.add_option("--threads", threads, "threads (default: OMP_NUM_THREADS, else the cores)")->check(CLI::PositiveNumber);
   app.add_option("--device", device_name, "cpu or cuda (cuda:N): where both sides run")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_attention"); rc >= 0) return rc;
   if (threads > 0) set_num_threads(threads);
   const std::optional<Device> parsed = bench::parse_device("bench_attention", device_name);
-  if (!parsed) return 1;
+  if (!parsed) return 2;
   const Device dev = *parsed;
 
   Generator gen(0);

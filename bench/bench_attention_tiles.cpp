@@ -22,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 #include "core/kernels.h"
@@ -164,7 +165,7 @@ int main(int argc, char** argv) {
                "AVX512-BF16 (native) against f32 products of the widened values (emulated), in alternating rounds; "
                "a table and one JSON line each");
   app.add_option("--rounds", rounds, "--bf16: alternating rounds of the two paths")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_attention_tiles"); rc >= 0) return rc;
   if (bf16_only) return bench_bf16(B, H, T, D, reps, rounds);
 
   const int64_t BH = B * H, n = BH * T * D;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 #include "nn/transformer.h"
@@ -27,10 +28,10 @@ int main(int argc, char** argv) {
   app.add_option("--heads", H, "heads (must divide d)")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--script", script, "bench/torch_reference.py (default: found next to this source)");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_block"); rc >= 0) return rc;
   if (d % H != 0) {
     fmt::print(stderr, "bench_block: --heads {} must divide --d {}\n", H, d);
-    return 1;
+    return 2;
   }
 
   Generator gen(0);

@@ -6,6 +6,7 @@
 //   bench_checkpoint [--layers 4] [--batch 32] [--T 128] [--reps 5]
 #include <CLI/CLI.hpp>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 #include "nn/transformer.h"
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", B, "batch")->check(CLI::PositiveNumber);
   app.add_option("--T", T, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_checkpoint"); rc >= 0) return rc;
 
   std::vector<std::shared_ptr<nn::TransformerBlock>> blocks;
   for (int64_t i = 0; i < layers; ++i) blocks.push_back(std::make_shared<nn::TransformerBlock>(d, 4, 4 * d, 0.0, true));

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "apps/common/run.h"
 #include "apps/imagetext/lib.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
@@ -207,7 +208,7 @@ int main(int argc, char** argv) {
                  "cache kept in 16 bits (bf16: linear reads bf16 copies of the weights)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_decode"); rc >= 0) return rc;
   if (threads > 0) set_num_threads(threads);
   const Precision prec = *parse_precision(precision);  // one of them: CLI::IsMember above
   const AutocastGuard autocast(prec);

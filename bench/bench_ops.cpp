@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 
@@ -22,7 +23,7 @@ int main(int argc, char** argv) {
   app.add_option("--n", n, "elements per tensor (f32)")->check(CLI::PositiveNumber);
   app.add_option("--cols", cols, "row length for softmax and layer_norm")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_ops"); rc >= 0) return rc;
   n = (n + cols - 1) / cols * cols;
   const int64_t rows = n / cols;
   const double fb = double(n) * sizeof(float);  // bytes of one f32 tensor

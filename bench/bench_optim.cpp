@@ -13,6 +13,7 @@
 
 #include <memory>
 
+#include "apps/common/run.h"
 #include "attograd.h"
 #include "bench/bench_util.h"
 #include "optim/adam.h"
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed repetitions (median reported)")->capture_default_str()->check(
       CLI::PositiveNumber);
   app.add_flag("--json", json, "one line of JSON instead of the table");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_optim"); rc >= 0) return rc;
   const std::optional<Device> dev = bench::parse_device("bench_optim", device);
   if (!dev) return 2;
 

@@ -57,6 +57,7 @@
 #include <tuple>
 #include <vector>
 
+#include "apps/common/run.h"
 #include "apps/gpt/model.h"
 #include "apps/textclf/model.h"
 #include "apps/vit/model.h"
@@ -341,7 +342,7 @@ int main(int argc, char** argv) {
   app.add_option("--profile-top", profile_top, "kernels listed per config with --profile")->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_flag("--deterministic", deterministic, "ag::set_deterministic(true): the same bits at any thread count");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_train"); rc >= 0) return rc;
   if (threads > 0) set_num_threads(threads);
   if (deterministic) set_deterministic(true);
   if (!bf16_gemm.empty()) {
@@ -352,12 +353,12 @@ int main(int argc, char** argv) {
     cpu::set_sbgemm_native(bf16_gemm == "native");
   }
   const std::optional<Device> parsed = bench::parse_device("bench_train", device_name);
-  if (!parsed) return 1;
+  if (!parsed) return 2;
   const Device dev = *parsed;
   const Precision precision = *parse_precision(precision_name);  // fp32 or bf16: CLI::IsMember above
   if (roofline && dev.is_cuda()) {
     fmt::print(stderr, "bench_train: --roofline times the CPU's GEMMs; it does not go with --device {}\n", dev);
-    return 1;
+    return 2;
   }
 
   const std::vector<Config> all = {{'V', "ViT", 128, 50, 64, 256, 4, 4},
@@ -379,7 +380,7 @@ int main(int argc, char** argv) {
         }
       if (!found) {
         fmt::print(stderr, "bench_train: --configs: unknown config '{}' (expected V, G, C or L)\n", item);
-        return 1;
+        return 2;
       }
     }
   }

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include "apps/common/run.h"
 #include "apps/gpt/model.h"
 #include "apps/imagetext/model.h"
 #include "apps/longseq/model.h"
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   cli.add_option("--prefix", prefix, "only tensors whose name starts with this, prefix removed (\"model.\" for checkpoints)");
   cli.add_option("--inputs", inputs, "safetensors file with the inputs")->required();
   cli.add_option("--out", out, "where to write \"logits\"")->required();
-  CLI11_PARSE(cli, argc, argv);
+  if (const int rc = ag::apps::parse_command_line(cli, argc, argv, "twin_logits"); rc >= 0) return rc;
   try {
     const auto config = nlohmann::json::parse(config_text);
     const auto in = load_safetensors_map(inputs);
