@@ -176,8 +176,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
   Tensor xs = x.ndim() >= 2 ? x.detach() : x.detach().unsqueeze(0);
   int64_t ldx = folded_ld(xs);
   if (ldx <= 0) xs = xs.contiguous(), ldx = std::max<int64_t>(in, 1);
+  // inference under bf16 autocast on the CPU: the weight's bf16 copy, rounded once and kept (then
+  // the f32 weight is not read, so it is not made contiguous either)
+  const Tensor wk = x.device().is_cpu() ? autocast_bf16_weight(w) : Tensor();
   Tensor ws = w.detach();
-  if (!(w.strides()[1] == 1 || in == 1) || w.strides()[0] < in) ws = ws.contiguous();
+  if (!wk.defined() && (!(w.strides()[1] == 1 || in == 1) || w.strides()[0] < in)) ws = ws.contiguous();
   const int64_t ldw = out == 1 ? std::max<int64_t>(in, 1) : std::max<int64_t>(ws.strides()[0], in);
   Tensor bs = b.defined() ? b.detach().contiguous() : Tensor();
   check_blas_size(x, w, {rows, out, in, ldx, ldw});
@@ -186,8 +189,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
   out_shape.push_back(out);
   Tensor y = empty(out_shape, x.dtype(), x.device());
   const Precision operands = autocast_operands(x.dtype());  // read now, kept for backward
-  // inference under bf16 autocast on the CPU: the weight's bf16 copy, rounded once and kept
-  const Tensor wk = x.device().is_cpu() ? autocast_bf16_weight(w) : Tensor();
   if (wk.defined()) {
     const cpu::Gemm gemm{rows, out, in, false, true, ldx, std::max<int64_t>(in, 1), nullptr, nullptr, operands};
     const detail::KernelScope scope("matmul_forward_b16", x.device(), typeid(gemm));

@@ -325,9 +325,20 @@ TEST_CASE("autocast: inference keeps each weight's bf16 copy, with the bits of r
       CHECK(y.to_vector<float>() != linear(x, w.detach(), b.detach()).to_vector<float>());
     }
     CHECK(autocast_bf16_weights_kept() == 0);  // the fp32 guard above dropped the copies
+    {  // a weight whose values are not contiguous (a transposed view made a leaf): its copy is of them
+      Tensor wt = rnd({37, 70}, 74).mT().set_requires_grad(true);
+      REQUIRE(!wt.is_contiguous());
+      for (int64_t rows : {1, 9}) {
+        CAPTURE(rows);
+        const Tensor xt = rnd({rows, 37}, 75);
+        CHECK(linear(xt, wt, b).to_vector<float>() ==
+              linear(xt, wt.detach().contiguous(), b.detach()).to_vector<float>());
+      }
+      CHECK(autocast_bf16_weights_kept() == 1);
+    }
     const Tensor x = rnd({1, 37}, 70);
     const std::vector<float> before = linear(x, w, b).to_vector<float>();
-    CHECK(autocast_bf16_weights_kept() == 1);
+    CHECK(autocast_bf16_weights_kept() == 1);  // wt's went with wt
     // an in-place write (an optimizer step, load_state_dict) makes the copy stale: the next product
     // reads the new values
     w.detach().mul_(-0.5);
