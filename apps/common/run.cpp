@@ -557,7 +557,7 @@ int64_t Run::resume() {
         }
     }
     fmt::print(stderr, "{}: resumed from {} at step {}{}\n", app_, ckpt, first_step_,
-               eval_pending_ ? ", evaluating that step first (the checkpoint was written before its evaluation)" : "");
+               eval_pending_ && evaluate_ ? ", evaluating that step first (the checkpoint was written before its evaluation)" : "");
   }
   if (dist::is_main()) metrics_ = std::make_unique<MetricsLogger>(dir_, resuming);
   last_step_ = first_step_;
