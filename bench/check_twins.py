@@ -33,7 +33,7 @@ SMALL = {
     "vit": dict(image_size=28, channels=1, patch=7, classes=10, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64,
                 dropout=0.0),
     "textclf": dict(vocab=300, max_len=64, classes=8, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0,
-                    ngram_buckets=97, ngram_min=2, ngram_max=4, ngrams_per_token=6),
+                    ngram_buckets=97, ngram_min=2, ngram_max=4, ngrams_per_token=6, bag=False),
     "imagetext": dict(image_h=28, image_w=56, channels=1, patch=7, vocab=13, max_len=4, d_model=32, n_heads=4,
                       enc_layers=1, dec_layers=2, mlp_hidden=64, dropout=0.0),
     "longseq": dict(vocab=30, max_len=48, classes=10, d_model=32, n_heads=4, n_layers=2, mlp_hidden=64, dropout=0.0,
@@ -54,6 +54,7 @@ def part1_cases():
                 yield app, {**cfg, **m}, label
         elif app == "textclf":
             yield app, cfg, f"{app}, n-gram buckets {cfg['ngram_buckets']}"
+            yield app, {**cfg, "bag": True}, f"{app}, n-gram buckets {cfg['ngram_buckets']}, bag path"
         else:
             yield app, cfg, app
 
@@ -139,6 +140,11 @@ def main():
         print(f"torch {torch.__version__}: PyTorch-initialised twins loaded into attograd")
         for app, cfg, label in part1_cases():
             twin = CLASSES[app](**cfg)
+            if cfg.get("bag"):  # the bag path starts at zeros: random rows, so that it counts
+                with torch.no_grad():
+                    for t in (twin.bag_tok, twin.bag_ngram):
+                        t.weight.normal_(0.0, 0.5, generator=g)
+                        t.weight[0].zero_()
             w = os.path.join(tmp, f"{app}.safetensors")
             save_file({k: v.contiguous() for k, v in twin.state_dict().items()}, w)
             inp = inputs_for(app, cfg, g)

@@ -305,7 +305,7 @@ class ImageText(nn.Module):
 
 class TextClassifier(nn.Module):
     def __init__(self, vocab=20000, max_len=256, classes=2, d_model=128, n_heads=4, n_layers=2, mlp_hidden=512,
-                 dropout=0.1, ngram_buckets=0, ngram_min=2, ngram_max=5, ngrams_per_token=32):
+                 dropout=0.1, ngram_buckets=0, ngram_min=2, ngram_max=5, ngrams_per_token=32, bag=False):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model, padding_idx=0)
         # hashed subword n-grams (ngram_min..ngram_max and ngrams_per_token only shape the ids, which
@@ -317,10 +317,17 @@ class TextClassifier(nn.Module):
         self.head = nn.Linear(d_model, classes)
         self.dropout = dropout
         init_gpt2_style(self, n_layers)
+        # the bag path: a linear model of the same features, zeros until set (the C++ side starts it
+        # as naive Bayes on the training set: init_bag_from_naive_bayes)
+        self.bag_tok = nn.Embedding(vocab, classes, padding_idx=0) if bag else None
+        self.bag_ngram = nn.Embedding(ngram_buckets + 1, classes, padding_idx=0) if bag and ngram_buckets > 0 else None
         with torch.no_grad():
             self.tok.weight[0].zero_()
             if self.ngram is not None:
                 self.ngram.weight[0].zero_()
+            for t in (self.bag_tok, self.bag_ngram):
+                if t is not None:
+                    t.weight.zero_()
 
     def forward(self, tokens, lengths, ngrams=None):
         T = tokens.shape[1]
@@ -331,8 +338,15 @@ class TextClassifier(nn.Module):
         for b in self.blocks:
             h = b(h, lengths)
         valid = (torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]).to(h.dtype).unsqueeze(2)
-        pooled = (self.norm(h) * valid).sum(1) / lengths.clamp(min=1).to(h.dtype)[:, None]
-        return self.head(F.dropout(pooled, self.dropout, self.training))
+        count = lengths.clamp(min=1).to(h.dtype)[:, None]
+        pooled = (self.norm(h) * valid).sum(1) / count
+        logits = self.head(F.dropout(pooled, self.dropout, self.training))
+        if self.bag_tok is not None:  # the mean over the valid tokens of their rows (and their n-grams')
+            bag = self.bag_tok(tokens)
+            if self.bag_ngram is not None:
+                bag = bag + self.bag_ngram(ngrams).sum(2)
+            logits = logits + (bag * valid).sum(1) / count
+        return logits
 
 
 # ---- efficient attention for long sequences: twins of nn/efficient_attention.h -------------------

@@ -143,6 +143,10 @@ TextClassifierConfig config_from_json(const nlohmann::json& j) {
   c.ngram_max = get_optional("ngram_max", c.ngram_max, 1);
   c.ngrams_per_token = get_optional("ngrams_per_token", c.ngrams_per_token, 1);
   check(c.ngram_max >= c.ngram_min, "textclf config: 'ngram_max' {} is below 'ngram_min' {}", c.ngram_max, c.ngram_min);
+  if (j.contains("bag")) {  // optional: checkpoints made before the bag path have none
+    if (!j["bag"].is_boolean()) fail("textclf config: 'bag' must be true or false, got {}", j["bag"].dump());
+    c.bag = j["bag"].get<bool>();
+  }
   return c;
 }
 
@@ -156,6 +160,50 @@ int64_t EncodedSet::tokens() const {
   int64_t n = 0;
   for (const auto& s : ids) n += int64_t(s.size());
   return n;
+}
+
+void init_bag_from_naive_bayes(TextClassifier& model, const EncodedSet& train, double alpha) {
+  check(model.bag_tok != nullptr, "init_bag_from_naive_bayes: the model has no bag path (config bag false)");
+  check(alpha > 0, "init_bag_from_naive_bayes: alpha must be > 0, got {}", alpha);
+  check(model.bag_ngram == nullptr || train.has_ngrams(),
+        "init_bag_from_naive_bayes: the model's bag path has n-grams and the encoded set none");
+  const int64_t K = model.cfg.classes, V = model.cfg.vocab, G = model.bag_ngram ? model.cfg.ngram_buckets + 1 : 0;
+  // counts (rows, K) of each family, and their totals per class
+  std::vector<double> words(size_t(V * K), 0.0), grams(size_t(G * K), 0.0), word_total(size_t(K), 0.0),
+      gram_total(size_t(K), 0.0);
+  for (int64_t i = 0; i < train.size(); ++i) {
+    const int64_t c = train.labels[size_t(i)];
+    check(c >= 0 && c < K, "init_bag_from_naive_bayes: text {}'s label {} is not one of {} classes", i, c, K);
+    const std::vector<int64_t>& ids = train.ids[size_t(i)];
+    for (size_t t = 0; t < ids.size(); ++t) {
+      check(ids[t] > 0 && ids[t] < V, "init_bag_from_naive_bayes: text {} has token id {} outside [1, {})", i,
+            ids[t], V);
+      words[size_t(ids[t] * K + c)] += 1, word_total[size_t(c)] += 1;
+      if (G == 0) continue;
+      for (int64_t g : train.form_ngrams[size_t(train.forms[size_t(i)][t])]) {
+        check(g >= 0 && g < G, "init_bag_from_naive_bayes: text {} has n-gram id {} outside [0, {})", i, g, G);
+        if (g > 0) grams[size_t(g * K + c)] += 1, gram_total[size_t(c)] += 1;
+      }
+    }
+  }
+  auto fill = [&](nn::Embedding& table, const std::vector<double>& count, const std::vector<double>& total) {
+    const int64_t rows = table.weight.size(0);
+    std::vector<float> w(size_t(rows * K), 0.f);  // row 0: padding
+    std::vector<double> logp(static_cast<size_t>(K));
+    for (int64_t r = 1; r < rows; ++r) {
+      double mean = 0;
+      for (int64_t c = 0; c < K; ++c) {
+        const double theta = (count[size_t(r * K + c)] + alpha) / (total[size_t(c)] + alpha * double(rows - 1));
+        logp[size_t(c)] = std::log(theta);
+        mean += logp[size_t(c)] / double(K);
+      }
+      for (int64_t c = 0; c < K; ++c) w[size_t(r * K + c)] = float(logp[size_t(c)] - mean);
+    }
+    NoGradGuard no_grad;
+    table.weight.copy_(from_vector(w, {rows, K}, table.weight.device()));
+  };
+  fill(*model.bag_tok, words, word_total);
+  if (model.bag_ngram) fill(*model.bag_ngram, grams, gram_total);
 }
 
 EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,

@@ -13,6 +13,7 @@
 //   evaluate           loss, accuracy and confusion matrix over a split, longest-first batches
 //   attention_heatmaps the per-head token-by-token weights of one text, one panel per head
 //   CharNgramNB        the baseline to beat: multinomial naive Bayes on character 1-5-grams
+//   init_bag_from_naive_bayes  the model's bag path set to naive Bayes over the model's features
 //
 // Shapes, with B the batch, T the longest text in it (<= max_len), K the classes:
 //   tokens i64 (B, T) padded with 0, lengths i64 (B), labels i64 (B), logits f32 (B, K),
@@ -110,6 +111,20 @@ EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok,
 
 // The most tokens a text keeps (--max-len's bound).
 inline constexpr int64_t kMaxTextLen = 4096;
+
+// The bag path of a model (TextClassifierConfig::bag) set to multinomial naive Bayes over the
+// model's own features of `train` (fitted on it alone), with add-alpha smoothing: for the words
+// (every id a training token has) and, with n-grams, for the n-gram ids of those tokens, two
+// families of features f with their own counts,
+//   theta_{c,f} = (count_c(f) + alpha) / (total_c + alpha F)   F = the table's rows but padding
+//   bag[f, c]   = log theta_{c,f} - mean_c' log theta_{c',f}
+// where count_c(f) is how often f occurs in the training texts of class c and total_c the sum over
+// the family. Then the path's logits of a text are its tokens' sum_f n_f log theta_{c,f} divided by
+// its length, less a constant of the text: naive Bayes' log-likelihoods (without the prior) over
+// the length, so the same argmax. (A per-row constant adds the same to every class, and the
+// centring keeps the rows small.) Padding rows stay zero. ag::Error when the model has no bag path
+// or `train`'s ids or labels do not fit it.
+void init_bag_from_naive_bayes(TextClassifier& model, const EncodedSet& train, double alpha);
 
 // Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that
 // --eval-only rebuilds the same split.

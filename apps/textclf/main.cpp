@@ -239,7 +239,17 @@ int main(int argc, char** argv) {
   cli.add_option("--ngrams-per-token", mc.ngrams_per_token, "at most this many n-grams per word (the shorter kept)")
       ->capture_default_str()
       ->check(positive());
-  cli.add_option("--nb-alpha", settings.nb_alpha, "naive Bayes add-alpha smoothing")->capture_default_str()->check(positive());
+  cli.add_option("--nb-alpha", settings.nb_alpha,
+                 "naive Bayes add-alpha smoothing: of the baseline, and of the bag path's starting values")
+      ->capture_default_str()
+      ->check(positive());
+  std::string bag_path = "auto";
+  cli.add_option("--bag-path", bag_path,
+                 "a linear model of the words (and their n-grams) beside the encoder, its logits added to the "
+                 "encoder's and its weights started as naive Bayes on the training set: on, off, or auto (on for "
+                 "a small set with the word tokenizer)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   if (const int rc = apps::parse_command_line(cli, argc, argv, "textclf"); rc >= 0) return rc;
   o.command_line.assign(argv, argv + argc);
   o.given = given_options(cli);
@@ -336,6 +346,14 @@ int main(int argc, char** argv) {
                                    kSmallSetWordDropout, size));
     }
     if (!o.eval_only) {
+      mc.bag = bag_path == "on" || (bag_path == "auto" && small && tok_kind == "word");
+      if (bag_path == "auto" && mc.bag)
+        chosen.push_back(fmt::format("--bag-path on: {}: a linear bag of the words and their n-grams beside the "
+                                     "encoder, started as naive Bayes, the better estimator on few texts "
+                                     "(--bag-path off: the encoder alone)",
+                                     size));
+    }
+    if (!o.eval_only) {
       mc.vocab = tok.vocab_size();
       mc.max_len = d.max_len;
       mc.classes = int64_t(classes.size());
@@ -347,6 +365,7 @@ int main(int argc, char** argv) {
                                             : "--dropout 0: character models underfit, dropout would not help");
     }
     TextClassifier model(mc, &gen);  // initialised on the CPU (the same numbers on every device)
+    if (model.bag_tok && !o.eval_only) init_bag_from_naive_bayes(model, train, settings.nb_alpha);
     model.to(training_device(o));     // --device; the optimizer's state is made beside each parameter
     optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
     nlohmann::json config = {{"model", config_to_json(mc)}, {"data", data_to_json(d)},

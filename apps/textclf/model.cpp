@@ -63,9 +63,20 @@ TextClassifier::TextClassifier(const TextClassifierConfig& c, Generator* gen) : 
   drop = register_module("drop", std::make_shared<nn::Dropout>(c.dropout, gen));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, DType::f32, gen));
   init_gpt2_style(*this, c.n_layers, gen);
+  if (c.bag) {
+    // zeros (the encoder alone) until init_bag_from_naive_bayes fills them; made after the encoder's
+    // draws, from a generator of their own, so the encoder starts as it does without them
+    Generator unused(0);
+    bag_tok = register_module("bag_tok", std::make_shared<nn::Embedding>(c.vocab, c.classes, 0, DType::f32, &unused));
+    if (c.ngram_buckets > 0)
+      bag_ngram = register_module(
+          "bag_ngram", std::make_shared<nn::Embedding>(c.ngram_buckets + 1, c.classes, 0, DType::f32, &unused));
+  }
   NoGradGuard no_grad;
   tok->weight.select(0, 0).fill_(0.0);  // the padding row, as nn.Embedding(padding_idx=0) keeps it
   if (ngram) ngram->weight.select(0, 0).fill_(0.0);
+  if (bag_tok) bag_tok->weight.fill_(0.0);
+  if (bag_ngram) bag_ngram->weight.fill_(0.0);
 }
 
 Tensor TextClassifier::forward(const Tensor& tokens, const Tensor& lengths, const Tensor& ngrams) {
@@ -100,7 +111,13 @@ Tensor TextClassifier::forward(const Tensor& tokens, const Tensor& lengths, cons
                      .unsqueeze(2);
   Tensor count = clamp(lens.to(DType::f32), 1.0, 1e30).reshape({-1, 1});
   Tensor pooled = sum(norm->forward(h) * valid, {1}) / count;  // (B, d)
-  return head->forward(drop->forward(pooled));
+  Tensor logits = head->forward(drop->forward(pooled));  // (B, K)
+  if (bag_tok) {
+    Tensor bag = bag_ngram ? subword_sum(bag_tok->weight, bag_ngram->weight, tokens, ngrams)
+                           : embed_padded(bag_tok->weight, tokens.to(dev));  // (B, T, K)
+    logits = logits + sum(bag * valid, {1}) / count;
+  }
+  return logits;
 }
 
 }  // namespace ag::apps

@@ -10,6 +10,12 @@
 //   h = blocks.i(h, key padding)                  padded keys are never attended to
 //   pooled = sum_{t < len} norm(h)_t / len        mean over the valid tokens only
 //   logits = head(dropout(pooled))
+//   with the bag path (bag true): a linear model of the same features beside the encoder
+//   logits += sum_{t < len} (bag_tok(tokens_bt) + sum_g bag_ngram(ngrams_btg)) / len
+//                                                 bag_tok (vocab, K), bag_ngram (buckets + 1, K)
+//   initialised by init_bag_from_naive_bayes (apps/textclf/lib.h) as multinomial naive Bayes over
+//   those features, then trained with the rest: on ~1,000 labelled texts naive Bayes is the better
+//   estimator, and the encoder learns what it misses (docs/benchmarks.md, small data).
 //
 // Initialisation: GPT-2's (apps/common/gpt2_style.h init_gpt2_style), then the padding rows zero.
 #include <nlohmann/json.hpp>
@@ -29,10 +35,11 @@ struct TextClassifierConfig {
   // Subword n-grams of each token (data::NgramSpec): ngram_buckets hashed ids 1..buckets, n from
   // ngram_min to ngram_max codepoints, at most ngrams_per_token per token. 0 buckets: off.
   int64_t ngram_buckets = 0, ngram_min = 2, ngram_max = 5, ngrams_per_token = 32;
+  bool bag = false;  // the bag path (above)
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TextClassifierConfig, vocab, max_len, classes, d_model, n_heads,
                                                 n_layers, mlp_hidden, dropout, ngram_buckets, ngram_min, ngram_max,
-                                                ngrams_per_token)
+                                                ngrams_per_token, bag)
 
 struct TextClassifier : nn::Module {
   TextClassifierConfig cfg;
@@ -43,6 +50,8 @@ struct TextClassifier : nn::Module {
   std::shared_ptr<nn::LayerNorm> norm;
   std::shared_ptr<nn::Dropout> drop;
   std::shared_ptr<nn::Linear> head;  // d -> classes
+  std::shared_ptr<nn::Embedding> bag_tok;    // (vocab, classes), padding_idx 0; null without the bag path
+  std::shared_ptr<nn::Embedding> bag_ngram;  // (ngram_buckets + 1, classes), padding_idx 0; null without n-grams
   bool need_weights = false;         // keep each block's attention weights
 
   explicit TextClassifier(const TextClassifierConfig& cfg, Generator* gen = nullptr);

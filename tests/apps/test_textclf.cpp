@@ -495,17 +495,21 @@ TEST_CASE("textclf: a small TSV set gets its defaults from its texts, each said 
   CHECK(text.find("textclf: --steps 150: 20 epochs of 480 training texts (< 20000: a small set) at batch 64") !=
         std::string::npos);
   CHECK(text.find("textclf: --patience 5: 480 training texts") != std::string::npos);
+  CHECK(text.find("textclf: --bag-path on: 480 training texts (< 20000: a small set): a linear bag") !=
+        std::string::npos);
   CHECK(text.find("baseline: character 1-5-gram naive Bayes") != std::string::npos);  // the yardstick, on by default
   CHECK(text.find("testing the best model by validation: step ") != std::string::npos);
   const auto report = nlohmann::json::parse(ag::test::read_bytes(tmp.file("words/report.json")));
   CHECK(report.at("config").at("data").at("tokenizer") == "word");
   CHECK(report.at("config").at("word_dropout").get<double>() == 0.3);  // what fixes the batches, for --resume
+  CHECK(report.at("config").at("model").at("bag") == true);
   CHECK(report.at("accuracy").get<double>() > 0.9);  // the topics share only "the", "on" and "a"
   // no spaces: characters; and flags given on the command line win, unannounced
   const std::string g = run("glued", tmp.file("glued.tsv"), "--steps 20 --dropout 0 --patience 0");
   INFO(g);
   CHECK(g.find("textclf: --tokenizer char: 0% of the 480 training texts hold 3 or more words") != std::string::npos);
-  for (const char* flag : {"textclf: --steps", "textclf: --dropout", "textclf: --patience", "textclf: --word-dropout"})
+  for (const char* flag : {"textclf: --steps", "textclf: --dropout", "textclf: --patience", "textclf: --word-dropout",
+                           "textclf: --bag-path"})
     CHECK_MESSAGE(g.find(flag) == std::string::npos, flag);
   // --ngram-buckets needs words: refused (exit 2, one line) once the texts say they are not words
   const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/textclf' --dataset tsv --tsv-file '" +
@@ -693,6 +697,97 @@ TEST_CASE("textclf: with n-grams a word model learns from subwords where every w
                                           make_batch(test, std::vector<int64_t>{0}, cfg.max_len).ngrams),
                             1)
                          .item<int64_t>());
+}
+
+TEST_CASE("textclf: the bag path starts as naive Bayes over the model's words and n-grams") {
+  // class 0: "der hund", "der katze"; class 1: "ein hund". Word counts: class 0 der 2, hund 1,
+  // katze 1 (total 4); class 1 ein 1, hund 1 (total 2). The table has V = 6 rows (<pad> <unk> and
+  // the four words): F = 5 features without the padding row.
+  data::TextDataset ds;
+  ds.classes = {"a", "b"};
+  ds.examples = {{"der hund", 0}, {"der katze", 0}, {"ein hund", 1}};
+  TextTokenizer tok = TextTokenizer::build_word({"der hund", "der katze", "ein hund"}, 1, 100);
+  REQUIRE(tok.vocab_size() == 6);
+  TextClassifierConfig cfg = tiny_config(tok.vocab_size(), 2);
+  cfg.ngram_buckets = 64, cfg.ngram_min = 2, cfg.ngram_max = 3, cfg.ngrams_per_token = 8, cfg.bag = true;
+  const EncodedSet set = encode_dataset(ds, tok, cfg.max_len, ngram_spec(cfg));
+  Generator gen(3);
+  TextClassifier model(cfg, &gen);
+  REQUIRE(model.bag_tok);
+  REQUIRE(model.bag_ngram);
+  for (const Tensor& t : {model.bag_tok->weight, model.bag_ngram->weight}) {  // zeros until filled
+    const std::vector<float> v = t.to_vector<float>();
+    CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.f; }));
+  }
+  const double alpha = 0.5;
+  init_bag_from_naive_bayes(model, set, alpha);
+  const std::vector<float> w = model.bag_tok->weight.to_vector<float>();
+  auto id = [&](const char* word) { return tok.encode(word, 1).at(0); };
+  // bag[f] = (l0 - l1) / 2 * (1, -1), l_c = log((count_c(f) + alpha) / (total_c + 5 alpha))
+  auto want = [&](double c0, double c1) {
+    return (std::log((c0 + alpha) / (4 + 5 * alpha)) - std::log((c1 + alpha) / (2 + 5 * alpha))) / 2;
+  };
+  const std::pair<const char*, std::array<double, 2>> words[] = {
+      {"der", {2, 0}}, {"hund", {1, 1}}, {"katze", {1, 0}}, {"ein", {0, 1}}, {"<unk>", {0, 0}}};
+  for (const auto& [word, counts] : words) {
+    CAPTURE(word);
+    const int64_t r = std::string(word) == "<unk>" ? 1 : id(word);
+    CHECK(w[size_t(2 * r)] == doctest::Approx(want(counts[0], counts[1])).epsilon(1e-6));
+    CHECK(w[size_t(2 * r + 1)] == doctest::Approx(-want(counts[0], counts[1])).epsilon(1e-6));
+  }
+  CHECK(w[0] == 0.f);  // padding
+  CHECK(w[1] == 0.f);
+  // the n-gram table: counted here from each word's n-grams (data::hashed_ngrams), not from the
+  // encoded set's rows
+  std::vector<double> count(size_t(65 * 2), 0.0), total(2, 0.0);
+  for (const auto& ex : ds.examples)
+    for (const std::string& word : tok.pieces(ex.text, cfg.max_len))
+      for (int64_t g : data::hashed_ngrams(word, ngram_spec(cfg))) count[size_t(2 * g + ex.label)] += 1, total[size_t(ex.label)] += 1;
+  const std::vector<float> wg = model.bag_ngram->weight.to_vector<float>();
+  int bad = 0;
+  for (int64_t g = 1; g <= 64; ++g) {
+    const double l0 = std::log((count[size_t(2 * g)] + alpha) / (total[0] + 64 * alpha)),
+                 l1 = std::log((count[size_t(2 * g + 1)] + alpha) / (total[1] + 64 * alpha));
+    bad += std::abs(wg[size_t(2 * g)] - (l0 - l1) / 2) > 1e-6 || std::abs(wg[size_t(2 * g + 1)] + (l0 - l1) / 2) > 1e-6;
+  }
+  CHECK(bad == 0);
+  CHECK(wg[0] == 0.f);
+  // the path's logits: the forward with the bag less the forward without it is each text's mean
+  // over its tokens of (word row + its n-gram rows)
+  const Batch b = make_batch(set, std::vector<int64_t>{0, 1, 2}, cfg.max_len);
+  model.eval();
+  NoGradGuard no_grad;
+  const std::vector<float> with = model.forward(b.tokens, b.lengths, b.ngrams).to_vector<float>();
+  model.bag_tok->weight.fill_(0.0);
+  model.bag_ngram->weight.fill_(0.0);
+  const std::vector<float> without = model.forward(b.tokens, b.lengths, b.ngrams).to_vector<float>();
+  for (int64_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const std::vector<int64_t>& ids = set.ids[size_t(i)];
+    for (int64_t c = 0; c < 2; ++c) {
+      double bag = 0;
+      for (size_t t = 0; t < ids.size(); ++t) {
+        bag += w[size_t(2 * ids[t] + c)];
+        for (int64_t g : set.form_ngrams[size_t(set.forms[size_t(i)][t])]) bag += wg[size_t(2 * g + c)];
+      }
+      bag /= double(ids.size());
+      CHECK(with[size_t(2 * i + c)] - without[size_t(2 * i + c)] == doctest::Approx(bag).epsilon(1e-5));
+    }
+  }
+  // the config keeps it; a config without it (an older checkpoint) has none; a bad value is refused
+  CHECK(config_from_json(config_to_json(cfg)).bag);
+  nlohmann::json older = config_to_json(cfg);
+  older.erase("bag");
+  CHECK_FALSE(config_from_json(older).bag);
+  older["bag"] = 1;
+  AG_CHECK_ERROR(config_from_json(older), "textclf config", "'bag'", "true or false");
+  // refused: a model without the path, alpha <= 0
+  TextClassifierConfig plain = cfg;
+  plain.bag = false;
+  TextClassifier no_bag(plain, &gen);
+  CHECK_FALSE(no_bag.bag_tok);
+  AG_CHECK_ERROR(init_bag_from_naive_bayes(no_bag, set, alpha), "init_bag_from_naive_bayes", "no bag path");
+  AG_CHECK_ERROR(init_bag_from_naive_bayes(model, set, 0.0), "init_bag_from_naive_bayes", "alpha");
 }
 
 TEST_CASE("textclf: the command line is checked before any data is read") {
