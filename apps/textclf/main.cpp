@@ -494,7 +494,10 @@ int main(int argc, char** argv) {
       fmt::print("test accuracy {:.2f}% vs the naive Bayes baseline's {:.2f}%: {} ({} errors against {}, {} of them "
                  "made by both)\n",
                  100 * t.accuracy, 100 * nb->second.accuracy,
-                 t.accuracy > nb->second.accuracy ? "the transformer wins" : "the baseline wins", wrong[0], wrong[1],
+                 t.accuracy > nb->second.accuracy   ? "the transformer wins"
+                 : t.accuracy < nb->second.accuracy ? "the baseline wins"
+                                                    : "a tie",
+                 wrong[0], wrong[1],
                  wrong[2]);
     fmt::print("misclassified test texts: {}\n", run.path("test_errors.tsv"));
     fmt::print("attention heatmap: {}\n", run.path("attention.svg"));
