@@ -162,32 +162,32 @@ int64_t EncodedSet::tokens() const {
   return n;
 }
 
-void init_bag_from_naive_bayes(TextClassifier& model, const EncodedSet& train, double alpha) {
-  check(model.bag_tok != nullptr, "init_bag_from_naive_bayes: the model has no bag path (config bag false)");
-  check(alpha > 0, "init_bag_from_naive_bayes: alpha must be > 0, got {}", alpha);
-  check(model.bag_ngram == nullptr || train.has_ngrams(),
-        "init_bag_from_naive_bayes: the model's bag path has n-grams and the encoded set none");
-  const int64_t K = model.cfg.classes, V = model.cfg.vocab, G = model.bag_ngram ? model.cfg.ngram_buckets + 1 : 0;
+BagTables bag_naive_bayes(const EncodedSet& train, int64_t vocab, int64_t ngram_buckets, int64_t classes,
+                          double alpha) {
+  check(alpha > 0, "bag_naive_bayes: alpha must be > 0, got {}", alpha);
+  check(vocab > 1 && classes > 1 && ngram_buckets >= 0, "bag_naive_bayes: vocab {}, classes {}, n-gram buckets {}",
+        vocab, classes, ngram_buckets);
+  check(ngram_buckets == 0 || train.has_ngrams(), "bag_naive_bayes: {} n-gram buckets and an encoded set without n-grams",
+        ngram_buckets);
+  const int64_t K = classes, V = vocab, G = ngram_buckets > 0 ? ngram_buckets + 1 : 0;
   // counts (rows, K) of each family, and their totals per class
   std::vector<double> words(size_t(V * K), 0.0), grams(size_t(G * K), 0.0), word_total(size_t(K), 0.0),
       gram_total(size_t(K), 0.0);
   for (int64_t i = 0; i < train.size(); ++i) {
     const int64_t c = train.labels[size_t(i)];
-    check(c >= 0 && c < K, "init_bag_from_naive_bayes: text {}'s label {} is not one of {} classes", i, c, K);
+    check(c >= 0 && c < K, "bag_naive_bayes: text {}'s label {} is not one of {} classes", i, c, K);
     const std::vector<int64_t>& ids = train.ids[size_t(i)];
     for (size_t t = 0; t < ids.size(); ++t) {
-      check(ids[t] > 0 && ids[t] < V, "init_bag_from_naive_bayes: text {} has token id {} outside [1, {})", i,
-            ids[t], V);
+      check(ids[t] > 0 && ids[t] < V, "bag_naive_bayes: text {} has token id {} outside [1, {})", i, ids[t], V);
       words[size_t(ids[t] * K + c)] += 1, word_total[size_t(c)] += 1;
       if (G == 0) continue;
       for (int64_t g : train.form_ngrams[size_t(train.forms[size_t(i)][t])]) {
-        check(g >= 0 && g < G, "init_bag_from_naive_bayes: text {} has n-gram id {} outside [0, {})", i, g, G);
+        check(g >= 0 && g < G, "bag_naive_bayes: text {} has n-gram id {} outside [0, {})", i, g, G);
         if (g > 0) grams[size_t(g * K + c)] += 1, gram_total[size_t(c)] += 1;
       }
     }
   }
-  auto fill = [&](nn::Embedding& table, const std::vector<double>& count, const std::vector<double>& total) {
-    const int64_t rows = table.weight.size(0);
+  auto table = [&](const std::vector<double>& count, const std::vector<double>& total, int64_t rows) {
     std::vector<float> w(size_t(rows * K), 0.f);  // row 0: padding
     std::vector<double> logp(static_cast<size_t>(K));
     for (int64_t r = 1; r < rows; ++r) {
@@ -199,11 +199,48 @@ void init_bag_from_naive_bayes(TextClassifier& model, const EncodedSet& train, d
       }
       for (int64_t c = 0; c < K; ++c) w[size_t(r * K + c)] = float(logp[size_t(c)] - mean);
     }
-    NoGradGuard no_grad;
-    table.weight.copy_(from_vector(w, {rows, K}, table.weight.device()));
+    return w;
   };
-  fill(*model.bag_tok, words, word_total);
-  if (model.bag_ngram) fill(*model.bag_ngram, grams, gram_total);
+  return {K, table(words, word_total, V), G > 0 ? table(grams, gram_total, G) : std::vector<float>{}};
+}
+
+double bag_accuracy(const BagTables& t, const EncodedSet& set) {
+  check(t.ngrams.empty() || set.has_ngrams(), "bag_accuracy: tables with n-grams and a set without");
+  const auto K = size_t(t.classes);
+  int64_t right = 0;
+  std::vector<double> score(K);
+  for (int64_t i = 0; i < set.size(); ++i) {
+    std::fill(score.begin(), score.end(), 0.0);
+    const std::vector<int64_t>& ids = set.ids[size_t(i)];
+    for (size_t n = 0; n < ids.size(); ++n) {
+      for (size_t c = 0; c < K; ++c) score[c] += t.words.at(size_t(ids[n]) * K + c);
+      if (!t.ngrams.empty())
+        for (int64_t g : set.form_ngrams[size_t(set.forms[size_t(i)][n])])
+          for (size_t c = 0; c < K; ++c) score[c] += t.ngrams.at(size_t(g) * K + c);
+    }
+    // the first class of the highest score (the mean over the length has the same argmax)
+    right += int64_t(std::max_element(score.begin(), score.end()) - score.begin()) == set.labels[size_t(i)];
+  }
+  return set.size() > 0 ? double(right) / double(set.size()) : 0.0;
+}
+
+void init_bag_from_naive_bayes(TextClassifier& model, const BagTables& t) {
+  check(model.bag_tok != nullptr, "init_bag_from_naive_bayes: the model has no bag path (config bag false)");
+  const int64_t K = model.cfg.classes, V = model.cfg.vocab, G = model.bag_ngram ? model.cfg.ngram_buckets + 1 : 0;
+  check(t.classes == K && int64_t(t.words.size()) == V * K && int64_t(t.ngrams.size()) == G * K,
+        "init_bag_from_naive_bayes: tables of {} classes, {} word and {} n-gram values for a model of {} classes, "
+        "vocab {} and {} n-gram rows",
+        t.classes, t.words.size(), t.ngrams.size(), K, V, G);
+  NoGradGuard no_grad;
+  model.bag_tok->weight.copy_(from_vector(t.words, {V, K}, model.bag_tok->weight.device()));
+  if (model.bag_ngram) model.bag_ngram->weight.copy_(from_vector(t.ngrams, {G, K}, model.bag_ngram->weight.device()));
+}
+
+void init_bag_from_naive_bayes(TextClassifier& model, const EncodedSet& train, double alpha) {
+  check(model.bag_tok != nullptr, "init_bag_from_naive_bayes: the model has no bag path (config bag false)");
+  init_bag_from_naive_bayes(
+      model, bag_naive_bayes(train, model.cfg.vocab, model.bag_ngram ? model.cfg.ngram_buckets : 0, model.cfg.classes,
+                             alpha));
 }
 
 EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,

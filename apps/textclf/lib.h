@@ -112,7 +112,7 @@ EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok,
 // The most tokens a text keeps (--max-len's bound).
 inline constexpr int64_t kMaxTextLen = 4096;
 
-// The bag path of a model (TextClassifierConfig::bag) set to multinomial naive Bayes over the
+// The bag path's starting values (TextClassifierConfig::bag): multinomial naive Bayes over the
 // model's own features of `train` (fitted on it alone), with add-alpha smoothing: for the words
 // (every id a training token has) and, with n-grams, for the n-gram ids of those tokens, two
 // families of features f with their own counts,
@@ -122,8 +122,21 @@ inline constexpr int64_t kMaxTextLen = 4096;
 // the family. Then the path's logits of a text are its tokens' sum_f n_f log theta_{c,f} divided by
 // its length, less a constant of the text: naive Bayes' log-likelihoods (without the prior) over
 // the length, so the same argmax. (A per-row constant adds the same to every class, and the
-// centring keeps the rows small.) Padding rows stay zero. ag::Error when the model has no bag path
-// or `train`'s ids or labels do not fit it.
+// centring keeps the rows small.) Padding rows stay zero.
+struct BagTables {
+  int64_t classes = 0;
+  std::vector<float> words;   // (vocab, classes) row-major
+  std::vector<float> ngrams;  // (ngram_buckets + 1, classes), or empty without n-grams
+};
+// ag::Error when alpha <= 0 or `train`'s ids or labels do not fit the sizes.
+BagTables bag_naive_bayes(const EncodedSet& train, int64_t vocab, int64_t ngram_buckets, int64_t classes,
+                          double alpha);
+// The accuracy over `set` of the tables alone (the argmax of the summed rows, the first class on a
+// tie): how good a start they are, measured on validation before any training.
+double bag_accuracy(const BagTables& t, const EncodedSet& set);
+// The model's bag tables set to `t` (ag::Error when the model has no bag path or the sizes differ),
+// or to bag_naive_bayes of `train`.
+void init_bag_from_naive_bayes(TextClassifier& model, const BagTables& t);
 void init_bag_from_naive_bayes(TextClassifier& model, const EncodedSet& train, double alpha);
 
 // Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that

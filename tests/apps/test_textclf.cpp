@@ -497,6 +497,7 @@ TEST_CASE("textclf: a small TSV set gets its defaults from its texts, each said 
   CHECK(text.find("textclf: --patience 5: 480 training texts") != std::string::npos);
   CHECK(text.find("textclf: --bag-path on: 480 training texts (< 20000: a small set): a linear bag") !=
         std::string::npos);
+  CHECK(text.find("% on validation against the character n-gram naive Bayes' ") != std::string::npos);
   CHECK(text.find("baseline: character 1-5-gram naive Bayes") != std::string::npos);  // the yardstick, on by default
   CHECK(text.find("testing the best model by validation: step ") != std::string::npos);
   const auto report = nlohmann::json::parse(ag::test::read_bytes(tmp.file("words/report.json")));
@@ -511,6 +512,15 @@ TEST_CASE("textclf: a small TSV set gets its defaults from its texts, each said 
   for (const char* flag : {"textclf: --steps", "textclf: --dropout", "textclf: --patience", "textclf: --word-dropout",
                            "textclf: --bag-path"})
     CHECK_MESSAGE(g.find(flag) == std::string::npos, flag);
+  // one word per text, nearly every word seen once: as words all are <unk>, so naive Bayes over
+  // them is no start, where the character n-grams separate the classes: the bag path stays off
+  ag::test::write_bytes(tmp.file("unk.tsv"), synthetic_tsv(600, 22));
+  const std::string u = run("unk", tmp.file("unk.tsv"), "--tokenizer word --steps 5 --patience 0");
+  INFO(u);
+  CHECK(u.find("textclf: --bag-path off: 480 training texts (< 20000: a small set)") != std::string::npos);
+  CHECK(u.find(": a worse start (--bag-path on: it anyway)") != std::string::npos);
+  CHECK(nlohmann::json::parse(ag::test::read_bytes(tmp.file("unk/report.json"))).at("config").at("model").at("bag") ==
+        false);
   // --ngram-buckets needs words: refused (exit 2, one line) once the texts say they are not words
   const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/textclf' --dataset tsv --tsv-file '" +
                           tmp.file("glued.tsv") + "' --ngram-buckets 64 --steps 2 --quiet --out '" + tmp.file("bad") +
@@ -787,7 +797,20 @@ TEST_CASE("textclf: the bag path starts as naive Bayes over the model's words an
   TextClassifier no_bag(plain, &gen);
   CHECK_FALSE(no_bag.bag_tok);
   AG_CHECK_ERROR(init_bag_from_naive_bayes(no_bag, set, alpha), "init_bag_from_naive_bayes", "no bag path");
-  AG_CHECK_ERROR(init_bag_from_naive_bayes(model, set, 0.0), "init_bag_from_naive_bayes", "alpha");
+  AG_CHECK_ERROR(init_bag_from_naive_bayes(model, set, 0.0), "bag_naive_bayes", "alpha");
+  AG_CHECK_ERROR(init_bag_from_naive_bayes(model, bag_naive_bayes(set, cfg.vocab, 0, 2, alpha)),
+                 "init_bag_from_naive_bayes", "0 n-gram");
+  // the tables alone: their accuracy is the argmax of the path's logits (the first class on a tie)
+  const BagTables t = bag_naive_bayes(set, cfg.vocab, cfg.ngram_buckets, 2, alpha);
+  CHECK(t.words == w);
+  CHECK(t.ngrams == wg);
+  int right = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    const double d0 = with[size_t(2 * i)] - without[size_t(2 * i)], d1 = with[size_t(2 * i + 1)] - without[size_t(2 * i + 1)];
+    right += (d1 > d0 ? 1 : 0) == set.labels[size_t(i)];
+  }
+  CHECK(bag_accuracy(t, set) == doctest::Approx(right / 3.0));
+  CHECK(bag_accuracy(t, set) > 0.5);  // it separates its own training texts
 }
 
 TEST_CASE("textclf: the command line is checked before any data is read") {
