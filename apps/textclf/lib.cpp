@@ -236,13 +236,6 @@ void init_bag_from_naive_bayes(TextClassifier& model, const BagTables& t) {
   if (model.bag_ngram) model.bag_ngram->weight.copy_(from_vector(t.ngrams, {G, K}, model.bag_ngram->weight.device()));
 }
 
-void init_bag_from_naive_bayes(TextClassifier& model, const EncodedSet& train, double alpha) {
-  check(model.bag_tok != nullptr, "init_bag_from_naive_bayes: the model has no bag path (config bag false)");
-  init_bag_from_naive_bayes(
-      model, bag_naive_bayes(train, model.cfg.vocab, model.bag_ngram ? model.cfg.ngram_buckets : 0, model.cfg.classes,
-                             alpha));
-}
-
 EncodedSet encode_dataset(const data::TextDataset& ds, const TextTokenizer& tok, int64_t max_len,
                           const data::NgramSpec& ngrams) {
   const bool with_ngrams = ngrams.buckets > 0;

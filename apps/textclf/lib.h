@@ -13,7 +13,7 @@
 //   evaluate           loss, accuracy and confusion matrix over a split, longest-first batches
 //   attention_heatmaps the per-head token-by-token weights of one text, one panel per head
 //   CharNgramNB        the baseline to beat: multinomial naive Bayes on character 1-5-grams
-//   init_bag_from_naive_bayes  the model's bag path set to naive Bayes over the model's features
+//   bag_naive_bayes    the bag path's start: naive Bayes over the model's own features
 //
 // Shapes, with B the batch, T the longest text in it (<= max_len), K the classes:
 //   tokens i64 (B, T) padded with 0, lengths i64 (B), labels i64 (B), logits f32 (B, K),
@@ -134,10 +134,8 @@ BagTables bag_naive_bayes(const EncodedSet& train, int64_t vocab, int64_t ngram_
 // The accuracy over `set` of the tables alone (the argmax of the summed rows, the first class on a
 // tie): how good a start they are, measured on validation before any training.
 double bag_accuracy(const BagTables& t, const EncodedSet& set);
-// The model's bag tables set to `t` (ag::Error when the model has no bag path or the sizes differ),
-// or to bag_naive_bayes of `train`.
+// The model's bag tables set to `t` (ag::Error when the model has no bag path or the sizes differ).
 void init_bag_from_naive_bayes(TextClassifier& model, const BagTables& t);
-void init_bag_from_naive_bayes(TextClassifier& model, const EncodedSet& train, double alpha);
 
 // Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that
 // --eval-only rebuilds the same split.

@@ -371,8 +371,8 @@ int main(int argc, char** argv) {
         if (start < chars) bag_start.reset();
       }
     }
-    if (!o.eval_only) mc.bag = bag_start.has_value();
     if (!o.eval_only) {
+      mc.bag = bag_start.has_value();
       mc.vocab = tok.vocab_size();
       mc.max_len = d.max_len;
       mc.classes = int64_t(classes.size());

@@ -730,7 +730,7 @@ TEST_CASE("textclf: the bag path starts as naive Bayes over the model's words an
     CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.f; }));
   }
   const double alpha = 0.5;
-  init_bag_from_naive_bayes(model, set, alpha);
+  init_bag_from_naive_bayes(model, bag_naive_bayes(set, cfg.vocab, cfg.ngram_buckets, 2, alpha));
   const std::vector<float> w = model.bag_tok->weight.to_vector<float>();
   auto id = [&](const char* word) { return tok.encode(word, 1).at(0); };
   // bag[f] = (l0 - l1) / 2 * (1, -1), l_c = log((count_c(f) + alpha) / (total_c + 5 alpha))
@@ -796,8 +796,9 @@ TEST_CASE("textclf: the bag path starts as naive Bayes over the model's words an
   plain.bag = false;
   TextClassifier no_bag(plain, &gen);
   CHECK_FALSE(no_bag.bag_tok);
-  AG_CHECK_ERROR(init_bag_from_naive_bayes(no_bag, set, alpha), "init_bag_from_naive_bayes", "no bag path");
-  AG_CHECK_ERROR(init_bag_from_naive_bayes(model, set, 0.0), "bag_naive_bayes", "alpha");
+  AG_CHECK_ERROR(init_bag_from_naive_bayes(no_bag, bag_naive_bayes(set, cfg.vocab, cfg.ngram_buckets, 2, alpha)),
+                 "init_bag_from_naive_bayes", "no bag path");
+  AG_CHECK_ERROR(bag_naive_bayes(set, cfg.vocab, cfg.ngram_buckets, 2, 0.0), "bag_naive_bayes", "alpha");
   AG_CHECK_ERROR(init_bag_from_naive_bayes(model, bag_naive_bayes(set, cfg.vocab, 0, 2, alpha)),
                  "init_bag_from_naive_bayes", "0 n-gram");
   // the tables alone: their accuracy is the argmax of the path's logits (the first class on a tie)
