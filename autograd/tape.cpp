@@ -292,9 +292,47 @@ void send_gradients(const Node& n, const std::vector<Tensor>& dinputs) {
     const Edge& e = n.next[i];
     const Tensor& d = dinputs[i];
     if (!e.active() || !d.defined()) continue;
-    if (e.node) e.node->pending = e.node->pending.defined() ? add(e.node->pending, d) : d;
-    else accumulate_leaf(*e.leaf, d);
+    if (e.node) {
+      Node& t = *e.node;
+      const bool sum = t.pending.defined();
+      t.pending = sum ? add(t.pending, d) : d;
+      t.pending_slices = {sum, -1, {}};  // a sum is a new tensor of the tape's; d may be held elsewhere
+    } else {
+      accumulate_leaf(*e.leaf, d);
+    }
   }
+}
+
+// The gradient dout of a slice or select node n (Node::slice_of_input) written into its part of
+// the input node's pending gradient: the first one into a zero-filled tensor of the input's shape,
+// copied where no slice wrote before (the parts of q, k and v cut from one tensor), added where
+// one did. A pending gradient that came from elsewhere is copied first (it may be held by another
+// node or by the caller). The same sums as send_gradients on the zero-filled tensor that the
+// node's backward would return: x + 0 = x, and overlapping slices added in the same order.
+// False (nothing done) where this does not apply: the input is a leaf, or not recorded.
+bool send_slice(const Node& n, const Tensor& dout) {
+  if (!n.slice_of_input || n.next.size() != 1 || !n.next[0].node) return false;
+  const Node::SliceOfInput& s = *n.slice_of_input;
+  Node& t = *n.next[0].node;
+  Node::PendingSlices& ps = t.pending_slices;
+  if (!t.pending.defined()) {
+    t.pending = zeros(n.recorded.in_shapes[0], dout.dtype(), dout.device());
+    ps = {true, s.dim, {}};
+  } else if (!ps.owned || !t.pending.is_contiguous()) {
+    t.pending = t.pending.clone();
+    ps = {true, -1, {}};
+  }
+  Tensor part = s.select ? t.pending.select(s.dim, s.start) : t.pending.slice(s.dim, s.start, s.stop, s.step);
+  bool fresh = ps.dim == s.dim;
+  for (const auto& [lo, hi] : ps.written) fresh = fresh && (s.stop <= lo || hi <= s.start);
+  if (fresh) {
+    part.copy_(dout);
+  } else {
+    part.copy_(add(part, dout));
+  }
+  if (ps.dim == s.dim) ps.written.emplace_back(s.start, s.stop);
+  else ps.dim = -1;  // written along another dim: its zeros are no longer known
+  return true;
 }
 
 // The debugging aids of backward, kept out of its loop: anomaly checks, gradient norms and the
@@ -310,6 +348,8 @@ class BackwardAids {
         for (const Edge& e : n->next)
           if (e.leaf) ++leaf_edges_left_[e.leaf.get()];
   }
+  // Anomaly mode: every gradient a node returns is checked.
+  bool checks_gradients() const { return anomaly_; }
   // Anomaly mode: the gradient backward starts from must be finite.
   void check_root(const Tensor& g) const {
     if (!anomaly_) return;
@@ -359,6 +399,7 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
           "the first backward to run backward twice",
           n->op);
   root.grad_fn()->pending = g;
+  root.grad_fn()->pending_slices = {};
   struct InBackward {  // restores the flag also when a node throws
     bool prev = std::exchange(g_in_backward, true);
     ~InBackward() { g_in_backward = prev; }
@@ -368,10 +409,15 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
       if (Tensor dout = std::exchange(n->pending, Tensor()); dout.defined()) {
         check_versions(*n);  // nothing it saved was written in place since
         aids.before(*n, dout);
-        std::vector<Tensor> dinputs = n->backward(dout);
-        check_gradients_fit(*n, dinputs);
-        aids.after(*n, dout, dinputs);
-        send_gradients(*n, dinputs);
+        // a slice's gradient goes straight into its part of its input's (anomaly mode checks the
+        // gradient each node returns, so there every node runs its backward)
+        if (aids.checks_gradients() || !send_slice(*n, dout)) {
+          std::vector<Tensor> dinputs = n->backward(dout);
+          check_gradients_fit(*n, dinputs);
+          aids.after(*n, dout, dinputs);
+          send_gradients(*n, dinputs);
+        }
+        n->pending_slices = {};
       }
       aids.done(*n);
       if (!retain_graph) {  // free what the op saved; the node stays as an edge, marked used
@@ -380,7 +426,7 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
       }
     }
   } catch (...) {
-    for (Node* n : tape) n->pending = Tensor();  // no half-summed gradient may leak into a later backward
+    for (Node* n : tape) n->pending = Tensor(), n->pending_slices = {};  // no half-summed gradient may leak into a later backward
     throw;
   }
 }

@@ -194,12 +194,14 @@ Tensor Tensor::slice(int dim, int64_t start, int64_t end, int64_t step) const {
   shape[d] = (e - s + step - 1) / step;
   strides[d] *= step;
   Shape in = this->shape();
-  return make_view("slice", *this, shape, strides, offset() + s * this->strides()[d],
-                   [in, d, s, e, step](const Tensor& g) {
-                     Tensor dx = zeros(in, g.dtype(), g.device());
-                     dx.slice(d, s, e, step).copy_(g);
-                     return std::vector{dx};
-                   });
+  Tensor y = make_view("slice", *this, shape, strides, offset() + s * this->strides()[d],
+                       [in, d, s, e, step](const Tensor& g) {
+                         Tensor dx = zeros(in, g.dtype(), g.device());
+                         dx.slice(d, s, e, step).copy_(g);
+                         return std::vector{dx};
+                       });
+  if (const auto& node = y.grad_fn()) node->slice_of_input = Node::SliceOfInput{d, s, e, step, false};
+  return y;
 }
 Tensor slice(const Tensor& x, int dim, int64_t start, int64_t end, int64_t step, Site site) {
   const CallSite at("slice", site);
@@ -228,11 +230,13 @@ Tensor Tensor::select(int dim, int64_t index) const {
   shape.erase(d);
   strides.erase(d);
   Shape in = this->shape();
-  return make_view("select", *this, shape, strides, offset() + i * this->strides()[d], [in, d, i](const Tensor& g) {
+  Tensor y = make_view("select", *this, shape, strides, offset() + i * this->strides()[d], [in, d, i](const Tensor& g) {
     Tensor dx = zeros(in, g.dtype(), g.device());
     dx.select(d, i).copy_(g);
     return std::vector{dx};
   });
+  if (const auto& node = y.grad_fn()) node->slice_of_input = Node::SliceOfInput{d, i, i + 1, 1, true};
+  return y;
 }
 Tensor select(const Tensor& x, int dim, int64_t index, Site site) {
   const CallSite at("select", site);

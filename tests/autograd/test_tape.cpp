@@ -1,5 +1,6 @@
 // The tape (autograd/tape.h): recording, replay, accumulation, release and the errors it raises.
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "tests/helpers.h"
@@ -160,6 +161,76 @@ TEST_CASE("tape: a leaf used through two views") {
   Tensor L = add(sum(mul(x.slice(1, 0, 2), 2.0)), sum(mul(x.transpose(0, 1).select(1, 1), 3.0)));
   L.backward();
   check_close(x.grad(), {2, 2, 0, 5, 5, 3});
+}
+
+namespace {
+// Integer weights 1..9 (the sums below are then exact in any order) of the given shape.
+Tensor int_weights(const Shape& shape, uint64_t seed) {
+  std::vector<double> v(size_t(shape.numel()));
+  for (size_t k = 0; k < v.size(); ++k) v[k] = double(1 + (k * 7 + seed * 5 + k * k * seed) % 9);
+  return from_vector(v, shape);
+}
+}  // namespace
+
+TEST_CASE("tape: the slices of one tensor write their gradients into its gradient, summed where they overlap") {
+  // p = 2 x; L = sum_i sum(part_i(p) * c_i). Each slice's gradient goes into its part of p's
+  // gradient (Node::slice_of_input); the reference places each c_i by the flat indices its part
+  // takes of an index tensor, so dL/dx[e] = 2 sum of the c_i over the parts that hold e.
+  using Part = std::function<Tensor(const Tensor&)>;
+  const Shape shape{2, 3, 8};
+  const std::vector<std::pair<const char*, std::vector<Part>>> cases = {
+      {"q, k, v: disjoint along the last dim, one range left out",
+       {[](const Tensor& t) { return t.narrow(2, 0, 2); }, [](const Tensor& t) { return t.narrow(2, 2, 2); },
+        [](const Tensor& t) { return t.narrow(2, 5, 3); }}},
+      {"overlapping ranges",
+       {[](const Tensor& t) { return t.narrow(2, 0, 5); }, [](const Tensor& t) { return t.narrow(2, 3, 5); },
+        [](const Tensor& t) { return t.narrow(2, 4, 1); }}},
+      {"two dims, a step and a select",
+       {[](const Tensor& t) { return t.narrow(2, 0, 4); }, [](const Tensor& t) { return t.select(0, 1); },
+        [](const Tensor& t) { return t.slice(1, 0, 3, 2); }, [](const Tensor& t) { return t.narrow(2, 2, 4); }}},
+      {"a select then a slice of the same dim",
+       {[](const Tensor& t) { return t.select(2, 3); }, [](const Tensor& t) { return t.slice(2, 1, 8, 3); }}},
+  };
+  std::vector<double> index(size_t(shape.numel()));
+  for (size_t e = 0; e < index.size(); ++e) index[e] = double(e);
+  const Tensor where = from_vector(index, shape);
+  for (const auto& [name, parts] : cases) {
+    for (const bool anomaly : {false, true}) {  // anomaly mode runs every node's own backward
+      CAPTURE(name);
+      CAPTURE(anomaly);
+      DetectAnomalyGuard guard(anomaly);
+      Tensor x = leaf64(shape);
+      Tensor p = mul(x, 2.0);
+      Tensor L = scalar_tensor(0.0, DType::f64);
+      std::vector<double> want(index.size(), 0.0);
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const Tensor part = parts[i](p), c = int_weights(part.shape(), i + 1);
+        L = add(L, sum(mul(part, c)));
+        const auto at = parts[i](where).contiguous().to_vector<double>(), cv = c.to_vector<double>();
+        for (size_t k = 0; k < at.size(); ++k) want[size_t(at[k])] += 2 * cv[k];
+      }
+      L.backward();
+      check_close(x.grad(), want, 0, 0);
+    }
+  }
+}
+
+TEST_CASE("tape: a slice's gradient does not write into a gradient that another node holds") {
+  // add's backward hands the same tensor to p and to r. q, a slice of p recorded before the add,
+  // runs after it: its gradient must go into a copy of p's, not into the tensor r's node got.
+  Tensor x = leaf64({2, 6}), y = leaf64({2, 6}, 2);
+  Tensor p = mul(x, 2.0), r = mul(y, 3.0);
+  Tensor q = p.narrow(1, 1, 3);
+  const Tensor w = int_weights({2, 6}, 1), c = int_weights({2, 3}, 2);
+  Tensor L = add(sum(mul(add(p, r), w)), sum(mul(q, c)));
+  L.backward();
+  const auto wv = w.to_vector<double>(), cv = c.to_vector<double>();
+  std::vector<double> dx(12), dy(12);
+  for (size_t e = 0; e < 12; ++e) dx[e] = 2 * wv[e], dy[e] = 3 * wv[e];
+  for (size_t i = 0; i < 2; ++i)
+    for (size_t j = 0; j < 3; ++j) dx[i * 6 + 1 + j] += 2 * cv[i * 3 + j];
+  check_close(y.grad(), dy, 0, 0);
+  check_close(x.grad(), dx, 0, 0);
 }
 
 TEST_CASE("tape: graph_to_string and graph_to_dot list the ops in tape order") {
