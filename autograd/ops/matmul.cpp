@@ -189,7 +189,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
   out_shape.push_back(out);
   Tensor y = empty(out_shape, x.dtype(), x.device());
   const Precision operands = autocast_operands(x.dtype());  // read now, kept for backward
-  if (wk.defined()) {
+  const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
+  // Under bf16 or fp16 autocast dW's product reads x rounded to that format anyway: keep x for
+  // backward as that rounded copy, in 16 bits (half the activation memory of every Linear), and
+  // widen it back (exactly) when dW is computed. The same numbers as keeping x itself. Under bf16
+  // on the CPU the forward product reads that copy too (matmul_forward_a16: x rounded once, not
+  // again while it is packed; the same bits).
+  Tensor saved = gw ? xs : Tensor();
+  int64_t ld_saved = ldx;
+  if (gw && operands != Precision::fp32 && grad_enabled()) {  // (nothing is kept without recording)
+    saved = cast(xs, stored_dtype(operands));
+    ld_saved = std::max<int64_t>(in, 1);
+  }
+  if (saved.defined() && saved.dtype() == DType::bf16 && x.device().is_cpu() && x.dtype() == DType::f32 &&
+      !wk.defined()) {
+    const cpu::Gemm gemm{rows, out, in, false, true, ld_saved, ldw, nullptr, nullptr, operands};
+    const detail::KernelScope scope("matmul_forward_a16", x.device(), typeid(gemm));
+    cpu::matmul_forward_a16(y.data<float>(), saved.data<bf16>(), ws.data<float>(), gemm,
+                            bs.defined() ? bs.data<float>() : nullptr);
+  } else if (wk.defined()) {
     const cpu::Gemm gemm{rows, out, in, false, true, ldx, std::max<int64_t>(in, 1), nullptr, nullptr, operands};
     const detail::KernelScope scope("matmul_forward_b16", x.device(), typeid(gemm));
     cpu::matmul_forward_b16(y.data<float>(), xs.data<float>(), wk.data<bf16>(), gemm,
@@ -201,17 +219,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
              bs.defined() ? bs.data<T>() : static_cast<const T*>(nullptr));
     });
   }
-  const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
   const Shape x_shape = x.shape();
-  // Under bf16 or fp16 autocast dW's product reads x rounded to that format anyway: keep x for
-  // backward as that rounded copy, in 16 bits (half the activation memory of every Linear), and
-  // widen it back (exactly) when dW is computed. The same numbers as keeping x itself.
-  Tensor saved = gw ? xs : Tensor();
-  int64_t ld_saved = ldx;
-  if (gw && operands != Precision::fp32) {
-    saved = cast(xs, stored_dtype(operands));
-    ld_saved = std::max<int64_t>(in, 1);
-  }
   auto backward = [saved, ws, x_shape, rows, in, out, ld_saved, ldw, operands, gx, gw, gb](const Tensor& g) {
     // in the forward pass this was  y[r, o] = sum_i x[r, i] w[o, i] + b[o]  for every row r, so now
     //   dx[r, i] = sum_o g[r, o] w[o, i]     dx = g W        (rows, out) @ (out, in)

@@ -402,50 +402,6 @@ AG_BF16_TARGET inline void pack_row_bf16(uint32_t* dst, const float* x, int64_t 
   }
 }
 
-// op(a)[i0:+mb, p0:+kb] in the layout the bf16 kernel reads, kp = ceil(kb / 2) words per row:
-//   a stored as is (ta false): row by row, row i at dst[i*kp + pp] (the kernel's kRowsA: each
-//     row's pairs are adjacent floats of the source);
-//   a stored transposed: panels of MR rows, dst[q*kp*MR + pp*MR + r] (a row's pair lies in two
-//     source rows lda apart, each giving MR adjacent values).
-// Rows past mb, up to a multiple of MR, are zeros.
-template <int MR>
-AG_BF16_TARGET void pack_a_bf16(uint32_t* dst, const float* a, int64_t lda, bool ta, int64_t i0, int64_t mb,
-                                int64_t p0, int64_t kb) {
-  const int64_t kp = (kb + 1) / 2, rows = round_up(mb, MR);
-  if (!ta) {
-    for (int64_t i = 0; i < mb; ++i) pack_row_bf16(dst + i * kp, a + (i0 + i) * lda + p0, kb);
-    std::memset(dst + mb * kp, 0, size_t((rows - mb) * kp) * sizeof(uint32_t));
-    return;
-  }
-  // 8 panels (48 rows) at a time: per pair of k steps, 3 vectors of 16 rows from each of the two
-  // source rows (whole cache lines), paired, then each panel's MR words stored from the vector
-  // lanes that hold them (one masked store, or two where a panel straddles two vectors)
-  static_assert(MR == 6, "the 48-row groups hold 8 panels of 6");
-  for (int64_t q0 = 0; q0 < mb; q0 += 48) {
-    const int64_t rows = std::min<int64_t>(48, mb - q0), panels = (rows + MR - 1) / MR;
-    const __mmask16 mask[3] = {first_lanes(rows), first_lanes(rows - 16), first_lanes(rows - 32)};
-    const float* s = a + p0 * lda + i0 + q0;
-    uint32_t* d0 = dst + q0 * kp;  // panel q0 / MR
-    for (int64_t pp = 0; pp < kp; ++pp, s += 2 * lda) {
-      const bool has_hi = 2 * pp + 1 < kb;
-      __m512i w[3];
-#pragma GCC unroll 3
-      for (int v = 0; v < 3; ++v) {
-        const __m512 lo = _mm512_maskz_loadu_ps(mask[v], s + 16 * v);
-        const __m512 hi = has_hi ? _mm512_maskz_loadu_ps(mask[v], s + lda + 16 * v) : _mm512_setzero_ps();
-        w[v] = pair_lanes(lo, hi);
-      }
-      for (int64_t t = 0; t < panels; ++t) {
-        // rows MR t .. MR t + 5 of the group: lanes off .. off + 5 of vector v (and on into v + 1)
-        const int v = int(MR * t / 16), off = int(MR * t % 16), first = std::min(MR, 16 - off);
-        uint32_t* d = d0 + t * kp * MR + pp * MR;  // the panel's MR words for this pair
-        _mm512_mask_storeu_epi32(d - off, __mmask16(((1u << first) - 1) << off), w[v]);
-        if (first < MR) _mm512_mask_storeu_epi32(d + first, __mmask16((1u << (MR - first)) - 1), w[v + 1]);
-      }
-    }
-  }
-}
-
 // Lanes i < 16 of the pairs (lo[i], hi[i]) as words, for the lanes in mask (zeros elsewhere; hi
 // null: zeros). An f32 source is rounded (pair_lanes); a bf16 one holds bf16 values already (a
 // 16-bit tensor: what linear keeps of its input under bf16 autocast), so its values are only
@@ -466,8 +422,49 @@ AG_BF16_TARGET inline __m512i pair_vectors(const bf16* lo, const bf16* hi, __mma
 // A row of kb values as kp = ceil(kb / 2) words of pairs, the odd last one paired with a zero.
 AG_BF16_TARGET inline void pack_row_words(uint32_t* dst, const float* x, int64_t kb) { pack_row_bf16(dst, x, kb); }
 inline void pack_row_words(uint32_t* dst, const bf16* x, int64_t kb) {
-  for (int64_t pp = 0; 2 * pp < kb; ++pp)
-    dst[pp] = uint32_t(x[2 * pp].bits) | (2 * pp + 1 < kb ? uint32_t(x[2 * pp + 1].bits) << 16 : 0u);
+  // the words of a row of bf16 values are its bytes (x86 is little-endian: x[2 pp] in the low half)
+  std::memcpy(dst, x, size_t(kb / 2) * sizeof(uint32_t));
+  if (kb % 2) dst[kb / 2] = uint32_t(x[kb - 1].bits);
+}
+
+// op(a)[i0:+mb, p0:+kb] in the layout the bf16 kernel reads, kp = ceil(kb / 2) words per row:
+//   a stored as is (ta false): row by row, row i at dst[i*kp + pp] (the kernel's kRowsA: each
+//     row's pairs are adjacent floats of the source);
+//   a stored transposed: panels of MR rows, dst[q*kp*MR + pp*MR + r] (a row's pair lies in two
+//     source rows lda apart, each giving MR adjacent values).
+// Rows past mb, up to a multiple of MR, are zeros.
+template <int MR, class Src>
+AG_BF16_TARGET void pack_a_bf16(uint32_t* dst, const Src* a, int64_t lda, bool ta, int64_t i0, int64_t mb,
+                                int64_t p0, int64_t kb) {
+  const int64_t kp = (kb + 1) / 2, rows = round_up(mb, MR);
+  if (!ta) {
+    for (int64_t i = 0; i < mb; ++i) pack_row_words(dst + i * kp, a + (i0 + i) * lda + p0, kb);
+    std::memset(dst + mb * kp, 0, size_t((rows - mb) * kp) * sizeof(uint32_t));
+    return;
+  }
+  // 8 panels (48 rows) at a time: per pair of k steps, 3 vectors of 16 rows from each of the two
+  // source rows (whole cache lines), paired, then each panel's MR words stored from the vector
+  // lanes that hold them (one masked store, or two where a panel straddles two vectors)
+  static_assert(MR == 6, "the 48-row groups hold 8 panels of 6");
+  for (int64_t q0 = 0; q0 < mb; q0 += 48) {
+    const int64_t rows = std::min<int64_t>(48, mb - q0), panels = (rows + MR - 1) / MR;
+    const __mmask16 mask[3] = {first_lanes(rows), first_lanes(rows - 16), first_lanes(rows - 32)};
+    const Src* s = a + p0 * lda + i0 + q0;
+    uint32_t* d0 = dst + q0 * kp;  // panel q0 / MR
+    for (int64_t pp = 0; pp < kp; ++pp, s += 2 * lda) {
+      const bool has_hi = 2 * pp + 1 < kb;
+      __m512i w[3];
+#pragma GCC unroll 3
+      for (int v = 0; v < 3; ++v) w[v] = pair_vectors(s + 16 * v, has_hi ? s + lda + 16 * v : nullptr, mask[v]);
+      for (int64_t t = 0; t < panels; ++t) {
+        // rows MR t .. MR t + 5 of the group: lanes off .. off + 5 of vector v (and on into v + 1)
+        const int v = int(MR * t / 16), off = int(MR * t % 16), first = std::min(MR, 16 - off);
+        uint32_t* d = d0 + t * kp * MR + pp * MR;  // the panel's MR words for this pair
+        _mm512_mask_storeu_epi32(d - off, __mmask16(((1u << first) - 1) << off), w[v]);
+        if (first < MR) _mm512_mask_storeu_epi32(d + first, __mmask16((1u << (MR - first)) - 1), w[v + 1]);
+      }
+    }
+  }
 }
 
 // op(b)[p0:+kb, j0:+nb] into panels of NR columns, dst[q*kp*NR + pp*NR + j], columns past nb zeros,
@@ -505,12 +502,16 @@ AG_BF16_TARGET void pack_b_bf16(uint32_t* dst, const Src* b, int64_t ldb, bool t
 thread_local PackBuffer<uint32_t> t_pack_a16, t_pack_b16;
 
 #if defined(__x86_64__)
+// A 32-bit word that may alias other types: the pairs of a row of bf16 values read in place.
+typedef uint32_t word_alias __attribute__((may_alias));
+
 // c (MR, NR; ldc) = alpha acc + beta c (+ bias), acc = the sums over the kp pairs of A's words
-// (A(r, pp) = a[pp*MR + r] in a panel, a[r*kp + pp] with kRowsA) and the packed B panel b (NR
-// words per pair), merged as the f32 kernels merge.
+// (A(r, pp) = a[pp*MR + r] in a panel, a[r*lda + pp] with kRowsA: packed rows, lda = kp, or the
+// rows of a bf16 source as they are) and the packed B panel b (NR words per pair), merged as the
+// f32 kernels merge.
 template <int MR, int NV, bool kRowsA>
-AG_BF16_TARGET void kernel_avx512_bf16(int64_t kp, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
-                                       float alpha, float beta, const float* bias) {
+AG_BF16_TARGET void kernel_avx512_bf16(int64_t kp, const word_alias* a, int64_t lda, const uint32_t* b, float* c,
+                                       int64_t ldc, float alpha, float beta, const float* bias) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
@@ -522,7 +523,7 @@ AG_BF16_TARGET void kernel_avx512_bf16(int64_t kp, const uint32_t* a, const uint
     for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + pp * NV * 16 + 16 * v);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(kRowsA ? a[r * kp + pp] : a[pp * MR + r]));
+      const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(kRowsA ? a[r * lda + pp] : a[pp * MR + r]));
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bv[v]);
     }
@@ -530,16 +531,21 @@ AG_BF16_TARGET void kernel_avx512_bf16(int64_t kp, const uint32_t* a, const uint
   merge_avx512<MR, NV>(acc, c, ldc, alpha, beta, bias);
 }
 
-// The five loops of gemm_packed, both operands always packed (the packing is the rounding). B is
-// f32 (rounded while packed) or bf16 (paired as it is).
-template <class TB>
-void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+// The five loops of gemm_packed, both operands packed (the packing is the rounding): each is f32
+// (rounded while packed) or bf16 (paired as it is). A bf16 A stored as is, with an even K, kc and
+// lda and 4-byte aligned, is not packed at all: its rows are already rows of words (pack_row_words
+// would copy them), so the kernel reads them in place; only a last tile of fewer than MR rows is
+// copied, into zero-padded rows (the kernel reads MR).
+template <class TA, class TB>
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const TA* a, int64_t lda,
                const TB* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   constexpr int MR = 6, NV = 4, NR = 16 * NV;
   constexpr int64_t mc = kMcRows / MR * MR, nc = kNcCols / NR * NR;
   const int64_t kblocks = (K + kKcMax - 1) / kKcMax, kc = (K + kblocks - 1) / kblocks, kpmax = (kc + 1) / 2;
+  const bool in_place = std::is_same_v<TA, bf16> && !ta && K % 2 == 0 && kc % 2 == 0 && lda % 2 == 0 &&
+                        reinterpret_cast<uintptr_t>(a) % sizeof(uint32_t) == 0;
   uint32_t* bp = t_pack_b16.get(size_t(kpmax * std::min(nc, round_up(N, NR))));
-  uint32_t* ap = t_pack_a16.get(size_t(kpmax * std::min(mc, round_up(M, MR))));
+  uint32_t* ap = t_pack_a16.get(size_t(kpmax * (in_place ? MR : std::min(mc, round_up(M, MR)))));
   alignas(64) float tile[MR * NR];
   const auto kernel = ta ? kernel_avx512_bf16<MR, NV, false> : kernel_avx512_bf16<MR, NV, true>;
   for (int64_t jc = 0; jc < N; jc += nc) {
@@ -549,20 +555,23 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
       const float bt = pc == 0 ? beta : 1.f;
       pack_b_bf16<NR>(bp, b, ldb, tb, pc, kb, jc, nb);
       for (int64_t ic = 0; ic < M; ic += mc) {
-        const int64_t mb = std::min(mc, M - ic);
-        pack_a_bf16<MR>(ap, a, lda, ta, ic, mb, pc, kb);
+        const int64_t mb = std::min(mc, M - ic), full = mb / MR * MR;
+        if (!in_place) pack_a_bf16<MR>(ap, a, lda, ta, ic, mb, pc, kb);
+        else if (full < mb) pack_a_bf16<MR>(ap, a, lda, false, ic + full, mb - full, pc, kb);  // the last rows
         for (int64_t jr = 0; jr < nb; jr += NR) {
           const int64_t n = std::min<int64_t>(NR, nb - jr);
           const uint32_t* bq = bp + jr * kp;
           for (int64_t ir = 0; ir < mb; ir += MR) {
             const int64_t m = std::min<int64_t>(MR, mb - ir);
-            const uint32_t* aq = ap + ir * kp;
+            const word_alias* aq = in_place ? ap : ap + ir * kp;
+            int64_t ld = kp;
+            if (in_place && ir < full) aq = reinterpret_cast<const word_alias*>(a + (ic + ir) * lda + pc), ld = lda / 2;
             float* cq = c + (ic + ir) * ldc + jc + jr;
             const float* bias_q = bias && pc == 0 ? bias + jc + jr : nullptr;
             if (m == MR && n == NR) {
-              kernel(kp, aq, bq, cq, ldc, alpha, bt, bias_q);
+              kernel(kp, aq, ld, bq, cq, ldc, alpha, bt, bias_q);
             } else {  // as gemm_packed: the exact sums into a tile, then the merge on m x n
-              kernel(kp, aq, bq, tile, NR, 1.f, 0.f, nullptr);
+              kernel(kp, aq, ld, bq, tile, NR, 1.f, 0.f, nullptr);
               merge_tile(tile, NR, cq, ldc, m, n, alpha, bt, bias_q);
             }
           }
@@ -692,8 +701,11 @@ void set_sbgemm_native(bool on) {
   g_bf16_native.store(int(on), std::memory_order_relaxed);
 }
 
-void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
-            const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+namespace {
+// sbgemm and its 16-bit operand forms: the checks and the K == 0 case, then gemm_bf16.
+template <class TA, class TB>
+void sbgemm_of(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const TA* a, int64_t lda, const TB* b,
+               int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   check(cpu_has_bf16(), "sbgemm: this CPU has no AVX512-BF16 (avx512_bf16)");
   if (M <= 0 || N <= 0) return;
   if (K <= 0 || alpha == 0.f) {  // without reading a or b, as sgemm_with
@@ -704,18 +716,19 @@ void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   gemm_bf16(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 #endif
 }
+}  // namespace
 
+void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+            const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+  sbgemm_of(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+}
 void sbgemm_b16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
                 const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
-  check(cpu_has_bf16(), "sbgemm: this CPU has no AVX512-BF16 (avx512_bf16)");
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.f) {
-    scale_c(M, N, beta, c, ldc, bias);
-    return;
-  }
-#if defined(__x86_64__)
-  gemm_bf16(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
-#endif
+  sbgemm_of(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+}
+void sbgemm_a16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+  sbgemm_of(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 }
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,

@@ -182,19 +182,51 @@ void split_gemm(const Gemm& g, bool same_bits_any_split, Block block) {
   }
 }
 
-// The rows [i0, i1), columns [j0, j1) of one C = op(a) op(b) with b bf16 values, as gemm_block
-// does with an f32 b: sgemm_small_m_b16 for few rows, else sbgemm_b16 (where sbgemm_path holds).
-void gemm_block_b16(float* c, const float* a, const bf16* b, const Gemm& g, int64_t i0, int64_t i1, int64_t j0,
-                    int64_t j1, const float* bias) {
+// The rows [i0, i1), columns [j0, j1) of one C = op(a) op(b) with a or b bf16 values, as gemm_block
+// does with f32 ones: sgemm_small_m_b16 for few rows (an f32 a), else sbgemm_b16 or sbgemm_a16
+// (where sbgemm_path holds).
+template <class TA, class TB>
+void gemm_block_16(float* c, const TA* a, const TB* b, const Gemm& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                   const float* bias) {
   if (i1 <= i0 || j1 <= j0) return;
-  const float* ab = a + (g.trans_a ? i0 : i0 * g.lda);
-  const bf16* bb = b + (g.trans_b ? j0 * g.ldb : j0);
+  const TA* ab = a + (g.trans_a ? i0 : i0 * g.lda);
+  const TB* bb = b + (g.trans_b ? j0 * g.ldb : j0);
   float* cb = c + i0 * g.N + j0;
   const float* bb_ = bias ? bias + j0 : nullptr;
-  if (small_m_path(g))
-    sgemm_small_m_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_);
-  else
-    sbgemm_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
+  if constexpr (std::is_same_v<TA, float>) {
+    if (small_m_path(g))
+      sgemm_small_m_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, ab, g.lda, bb, g.ldb, cb, g.N, bb_);
+    else
+      sbgemm_b16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
+  } else {
+    sbgemm_a16(g.trans_a, g.trans_b, i1 - i0, j1 - j0, g.K, 1.f, ab, g.lda, bb, g.ldb, 0.f, cb, g.N, bb_);
+  }
+}
+
+// matmul_forward_b16 and matmul_forward_a16: the operand in bf16 read as it is where the products
+// are native (few rows: only a bf16 b, sgemm_small_m_b16), else widened for matmul_forward.
+template <class TA, class TB>
+void matmul_forward_16(float* c, const TA* a, const TB* b, const Gemm& g, const float* bias) {
+  const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
+  if (P == 0 || M == 0 || N == 0) return;
+  sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
+  const bool small = std::is_same_v<TA, float> && small_m_path(g) && g.operands == Precision::bf16;
+  if (!small && !sbgemm_path(g)) {
+    // where matmul_forward would not run sbgemm or sgemm_small_m: the bf16 operand widened
+    // (exactly) and the f32 entry point
+    if constexpr (std::is_same_v<TA, bf16>) {
+      const RoundedOperand wide(a, operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a));
+      matmul_forward(c, wide.data(), b, g, bias);
+    } else {
+      const RoundedOperand wide(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
+      matmul_forward(c, a, wide.data(), g, bias);
+    }
+    return;
+  }
+  split_gemm(g, true, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    gemm_block_16(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1,
+                  bias);
+  });
 }
 
 }  // namespace
@@ -246,21 +278,10 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
 }
 
 void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g, const float* bias) {
-  const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
-  if (P == 0 || M == 0 || N == 0) return;
-  sgemm_kernel();  // reads ATTOGRAD_GEMM (may throw) outside the threads
-  const bool small = small_m_path(g) && g.operands == Precision::bf16;
-  if (!small && !sbgemm_path(g)) {
-    // where matmul_forward would not run sbgemm or sgemm_small_m: b widened (exactly) and the f32
-    // entry point
-    const RoundedOperand wide(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
-    matmul_forward(c, a, wide.data(), g, bias);
-    return;
-  }
-  split_gemm(g, true, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    gemm_block_b16(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1,
-                   bias);
-  });
+  matmul_forward_16(c, a, b, g, bias);
+}
+void matmul_forward_a16(float* c, const bf16* a, const float* b, const Gemm& g, const float* bias) {
+  matmul_forward_16(c, a, b, g, bias);
 }
 
 template <class T>

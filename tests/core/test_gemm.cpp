@@ -494,6 +494,72 @@ TEST_CASE("sbgemm_b16: a bf16 b gives the bits of sbgemm on its widened values, 
         }
 }
 
+TEST_CASE("sbgemm_a16: a bf16 a gives the bits of sbgemm on its widened values, read in place or packed") {
+  // a stored as is with K, the K blocks and lda even and 4-byte aligned is read in place (its last
+  // rows short of 6 copied); anything else is packed: odd K (a zero pair), K = 302 (2 blocks of 151),
+  // odd lda, a start 2 bytes off, a transposed a
+  if (!have_bf16()) return;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal;
+  int cases = 0;
+  for (int t = 0; t < 4; ++t)
+    for (int64_t M : {int64_t(1), int64_t(7), int64_t(12), int64_t(500)})
+      for (int64_t N : {int64_t(1), int64_t(17), int64_t(100)})
+        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(300), int64_t(302)})
+          for (int64_t pad : {int64_t(3), int64_t(4)})
+            for (int64_t skew : {int64_t(0), int64_t(1)}) {
+              const bool ta = t & 1, tb = t & 2;
+              if (M == 500 && (N != 100 || pad != 4)) continue;  // 2 row blocks of 480: a few cases suffice
+              CAPTURE(ta);
+              CAPTURE(tb);
+              CAPTURE(M);
+              CAPTURE(N);
+              CAPTURE(K);
+              CAPTURE(pad);
+              CAPTURE(skew);
+              const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + 5;
+              std::vector<ag::bf16> a(size_t((ta ? K : M) * lda + skew));
+              std::vector<float> aw(a.size()), b(size_t((tb ? N : K) * ldb));
+              for (size_t i = 0; i < a.size(); ++i) a[i] = ag::bf16(normal(rng)), aw[i] = float(a[i]);
+              for (float& x : b) x = normal(rng);
+              const float alpha = cases % 2 ? 0.5f : 1.f, beta = cases % 3 == 0 ? 0.f : 0.25f;
+              std::vector<float> bias(static_cast<size_t>(N));
+              for (float& x : bias) x = normal(rng);
+              const float* bias_p = cases % 4 == 1 ? bias.data() : nullptr;
+              std::vector<float> want(size_t(M * N)), got(want.size());
+              for (size_t i = 0; i < want.size(); ++i) want[i] = got[i] = normal(rng);
+              ag::cpu::sbgemm(ta, tb, M, N, K, alpha, aw.data() + skew, lda, b.data(), ldb, beta, want.data(), N,
+                              bias_p);
+              ag::cpu::sbgemm_a16(ta, tb, M, N, K, alpha, a.data() + skew, lda, b.data(), ldb, beta, got.data(), N,
+                                  bias_p);
+              CHECK(got == want);
+              ++cases;
+            }
+}
+
+TEST_CASE("matmul_forward_a16: linear's forward from its bf16 input, the bits of the widened product, native or not") {
+  std::mt19937 rng(37);
+  std::normal_distribution<float> normal;
+  const int64_t rows = 301, in = 38, out = 70;
+  std::vector<float> w(size_t(out * in)), xw(size_t(rows * in)), bias(static_cast<size_t>(out));
+  std::vector<ag::bf16> x(xw.size());
+  for (float& v : w) v = normal(rng);
+  for (float& v : bias) v = normal(rng);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = ag::bf16(normal(rng)), xw[i] = float(x[i]);
+  const ag::Gemm gemm{rows, out, in, false, true, in, in, nullptr, nullptr, ag::Precision::bf16};
+  const bool before = ag::cpu::sbgemm_native();
+  for (bool native : {true, false}) {
+    if (native && !ag::cpu::sbgemm_supported()) continue;
+    CAPTURE(native);
+    ag::cpu::set_sbgemm_native(native);
+    std::vector<float> want(size_t(rows * out)), got(want.size(), std::numeric_limits<float>::quiet_NaN());
+    ag::cpu::matmul_forward(want.data(), xw.data(), w.data(), gemm, bias.data());
+    ag::cpu::matmul_forward_a16(got.data(), x.data(), w.data(), gemm, bias.data());
+    CHECK(got == want);
+  }
+  if (ag::cpu::sbgemm_supported()) ag::cpu::set_sbgemm_native(before);
+}
+
 TEST_CASE("matmul_forward_b16: linear's dW from its bf16 input, the bits of the widened product, native or not") {
   // under bf16 autocast linear keeps its input x as a bf16 tensor; dW = g^T x reads it as it is
   // where the CPU has AVX512-BF16 (else widened): either way the bits of matmul_forward on the
