@@ -24,6 +24,10 @@
 //                                                dV = P^T dO, dQ = dS K, dK = dS^T Q   6 x 2*T*T*hs per head
 //                                                (full T x T, masked entries included)
 //
+// --paired (with --precision bf16) times, after the bf16 steps, pairs of one fp32 and one bf16 step
+// of the same model back to back, and reports the median of the pairs' bf16 / fp32 ratios: the
+// speed-up of bf16 measured where a drifting machine slows both sides of a pair alike.
+//
 // --roofline adds the GEMM-bound limit of each step: every GEMM of that list timed alone at its
 // shape and transposes, at the same thread count, through ag::matmul and through OpenBLAS with its
 // own threads (the faster of the two per GEMM), summed. "GEMM-bound %" = that sum / our step time:
@@ -48,7 +52,9 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <random>
@@ -190,7 +196,39 @@ struct Result {
   bool rss_reset = false;
   KernelReport profile;  // --profile: the kernel times of that many further steps (summed)
   int profile_steps = 0;
+  // --paired: an fp32 step and a bf16 step of the same model, timed one after the other `pairs`
+  // times (the order alternating): both medians and the median of each pair's bf16 / fp32 ratio
+  int pairs = 0;
+  double pair_fp32_secs = 0, pair_bf16_secs = 0, pair_ratio = 0;
 };
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The timed pairs of --paired: one step under each precision (step(Precision) returns the loss),
+// the first of a pair fp32 in even pairs and bf16 in odd ones. A pair's two steps run seconds
+// apart at most, so a machine whose speed drifts over a run changes both alike: their ratio is
+// steadier than the ratio of two medians taken in turn.
+template <class F>
+void measure_pairs(Result& r, F&& step, int pairs) {
+  auto seconds = [&](Precision p) {
+    const auto a = std::chrono::steady_clock::now();
+    step(p);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  };
+  step(Precision::fp32);  // the fp32 side's first step (the timed bf16 ones ran before)
+  std::vector<double> f32, b16, ratio;
+  for (int i = 0; i < pairs; ++i) {
+    double tf = 0, tb = 0;
+    if (i % 2 == 0) tf = seconds(Precision::fp32), tb = seconds(Precision::bf16);
+    else tb = seconds(Precision::bf16), tf = seconds(Precision::fp32);
+    f32.push_back(tf), b16.push_back(tb), ratio.push_back(tb / tf);
+  }
+  r.pairs = pairs;
+  r.pair_fp32_secs = median_of(f32), r.pair_bf16_secs = median_of(b16), r.pair_ratio = median_of(ratio);
+}
 
 // Times `step` (one whole optimizer step; returns the loss) as bench::median_seconds does, then
 // measures memory: the max-RSS mark is reset after the first warm-up step, as the PyTorch side does,
@@ -227,15 +265,17 @@ Result measure(F&& step, int reps, int warmup, Device dev, int profile_steps) {
 // One step on `model` (moved to `dev` first) for the batch that `loss_of` turns into a scalar loss;
 // loss.item() copies the loss to the host, so on a GPU a step is timed to its end.
 // With `precision` bf16 the forward runs under autocast (backward keeps what each op recorded).
+// With `paired` (and precision bf16), the timed pairs of measure_pairs follow, `reps` of them.
 template <class M, class L>
-Result run(M& model, L&& loss_of, int reps, int warmup, Device dev, Precision precision, int profile_steps) {
+Result run(M& model, L&& loss_of, int reps, int warmup, Device dev, Precision precision, int profile_steps,
+           bool paired) {
   model.to(dev);
   const auto params = model.parameters();
   optim::AdamW opt(params, {.lr = 1e-3, .weight_decay = 0.05});
-  auto step = [&] {
+  auto step_as = [&](Precision p) {
     Tensor loss;
     {
-      AutocastGuard autocast(precision);
+      AutocastGuard autocast(p);
       loss = loss_of();
     }
     loss.backward();
@@ -244,7 +284,9 @@ Result run(M& model, L&& loss_of, int reps, int warmup, Device dev, Precision pr
     opt.zero_grad();
     return loss.item<double>();
   };
-  return measure(step, reps, warmup, dev, profile_steps);
+  Result r = measure([&] { return step_as(precision); }, reps, warmup, dev, profile_steps);
+  if (paired) measure_pairs(r, step_as, reps);
+  return r;
 }
 
 // The kernel profile of one config, per step: ours, and PyTorch's when `torch` holds one (the
@@ -315,7 +357,7 @@ int main(int argc, char** argv) {
   std::string configs = "V,G,C", script, device_name = "cpu", precision_name = "fp32";
   std::string bf16_gemm;
   int reps = 10, warmup = 3, threads = 0, profile = 0, profile_top = 15;
-  bool roofline = false, json = false, deterministic = false;
+  bool roofline = false, json = false, deterministic = false, paired = false;
   app.add_option("--configs", configs,
                  "comma-separated subset of V (ViT), G (GPT), C (TextClassifier), L (GPT d 768, 12 layers, T 1024)")
       ->capture_default_str();
@@ -342,6 +384,10 @@ int main(int argc, char** argv) {
   app.add_option("--profile-top", profile_top, "kernels listed per config with --profile")->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_flag("--deterministic", deterministic, "ag::set_deterministic(true): the same bits at any thread count");
+  app.add_flag("--paired", paired,
+               "with --precision bf16: after the timed steps, --reps pairs of one fp32 and one bf16 step of the same "
+               "model, back to back (order alternating); reports both medians and the median of the pairs' bf16 / "
+               "fp32 ratios, which a machine whose speed drifts disturbs less than two separate runs");
   if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_train"); rc >= 0) return rc;
   if (threads > 0) set_num_threads(threads);
   if (deterministic) set_deterministic(true);
@@ -356,6 +402,10 @@ int main(int argc, char** argv) {
   if (!parsed) return 2;
   const Device dev = *parsed;
   const Precision precision = *parse_precision(precision_name);  // fp32 or bf16: CLI::IsMember above
+  if (paired && precision != Precision::bf16) {
+    fmt::print(stderr, "bench_train: --paired pairs bf16 steps with fp32 ones; it needs --precision bf16\n");
+    return 2;
+  }
   if (roofline && dev.is_cuda()) {
     fmt::print(stderr, "bench_train: --roofline times the CPU's GEMMs; it does not go with --device {}\n", dev);
     return 2;
@@ -410,7 +460,8 @@ int main(int argc, char** argv) {
       apps::ViT model(cfg, &gen);
       Tensor images = randn({c.B, 1, 28, 28}, DType::f32, &gen).to(dev);
       Tensor labels = random_ints(rng, 0, 10, {c.B}, c.B).to(dev);
-      r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup, dev, precision, profile);
+      r = run(model, [&] { return cross_entropy(model.forward(images), labels); }, reps, warmup, dev, precision, profile,
+              paired);
       const int64_t P = 49, K = 16;  // patches; pixels per patch
       gemms = step_gemms(c, {{{c.B * P, K, c.d}}, {{c.B, c.d, 10}}});  // patch projection, head
     } else if (c.key == 'G' || c.key == 'L') {
@@ -427,7 +478,7 @@ int main(int argc, char** argv) {
       Tensor targets = random_ints(rng, 0, V, {c.B * c.T}, c.B * c.T).to(dev);
       r = run(
           model, [&] { return cross_entropy(model.forward(idx).reshape({c.B * c.T, V}), targets); }, reps, warmup,
-          dev, precision, profile);
+          dev, precision, profile, paired);
       gemms = step_gemms(c, {{{c.B * c.T, c.d, V}}});  // head
     } else {
       apps::TextClassifierConfig cfg;  // vocab 20000, max_len 256, 2 classes, d 128, 4 heads, 2 layers, MLP 512
@@ -444,7 +495,7 @@ int main(int argc, char** argv) {
       Tensor lengths = from_vector<int64_t>(clf_lengths, {c.B}).to(dev);
       Tensor labels = random_ints(rng, 0, 2, {c.B}, c.B).to(dev);
       r = run(model, [&] { return cross_entropy(model.forward(tokens, lengths), labels); }, reps, warmup, dev,
-              precision, profile);
+              precision, profile, paired);
       gemms = step_gemms(c, {{{c.B, c.d, 2}}});  // head on the pooled tokens
     }
     r.flops = total_flops(gemms);
@@ -470,6 +521,11 @@ int main(int argc, char** argv) {
           {"gflops", r.flops / r.secs / 1e9}, {"peak_mb", r.peak_bytes / 1e6}, {"step_mb", r.step_bytes / 1e6},
           {"rss_growth_mb", r.rss_bytes / 1e6}, {"loss", r.loss}, {"gemm_bound_ms", r.gemm_secs * 1e3}};
       if (r.profile_steps > 0) j["results"][std::string(1, chosen[i].key)]["profile"] = profile_json(r);
+      if (r.pairs > 0)
+        j["results"][std::string(1, chosen[i].key)]["paired"] = {{"pairs", r.pairs},
+                                                                 {"fp32_ms", r.pair_fp32_secs * 1e3},
+                                                                 {"bf16_ms", r.pair_bf16_secs * 1e3},
+                                                                 {"bf16_over_fp32", r.pair_ratio}};
     }
     if (!clf_lengths.empty()) j["results"]["C"]["lengths"] = clf_lengths;
     fmt::print("{}\n", j.dump());
@@ -529,6 +585,12 @@ int main(int argc, char** argv) {
              "what was live before the step; ag RSS+ / torch RSS+ = growth of each process's max RSS over the\n"
              "warm-up and timed steps after the first (the mark reset after step 1). ag loss: the loss of\n"
              "the last step, for orientation only.\n");
+  for (size_t i = 0; i < chosen.size() && paired; ++i) {
+    const Result& r = results[i];
+    fmt::print("{} {}: paired (bf16 and fp32 steps back to back, {} pairs): fp32 {:.2f} ms, bf16 {:.2f} ms, "
+               "bf16 / fp32 {:.3f} (median of the pairs' ratios)\n",
+               chosen[i].key, chosen[i].name, r.pairs, r.pair_fp32_secs * 1e3, r.pair_bf16_secs * 1e3, r.pair_ratio);
+  }
   for (size_t i = 0; i < chosen.size() && profile > 0; ++i) {
     const nlohmann::json* t = nullptr;
     if (torch && torch->at("results").at(variants[i]).contains("profile"))
