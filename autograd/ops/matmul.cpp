@@ -228,31 +228,22 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Site site) {
     Tensor dout = g.contiguous();
     Tensor dx = gx ? empty(x_shape, g.dtype(), g.device()) : Tensor();
     Tensor dw = gw ? empty({out, in}, g.dtype(), g.device()) : Tensor();
-    // a bf16 x on the CPU is read as it is (matmul_forward_b16: no widened copy); else widened.
-    // With dx wanted too, g is rounded once for both products (matmul_forward_a16: dx reads g's
-    // rows in place, dW packs them from bf16), not once by each product's packing: the same bits.
+    // a bf16 x on the CPU is read as it is (matmul_forward_b16: no widened copy); else widened
     const bool read_b16 = gw && saved.dtype() == DType::bf16 && g.device().is_cpu() && g.dtype() == DType::f32;
-    const Tensor g16 = read_b16 && gx ? cast(dout, DType::bf16) : Tensor();
     const Tensor xs = gw && is_half(saved.dtype()) && !read_b16 ? cast(saved, g.dtype()) : saved;
     const cpu::Gemm gemm_dw{out, in, rows, true, false, std::max<int64_t>(out, 1), ld_saved, nullptr, nullptr, operands};
-    const cpu::Gemm gemm_dx{rows, in, out, false, false, std::max<int64_t>(out, 1), ldw, nullptr, nullptr, operands};
-    if (g16.defined()) {
-      const detail::KernelScope scope("matmul_forward_a16", g.device(), typeid(gemm_dx));
-      cpu::matmul_forward_a16(dx.data<float>(), g16.data<bf16>(), ws.data<float>(), gemm_dx);
-      cpu::matmul_forward_a16(dw.data<float>(), g16.data<bf16>(), xs.data<bf16>(), gemm_dw);
-    } else {
-      visit_floating("linear", g.dtype(), [&]<class T>() {
-        if (gx)
-          KERNEL(g.device(), matmul_forward, dx.data<T>(), dout.data<T>(), ws.data<T>(), gemm_dx,
-                 static_cast<const T*>(nullptr));
-        if (gw && !read_b16)
-          KERNEL(g.device(), matmul_forward, dw.data<T>(), dout.data<T>(), xs.data<T>(), gemm_dw,
-                 static_cast<const T*>(nullptr));
-      });
-      if (read_b16) {
-        const detail::KernelScope scope("matmul_forward_b16", g.device(), typeid(gemm_dw));
-        cpu::matmul_forward_b16(dw.data<float>(), dout.data<float>(), xs.data<bf16>(), gemm_dw);
-      }
+    visit_floating("linear", g.dtype(), [&]<class T>() {
+      if (gx)
+        KERNEL(g.device(), matmul_forward, dx.data<T>(), dout.data<T>(), ws.data<T>(),
+               cpu::Gemm{rows, in, out, false, false, std::max<int64_t>(out, 1), ldw, nullptr, nullptr, operands},
+               static_cast<const T*>(nullptr));
+      if (gw && !read_b16)
+        KERNEL(g.device(), matmul_forward, dw.data<T>(), dout.data<T>(), xs.data<T>(), gemm_dw,
+               static_cast<const T*>(nullptr));
+    });
+    if (read_b16) {
+      const detail::KernelScope scope("matmul_forward_b16", g.device(), typeid(gemm_dw));
+      cpu::matmul_forward_b16(dw.data<float>(), dout.data<float>(), xs.data<bf16>(), gemm_dw);
     }
     Tensor db = gb ? sum(dout.reshape({rows, out}), {0}) : Tensor();
     return std::vector{dx, dw, db};

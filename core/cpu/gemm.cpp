@@ -730,10 +730,6 @@ void sbgemm_a16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   sbgemm_of(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
 }
-void sbgemm_a16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* a, int64_t lda,
-                const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
-  sbgemm_of(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, bias);
-}
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {

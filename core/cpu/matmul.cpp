@@ -182,9 +182,9 @@ void split_gemm(const Gemm& g, bool same_bits_any_split, Block block) {
   }
 }
 
-// The rows [i0, i1), columns [j0, j1) of one C = op(a) op(b) with a or b (or both) bf16 values, as
-// gemm_block does with f32 ones: sgemm_small_m_b16 for few rows (an f32 a), else sbgemm_b16 or
-// sbgemm_a16 (where sbgemm_path holds).
+// The rows [i0, i1), columns [j0, j1) of one C = op(a) op(b) with a or b bf16 values, as gemm_block
+// does with f32 ones: sgemm_small_m_b16 for few rows (an f32 a), else sbgemm_b16 or sbgemm_a16
+// (where sbgemm_path holds).
 template <class TA, class TB>
 void gemm_block_16(float* c, const TA* a, const TB* b, const Gemm& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
                    const float* bias) {
@@ -203,7 +203,7 @@ void gemm_block_16(float* c, const TA* a, const TB* b, const Gemm& g, int64_t i0
   }
 }
 
-// matmul_forward_b16 and matmul_forward_a16: the bf16 operands read as they are where the products
+// matmul_forward_b16 and matmul_forward_a16: the operand in bf16 read as it is where the products
 // are native (few rows: only a bf16 b, sgemm_small_m_b16), else widened for matmul_forward.
 template <class TA, class TB>
 void matmul_forward_16(float* c, const TA* a, const TB* b, const Gemm& g, const float* bias) {
@@ -214,11 +214,7 @@ void matmul_forward_16(float* c, const TA* a, const TB* b, const Gemm& g, const 
   if (!small && !sbgemm_path(g)) {
     // where matmul_forward would not run sbgemm or sgemm_small_m: the bf16 operand widened
     // (exactly) and the f32 entry point
-    if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16>) {
-      const RoundedOperand wide_a(a, operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a));
-      const RoundedOperand wide_b(b, operand_span(g.trans_b, g.K, g.N, g.ldb, g.batch_b));
-      matmul_forward(c, wide_a.data(), wide_b.data(), g, bias);
-    } else if constexpr (std::is_same_v<TA, bf16>) {
+    if constexpr (std::is_same_v<TA, bf16>) {
       const RoundedOperand wide(a, operand_span(g.trans_a, g.M, g.K, g.lda, g.batch_a));
       matmul_forward(c, wide.data(), b, g, bias);
     } else {
@@ -285,9 +281,6 @@ void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g, 
   matmul_forward_16(c, a, b, g, bias);
 }
 void matmul_forward_a16(float* c, const bf16* a, const float* b, const Gemm& g, const float* bias) {
-  matmul_forward_16(c, a, b, g, bias);
-}
-void matmul_forward_a16(float* c, const bf16* a, const bf16* b, const Gemm& g, const float* bias) {
   matmul_forward_16(c, a, b, g, bias);
 }
 

@@ -49,8 +49,6 @@ void matmul_forward_b16(float* c, const float* a, const bf16* b, const Gemm& g, 
 // for backward: its forward product reads that copy), on sbgemm_a16; elsewhere a is widened. The
 // same bits as matmul_forward on a widened.
 void matmul_forward_a16(float* c, const bf16* a, const float* b, const Gemm& g, const float* bias = nullptr);
-// Both operands bf16 values (linear's dW = g^T x from its gradient rounded once and its saved input).
-void matmul_forward_a16(float* c, const bf16* a, const bf16* b, const Gemm& g, const float* bias = nullptr);
 
 // How many elements from operand x's first to its last one (batch included): a (M, K) operand read
 // as (rows, cols) = (M, K), or (K, M) when trans, with leading dim ld, over a batch of `batch`'s
@@ -99,13 +97,11 @@ void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
 // rounded. The same bits as sbgemm on b widened to f32.
 void sbgemm_b16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
                 const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
-// The same with a holding bf16 values already (and b f32 or bf16): a's rows read in place where a is
-// stored as is and K, the K blocks and lda are even (else paired as it is packed). The same bits
-// as sbgemm on the operands widened to f32.
+// The same with a holding bf16 values already: its rows read in place where a is stored as is and
+// K, the K blocks and lda are even (else paired as it is packed). The same bits as sbgemm on a
+// widened to f32.
 void sbgemm_a16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
-void sbgemm_a16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* a, int64_t lda,
-                const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
 bool sbgemm_supported();            // whether this CPU has AVX512-BF16
 // Whether bf16 autocast's products run sbgemm instead of the emulation (rounded copies, f32 GEMM):
 // by default wherever the CPU has AVX512-BF16, while the sgemm kernel is avx512 (ATTOGRAD_GEMM=avx2,
