@@ -461,37 +461,54 @@ TEST_CASE("sbgemm: against an f64 triple loop of the bf16-rounded operands, all 
   check_case(GemmKernel::avx512, {false, true, 5, 4200, 9, 1.f, 0.f}, true);  // 2 nc blocks
 }
 
+namespace {
+// sbgemm_b16 (b holds bf16 values) or sbgemm_a16 (a does) against sbgemm on the widened values: the
+// same bits. Operands with padded rows (lda = the stored row + pad_a), the 16-bit one starting
+// `skew` elements into its buffer; alpha, beta and a bias varied with `v`.
+void check_16bit_operand(bool a16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad_a, int64_t skew,
+                         int v, std::mt19937& rng) {
+  CAPTURE(a16);
+  CAPTURE(ta);
+  CAPTURE(tb);
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(pad_a);
+  CAPTURE(skew);
+  std::normal_distribution<float> normal;
+  const int64_t lda = (ta ? M : K) + pad_a, ldb = (tb ? K : N) + 5;
+  const size_t na = size_t((ta ? K : M) * lda), nb = size_t((tb ? N : K) * ldb);
+  // the 16-bit operand and its widened values, `skew` elements in; the other one in f32
+  std::vector<ag::bf16> h(size_t(a16 ? na : nb) + size_t(skew));
+  std::vector<float> hw(h.size()), other(a16 ? nb : na);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = ag::bf16(normal(rng)), hw[i] = float(h[i]);
+  for (float& x : other) x = normal(rng);
+  const float alpha = v % 2 ? 0.5f : 1.f, beta = v % 3 == 0 ? 0.f : 0.25f;
+  std::vector<float> bias(static_cast<size_t>(N));
+  for (float& x : bias) x = normal(rng);
+  const float* bias_p = v % 4 == 1 ? bias.data() : nullptr;
+  std::vector<float> want(size_t(M * N)), got(want.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = got[i] = normal(rng);
+  if (a16) {
+    ag::cpu::sbgemm(ta, tb, M, N, K, alpha, hw.data() + skew, lda, other.data(), ldb, beta, want.data(), N, bias_p);
+    ag::cpu::sbgemm_a16(ta, tb, M, N, K, alpha, h.data() + skew, lda, other.data(), ldb, beta, got.data(), N, bias_p);
+  } else {
+    ag::cpu::sbgemm(ta, tb, M, N, K, alpha, other.data(), lda, hw.data() + skew, ldb, beta, want.data(), N, bias_p);
+    ag::cpu::sbgemm_b16(ta, tb, M, N, K, alpha, other.data(), lda, h.data() + skew, ldb, beta, got.data(), N, bias_p);
+  }
+  CHECK(got == want);
+}
+}  // namespace
+
 TEST_CASE("sbgemm_b16: a bf16 b gives the bits of sbgemm on its widened values, both layouts, ragged and odd K") {
   if (!have_bf16()) return;
   std::mt19937 rng(23);
-  std::normal_distribution<float> normal;
   int cases = 0;
   for (int t = 0; t < 4; ++t)
     for (int64_t M : {int64_t(1), int64_t(7), int64_t(33)})
       for (int64_t N : {int64_t(1), int64_t(17), int64_t(64), int64_t(100)})
-        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(301)}) {  // odd K: a zero pair; 301: 2 kc blocks
-          const bool ta = t & 1, tb = t & 2;
-          CAPTURE(ta);
-          CAPTURE(tb);
-          CAPTURE(M);
-          CAPTURE(N);
-          CAPTURE(K);
-          const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5;  // padded rows: strides honoured
-          std::vector<float> a(size_t((ta ? K : M) * lda)), bw(size_t((tb ? N : K) * ldb));
-          std::vector<ag::bf16> b(bw.size());
-          for (float& x : a) x = normal(rng);
-          for (size_t i = 0; i < b.size(); ++i) b[i] = ag::bf16(normal(rng)), bw[i] = float(b[i]);
-          const float alpha = cases % 2 ? 0.5f : 1.f, beta = cases % 3 == 0 ? 0.f : 0.25f;
-          std::vector<float> bias(static_cast<size_t>(N));
-          for (float& x : bias) x = normal(rng);
-          const float* bias_p = cases % 4 == 1 ? bias.data() : nullptr;
-          std::vector<float> want(size_t(M * N)), got(want.size());
-          for (size_t i = 0; i < want.size(); ++i) want[i] = got[i] = normal(rng);
-          ag::cpu::sbgemm(ta, tb, M, N, K, alpha, a.data(), lda, bw.data(), ldb, beta, want.data(), N, bias_p);
-          ag::cpu::sbgemm_b16(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, got.data(), N, bias_p);
-          CHECK(got == want);
-          ++cases;
-        }
+        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(301)})  // odd K: a zero pair; 301: 2 kc blocks
+          check_16bit_operand(false, t & 1, t & 2, M, N, K, 3, 0, cases++, rng);
 }
 
 TEST_CASE("sbgemm_a16: a bf16 a gives the bits of sbgemm on its widened values, read in place or packed") {
@@ -500,87 +517,46 @@ TEST_CASE("sbgemm_a16: a bf16 a gives the bits of sbgemm on its widened values, 
   // odd lda, a start 2 bytes off, a transposed a
   if (!have_bf16()) return;
   std::mt19937 rng(31);
-  std::normal_distribution<float> normal;
   int cases = 0;
   for (int t = 0; t < 4; ++t)
     for (int64_t M : {int64_t(1), int64_t(7), int64_t(12), int64_t(500)})
       for (int64_t N : {int64_t(1), int64_t(17), int64_t(100)})
         for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(300), int64_t(302)})
           for (int64_t pad : {int64_t(3), int64_t(4)})
-            for (int64_t skew : {int64_t(0), int64_t(1)}) {
-              const bool ta = t & 1, tb = t & 2;
-              if (M == 500 && (N != 100 || pad != 4)) continue;  // 2 row blocks of 480: a few cases suffice
-              CAPTURE(ta);
-              CAPTURE(tb);
-              CAPTURE(M);
-              CAPTURE(N);
-              CAPTURE(K);
-              CAPTURE(pad);
-              CAPTURE(skew);
-              const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + 5;
-              std::vector<ag::bf16> a(size_t((ta ? K : M) * lda + skew));
-              std::vector<float> aw(a.size()), b(size_t((tb ? N : K) * ldb));
-              for (size_t i = 0; i < a.size(); ++i) a[i] = ag::bf16(normal(rng)), aw[i] = float(a[i]);
-              for (float& x : b) x = normal(rng);
-              const float alpha = cases % 2 ? 0.5f : 1.f, beta = cases % 3 == 0 ? 0.f : 0.25f;
-              std::vector<float> bias(static_cast<size_t>(N));
-              for (float& x : bias) x = normal(rng);
-              const float* bias_p = cases % 4 == 1 ? bias.data() : nullptr;
-              std::vector<float> want(size_t(M * N)), got(want.size());
-              for (size_t i = 0; i < want.size(); ++i) want[i] = got[i] = normal(rng);
-              ag::cpu::sbgemm(ta, tb, M, N, K, alpha, aw.data() + skew, lda, b.data(), ldb, beta, want.data(), N,
-                              bias_p);
-              ag::cpu::sbgemm_a16(ta, tb, M, N, K, alpha, a.data() + skew, lda, b.data(), ldb, beta, got.data(), N,
-                                  bias_p);
-              CHECK(got == want);
-              ++cases;
-            }
+            for (int64_t skew : {int64_t(0), int64_t(1)})
+              if (M != 500 || (N == 100 && pad == 4))  // 2 row blocks of 480: a few cases suffice
+                check_16bit_operand(true, t & 1, t & 2, M, N, K, pad, skew, cases++, rng);
 }
 
-TEST_CASE("matmul_forward_a16: linear's forward from its bf16 input, the bits of the widened product, native or not") {
+TEST_CASE("matmul_forward_a16, _b16: linear's forward and dW from its bf16 input, the bits of the widened products, native or not") {
+  // under bf16 autocast linear keeps its input x as a bf16 tensor; its forward x W^T and its
+  // dW = g^T x read it as it is where the CPU has AVX512-BF16 (else widened): either way the bits
+  // of matmul_forward on the widened values, whose products round x to what it already is.
+  // in = 38: the forward reads x's rows in place; dW's x has 301 rows, an odd count of pairs
   std::mt19937 rng(37);
   std::normal_distribution<float> normal;
   const int64_t rows = 301, in = 38, out = 70;
-  std::vector<float> w(size_t(out * in)), xw(size_t(rows * in)), bias(static_cast<size_t>(out));
+  std::vector<float> w(size_t(out * in)), g(size_t(rows * out)), xw(size_t(rows * in)), bias(static_cast<size_t>(out));
   std::vector<ag::bf16> x(xw.size());
   for (float& v : w) v = normal(rng);
+  for (float& v : g) v = normal(rng);
   for (float& v : bias) v = normal(rng);
   for (size_t i = 0; i < x.size(); ++i) x[i] = ag::bf16(normal(rng)), xw[i] = float(x[i]);
-  const ag::Gemm gemm{rows, out, in, false, true, in, in, nullptr, nullptr, ag::Precision::bf16};
+  const ag::Gemm fwd{rows, out, in, false, true, in, in, nullptr, nullptr, ag::Precision::bf16};
+  const ag::Gemm dw{out, in, rows, true, false, out, in, nullptr, nullptr, ag::Precision::bf16};
   const bool before = ag::cpu::sbgemm_native();
   for (bool native : {true, false}) {
     if (native && !ag::cpu::sbgemm_supported()) continue;
     CAPTURE(native);
     ag::cpu::set_sbgemm_native(native);
     std::vector<float> want(size_t(rows * out)), got(want.size(), std::numeric_limits<float>::quiet_NaN());
-    ag::cpu::matmul_forward(want.data(), xw.data(), w.data(), gemm, bias.data());
-    ag::cpu::matmul_forward_a16(got.data(), x.data(), w.data(), gemm, bias.data());
+    ag::cpu::matmul_forward(want.data(), xw.data(), w.data(), fwd, bias.data());
+    ag::cpu::matmul_forward_a16(got.data(), x.data(), w.data(), fwd, bias.data());
     CHECK(got == want);
-  }
-  if (ag::cpu::sbgemm_supported()) ag::cpu::set_sbgemm_native(before);
-}
-
-TEST_CASE("matmul_forward_b16: linear's dW from its bf16 input, the bits of the widened product, native or not") {
-  // under bf16 autocast linear keeps its input x as a bf16 tensor; dW = g^T x reads it as it is
-  // where the CPU has AVX512-BF16 (else widened): either way the bits of matmul_forward on the
-  // widened values, whose products round x to what it already is
-  std::mt19937 rng(29);
-  std::normal_distribution<float> normal;
-  const int64_t rows = 300, in = 37, out = 70;
-  std::vector<float> g(size_t(rows * out)), xw(size_t(rows * in));
-  std::vector<ag::bf16> x(xw.size());
-  for (float& v : g) v = normal(rng);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = ag::bf16(normal(rng)), xw[i] = float(x[i]);
-  const ag::Gemm gemm{out, in, rows, true, false, out, in, nullptr, nullptr, ag::Precision::bf16};
-  const bool before = ag::cpu::sbgemm_native();
-  for (bool native : {true, false}) {
-    if (native && !ag::cpu::sbgemm_supported()) continue;
-    CAPTURE(native);
-    ag::cpu::set_sbgemm_native(native);
-    std::vector<float> want(size_t(out * in)), got(want.size(), std::numeric_limits<float>::quiet_NaN());
-    ag::cpu::matmul_forward(want.data(), g.data(), xw.data(), gemm);
-    ag::cpu::matmul_forward_b16(got.data(), g.data(), x.data(), gemm);
-    CHECK(got == want);
+    std::vector<float> want_dw(size_t(out * in)), got_dw(want_dw.size(), std::numeric_limits<float>::quiet_NaN());
+    ag::cpu::matmul_forward(want_dw.data(), g.data(), xw.data(), dw);
+    ag::cpu::matmul_forward_b16(got_dw.data(), g.data(), x.data(), dw);
+    CHECK(got_dw == want_dw);
   }
   if (ag::cpu::sbgemm_supported()) ag::cpu::set_sbgemm_native(before);
 }
