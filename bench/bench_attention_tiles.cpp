@@ -39,8 +39,7 @@ double median_cpu_seconds(F&& fn, int reps) {
     fn();
     t.push_back(double(std::clock() - a) / CLOCKS_PER_SEC);
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return bench::median(std::move(t));
 }
 
 // Attention of one head in double, the textbook way: out (T, D) and the gradients (T, D) for dout.

@@ -52,9 +52,7 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
-#include <algorithm>
 #include <array>
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <random>
@@ -202,22 +200,13 @@ struct Result {
   double pair_fp32_secs = 0, pair_bf16_secs = 0, pair_ratio = 0;
 };
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The timed pairs of --paired: one step under each precision (step(Precision) returns the loss),
 // the first of a pair fp32 in even pairs and bf16 in odd ones. A pair's two steps run seconds
 // apart at most, so a machine whose speed drifts over a run changes both alike: their ratio is
 // steadier than the ratio of two medians taken in turn.
 template <class F>
 void measure_pairs(Result& r, F&& step, int pairs) {
-  auto seconds = [&](Precision p) {
-    const auto a = std::chrono::steady_clock::now();
-    step(p);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-  };
+  auto seconds = [&](Precision p) { return bench::seconds_of([&] { step(p); }); };
   step(Precision::fp32);  // the fp32 side's first step (the timed bf16 ones ran before)
   std::vector<double> f32, b16, ratio;
   for (int i = 0; i < pairs; ++i) {
@@ -227,7 +216,7 @@ void measure_pairs(Result& r, F&& step, int pairs) {
     f32.push_back(tf), b16.push_back(tb), ratio.push_back(tb / tf);
   }
   r.pairs = pairs;
-  r.pair_fp32_secs = median_of(f32), r.pair_bf16_secs = median_of(b16), r.pair_ratio = median_of(ratio);
+  r.pair_fp32_secs = bench::median(f32), r.pair_bf16_secs = bench::median(b16), r.pair_ratio = bench::median(ratio);
 }
 
 // Times `step` (one whole optimizer step; returns the loss) as bench::median_seconds does, then

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/core.h>
@@ -35,18 +36,27 @@ inline std::optional<ag::Device> parse_device(const char* tool, const std::strin
   }
 }
 
+// The median of v (the upper one of an even count); v is not empty.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Wall time in seconds of one call of fn().
+template <class F>
+double seconds_of(F&& fn) {
+  const auto a = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+}
+
 // Median wall time in seconds of fn() over `reps` runs after `warmup` runs.
 template <class F>
 double median_seconds(F&& fn, int reps = 20, int warmup = 3) {
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    auto a = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  for (int i = 0; i < reps; ++i) t.push_back(seconds_of(fn));
+  return median(std::move(t));
 }
 
 // ---- the PyTorch column ------------------------------------------------------------------------
