@@ -150,17 +150,28 @@ class RoundedOperand {
   float* data_;
 };
 
+// Whether the threads of a native bf16 product (sbgemm) split the columns of C rather than its
+// rows. sbgemm packs op(b) whole for every piece of rows and op(a) whole for every piece of
+// columns (a bf16 op(a) stored as is is read in place: no packing), so a row split has each thread
+// round and pack all K x N of op(b), a column split all M x K of op(a): the cut goes across the
+// larger operand. The case is a narrowing Linear's dW = g^T x (fc2's: M = d rows, N = 4d, K =
+// tokens), where each of two threads packed the whole saved input for half of the rows. The f32
+// sgemm reads a row-major op(b) in place for pieces of <= kDirectBMaxM rows (the apps' dW), so
+// rows stay its split. Any split gives the same bits (each element's sum does not depend on it).
+bool sbgemm_split_columns(const Gemm& g) { return (!g.batch_a || g.batch_a->numel() == 1) && g.M < g.N; }
+
 // Calls block(p, i0, i1, j0, j1) for the pieces of C = op(a) op(b) (batch of P matrices) that
 // matmul_forward gives its threads, one piece per thread; same_bits_any_split: the GEMM gives each
 // element of C the same bits whatever piece it falls in (else, in deterministic mode, the pieces
-// depend on the sizes alone).
+// depend on the sizes alone); columns: cut one matrix's columns (into tiles of kColTile) where
+// there are enough of them, not its rows.
 template <class Block>
-void split_gemm(const Gemm& g, bool same_bits_any_split, Block block) {
+void split_gemm(const Gemm& g, bool same_bits_any_split, bool columns, Block block) {
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1, M = g.M, N = g.N;
   const int64_t work = P * M * N * std::max<int64_t>(g.K, 1);
   const int64_t max_pieces = same_bits_any_split || !is_deterministic() ? num_threads() : kFixedPieces;
   const int nt = int(std::clamp<int64_t>(work / kMinWorkPerThread, 1, max_pieces));
-  if (P * M >= nt * kRowTile) {  // split the B*M rows of C
+  if (P * M >= nt * kRowTile && !(columns && P == 1 && N >= nt * kColTile)) {  // split the B*M rows of C
     parallel_for(nt, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         int64_t r = tile_boundary(P * M, M, int(t), nt, kRowTile);
@@ -223,7 +234,8 @@ void matmul_forward_16(float* c, const TA* a, const TB* b, const Gemm& g, const 
     }
     return;
   }
-  split_gemm(g, true, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const bool columns = !small && sbgemm_split_columns(g);
+  split_gemm(g, true, columns, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     gemm_block_16(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1,
                   bias);
   });
@@ -272,7 +284,8 @@ void matmul_forward(T* c, const T* a, const T* b, const Gemm& g, const T* bias) 
   // thread count. Cost: a less even share when kFixedPieces is not a multiple of the threads.
   const bool same_bits_any_split = std::is_same_v<T, float> && sgemm_kernel() != GemmKernel::openblas;
   // rows [i0, i1) and columns [j0, j1) of matrix p of the batch
-  split_gemm(g, same_bits_any_split, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const bool columns = std::is_same_v<T, float> && sbgemm_path(g) && sbgemm_split_columns(g);
+  split_gemm(g, same_bits_any_split, columns, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     gemm_block(c + p * M * N, a + batch_offset(g.batch_a, p), b + batch_offset(g.batch_b, p), g, i0, i1, j0, j1, bias);
   });
 }

@@ -634,7 +634,9 @@ TEST_CASE("sbgemm: bf16 autocast's matmul, native against the emulation, and the
   const ag::Tensor a = ag::randn({300, 257}, ag::DType::f32, &gen), b = ag::randn({257, 190}, ag::DType::f32, &gen);
   ag::Tensor w = ag::randn({190, 257}, ag::DType::f32, &gen).set_requires_grad(true);
   const ag::Tensor g = ag::randn({300, 190}, ag::DType::f32, &gen);
-  // forward (matmul, linear) and backward (dW = g^T x, dx = g W): every product of the op
+  const ag::Tensor few = ag::randn({60, 257}, ag::DType::f32, &gen);
+  // forward (matmul, linear) and backward (dW = g^T x, dx = g W): every product of the op. At 2
+  // threads dW (190 rows < 257 columns) and few @ b (60 < 190) split C's columns, the others its rows
   auto run = [&] {
     ag::AutocastGuard bf16(ag::Precision::bf16);
     w.set_grad(ag::Tensor());
@@ -642,7 +644,8 @@ TEST_CASE("sbgemm: bf16 autocast's matmul, native against the emulation, and the
     const ag::Tensor y = ag::linear(x, w);
     y.backward(g);
     return std::vector<std::vector<float>>{ag::matmul(a, b).to_vector<float>(), y.to_vector<float>(),
-                                           x.grad().to_vector<float>(), w.grad().to_vector<float>()};
+                                           x.grad().to_vector<float>(), w.grad().to_vector<float>(),
+                                           ag::matmul(few, b).to_vector<float>()};
   };
   ag::set_num_threads(1);
   const auto one = run();
