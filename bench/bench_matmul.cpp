@@ -113,11 +113,14 @@ int run_bf16(int min_reps, const std::string& json_path) {
   std::printf("attograd threads: %d; sgemm kernel %s; bf16 products native by default: %s\n", nt,
               ag::cpu::sgemm_kernel_name(), native_default ? "yes" : "no");
   std::printf("GFLOP/s = 2*M*N*K / median time, ag::matmul in f32 and under bf16 autocast\n");
+  // dW of a widening Linear (qkv, fc1: more rows than columns) and of a narrowing one (fc2: fewer)
   const Shape shapes[] = {{"V fwd", false, 6400, 64, 192, true}, {"V dX", false, 6400, 192, 64},
-                          {"V dW", true, 192, 6400, 64},         {"G fwd", false, 4096, 128, 512, true},
-                          {"G dX", false, 4096, 512, 128},       {"G dW", true, 512, 4096, 128},
-                          {"", false, 1024, 1024, 1024},         {"NT", false, 4096, 1024, 1024, true},
-                          {"", false, 4096, 1024, 1024},         {"TN", true, 1024, 4096, 1024}};
+                          {"V dW", true, 192, 6400, 64},         {"V fc2 dW", true, 64, 6400, 256},
+                          {"G fwd", false, 4096, 128, 512, true}, {"G dX", false, 4096, 512, 128},
+                          {"G dW", true, 512, 4096, 128},        {"G fc2 dW", true, 128, 4096, 512},
+                          {"L fc2 dW", true, 768, 8192, 3072},   {"", false, 1024, 1024, 1024},
+                          {"NT", false, 4096, 1024, 1024, true}, {"", false, 4096, 1024, 1024},
+                          {"TN", true, 1024, 4096, 1024}};
   ag::NoGradGuard no_grad;
   ag::Generator gen(0);
   for (int pass = 0; pass < 2; ++pass) {
@@ -160,6 +163,16 @@ int main(int argc, char** argv) {
   bool bf16 = false;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf("bench_matmul: attograd's sgemm against OpenBLAS at the app models' GEMM shapes, f32; with --bf16,\n"
+                  "f32 against bf16 autocast's products (emulated and native AVX512-BF16)\n"
+                  "Usage: bench_matmul [min_reps] [--bf16] [--json PATH]\n"
+                  "  min_reps     timed runs per variant at least (default and minimum 20)\n"
+                  "  --bf16       the bf16 section (needs AVX512-BF16)\n"
+                  "  --json PATH  with --bf16: append one JSON line per measured row to PATH\n"
+                  "OMP_NUM_THREADS sets attograd's threads.\n");
+      return 0;
+    }
     if (std::strcmp(argv[i], "--bf16") == 0) {
       bf16 = true;
     } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {

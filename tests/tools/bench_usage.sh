@@ -33,5 +33,4 @@ expect 2 bench_decode --precision bf8
 expect 2 bench_train --configs Q
 expect 2 bench_train --paired
 expect 2 bench_block --d 64 --heads 3
-expect 2 bench_matmul --no-such-option
 exit $status
