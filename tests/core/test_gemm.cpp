@@ -454,8 +454,9 @@ TEST_CASE("sbgemm: against an f64 triple loop of the bf16-rounded operands, all 
         }
   for (int t = 0; t < 4; ++t) {
     const bool ta = t & 1, tb = t & 2;
-    check_case(GemmKernel::avx512, {ta, tb, 13, 33, 1000, 1.f, 0.f}, true);       // 4 kc blocks
-    check_case(GemmKernel::avx512, {ta, tb, 31, 17, 301, 0.5f, 0.25f, 2}, true);  // 2 kc blocks of odd length
+    // the bf16 kernel's kc blocks are up to 512 long (the f32 kernels': 256)
+    check_case(GemmKernel::avx512, {ta, tb, 13, 33, 2000, 1.f, 0.f}, true);       // 4 kc blocks
+    check_case(GemmKernel::avx512, {ta, tb, 31, 17, 601, 0.5f, 0.25f, 2}, true);  // 2 kc blocks of odd length
     check_case(GemmKernel::avx512, {ta, tb, 1000, 70, 20, 1.f, 1.f}, true);       // 3 mc blocks
   }
   check_case(GemmKernel::avx512, {false, true, 5, 4200, 9, 1.f, 0.f}, true);  // 2 nc blocks
@@ -507,13 +508,13 @@ TEST_CASE("sbgemm_b16: a bf16 b gives the bits of sbgemm on its widened values, 
   for (int t = 0; t < 4; ++t)
     for (int64_t M : {int64_t(1), int64_t(7), int64_t(33)})
       for (int64_t N : {int64_t(1), int64_t(17), int64_t(64), int64_t(100)})
-        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(301)})  // odd K: a zero pair; 301: 2 kc blocks
+        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(601)})  // odd K: a zero pair; 601: 2 kc blocks
           check_16bit_operand(false, t & 1, t & 2, M, N, K, 3, 0, cases++, rng);
 }
 
 TEST_CASE("sbgemm_a16: a bf16 a gives the bits of sbgemm on its widened values, read in place or packed") {
   // a stored as is with K, the K blocks and lda even and 4-byte aligned is read in place (its last
-  // rows short of 6 copied); anything else is packed: odd K (a zero pair), K = 302 (2 blocks of 151),
+  // rows short of 6 copied); anything else is packed: odd K (a zero pair), K = 602 (2 blocks of 301),
   // odd lda, a start 2 bytes off, a transposed a
   if (!have_bf16()) return;
   std::mt19937 rng(31);
@@ -521,7 +522,7 @@ TEST_CASE("sbgemm_a16: a bf16 a gives the bits of sbgemm on its widened values, 
   for (int t = 0; t < 4; ++t)
     for (int64_t M : {int64_t(1), int64_t(7), int64_t(12), int64_t(500)})
       for (int64_t N : {int64_t(1), int64_t(17), int64_t(100)})
-        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(300), int64_t(302)})
+        for (int64_t K : {int64_t(1), int64_t(2), int64_t(7), int64_t(300), int64_t(602)})
           for (int64_t pad : {int64_t(3), int64_t(4)})
             for (int64_t skew : {int64_t(0), int64_t(1)})
               if (M != 500 || (N == 100 && pad == 4))  // 2 row blocks of 480: a few cases suffice
