@@ -59,7 +59,7 @@ constexpr int64_t kKcMax = 256;
 // the f32 blocking's, and halves the passes over C: a product with K = 512 (the dX of a Linear
 // from 128 to 512) or 384 now runs as one block, not two. Training steps under bf16 autocast
 // (bench_train --paired, kc 512 against 256 in one process): 0.95-0.97x (text classifier), 0.96-
-// 0.98x (GPT), 1.00x (ViT, whose K are 64 and 256) on 1 and 2 threads.
+// 0.98x (GPT), 1.00x (ViT: its products other than dW have K <= 256) on 1 and 2 threads.
 constexpr int64_t kKcMaxBf16 = 2 * kKcMax;
 constexpr int64_t kMcRows = 480;
 constexpr int64_t kNcCols = 4096;
