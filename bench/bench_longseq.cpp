@@ -152,9 +152,7 @@ Point measure_ours(const std::string& method, const LayerShape& s) {
     layer.forward(x).backward(g);
   };
   // the warm-up run decides the repetitions
-  const auto t0 = std::chrono::steady_clock::now();
-  step();
-  const double first = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double first = bench::seconds_of(step);
   Point p;
   p.reps = first < 0.1 ? 10 : 3;
   p.ms = bench::median_seconds(step, p.reps, 0) * 1e3;

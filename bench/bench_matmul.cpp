@@ -35,16 +35,12 @@
 #include <vector>
 
 #include "attograd.h"
+#include "bench/bench_util.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_of(const std::function<void()>& f) {
-  auto t0 = Clock::now();
-  f();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using bench::seconds_of;
 
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
 
@@ -54,6 +50,8 @@ struct Variant {
   std::vector<double> times;
 };
 
+// The median, the mean of the two middle values for an even count (bench::median takes the upper
+// one): kept so that these figures stay comparable with bench_matmul's earlier results.
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t n = v.size();

@@ -158,7 +158,8 @@ class RoundedOperand {
 // tokens), where each of two threads packed the whole saved input for half of the rows. The f32
 // sgemm reads a row-major op(b) in place for pieces of <= kDirectBMaxM rows (the apps' dW), so
 // rows stay its split. Any split gives the same bits (each element's sum does not depend on it).
-bool sbgemm_split_columns(const Gemm& g) { return (!g.batch_a || g.batch_a->numel() == 1) && g.M < g.N; }
+// (split_gemm cuts columns only of a single matrix with enough of them.)
+bool sbgemm_split_columns(const Gemm& g) { return g.M < g.N; }
 
 // Calls block(p, i0, i1, j0, j1) for the pieces of C = op(a) op(b) (batch of P matrices) that
 // matmul_forward gives its threads, one piece per thread; same_bits_any_split: the GEMM gives each
