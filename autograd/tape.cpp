@@ -285,6 +285,23 @@ void check_gradients_fit(const Node& n, const std::vector<Tensor>& dinputs) {
   }
 }
 
+// Zeros into the parts of t's pending gradient that no slice has written yet (PendingSlices::
+// unset): what the tape does before anything but send_slice's copies reads or adds to it. The
+// parts of q, k and v cover the whole of their fused projection's gradient: nothing is filled.
+void settle_pending(Node& t) {
+  Node::PendingSlices& ps = t.pending_slices;
+  if (!ps.unset) return;
+  ps.unset = false;
+  std::vector<std::pair<int64_t, int64_t>> w = ps.written;
+  std::sort(w.begin(), w.end());
+  int64_t at = 0;  // [0, at) is written
+  for (const auto& [lo, hi] : w) {
+    if (at < lo) t.pending.slice(ps.dim, at, lo).zero_();
+    at = std::max(at, hi);
+  }
+  if (const int64_t n = t.pending.size(ps.dim); at < n) t.pending.slice(ps.dim, at, n).zero_();
+}
+
 // Each input's gradient goes where its edge leads: summed into the pending gradient of the node
 // that made the input, or into a leaf's .grad.
 void send_gradients(const Node& n, const std::vector<Tensor>& dinputs) {
@@ -294,6 +311,7 @@ void send_gradients(const Node& n, const std::vector<Tensor>& dinputs) {
     if (!e.active() || !d.defined()) continue;
     if (e.node) {
       Node& t = *e.node;
+      settle_pending(t);
       const bool sum = t.pending.defined();
       t.pending = sum ? add(t.pending, d) : d;
       t.pending_slices = {sum, -1, {}};  // a sum is a new tensor of the tape's; d may be held elsewhere
@@ -304,11 +322,12 @@ void send_gradients(const Node& n, const std::vector<Tensor>& dinputs) {
 }
 
 // The gradient dout of a slice or select node n (Node::slice_of_input) written into its part of
-// the input node's pending gradient: the first one into a zero-filled tensor of the input's shape,
+// the input node's pending gradient: the first one into an unset tensor of the input's shape,
 // copied where no slice wrote before (the parts of q, k and v cut from one tensor), added where
-// one did. A pending gradient that came from elsewhere is copied first (it may be held by another
-// node or by the caller). The same sums as send_gradients on the zero-filled tensor that the
-// node's backward would return: x + 0 = x, and overlapping slices added in the same order.
+// one did; the parts no slice wrote become zeros before anything else reads it (settle_pending).
+// A pending gradient that came from elsewhere is copied first (it may be held by another node or
+// by the caller). The same sums as send_gradients on the zero-filled tensor that the node's
+// backward would return: x + 0 = x, and overlapping slices added in the same order.
 // False (nothing done) where this does not apply: the input is a leaf, or not recorded.
 bool send_slice(const Node& n, const Tensor& dout) {
   if (!n.slice_of_input || n.next.size() != 1 || !n.next[0].node) return false;
@@ -316,15 +335,18 @@ bool send_slice(const Node& n, const Tensor& dout) {
   Node& t = *n.next[0].node;
   Node::PendingSlices& ps = t.pending_slices;
   if (!t.pending.defined()) {
-    t.pending = zeros(n.recorded.in_shapes[0], dout.dtype(), dout.device());
-    ps = {true, s.dim, {}};
+    t.pending = empty(n.recorded.in_shapes[0], dout.dtype(), dout.device());
+    ps = {true, s.dim, {}, true};
   } else if (!ps.owned || !t.pending.is_contiguous()) {
+    settle_pending(t);
     t.pending = t.pending.clone();
     ps = {true, -1, {}};
   }
   Tensor part = s.select ? t.pending.select(s.dim, s.start) : t.pending.slice(s.dim, s.start, s.stop, s.step);
   bool fresh = ps.dim == s.dim;
   for (const auto& [lo, hi] : ps.written) fresh = fresh && (s.stop <= lo || hi <= s.start);
+  // a strided slice leaves gaps inside its range, and an add reads the part: zeros first
+  if (!fresh || (s.step != 1 && !s.select)) settle_pending(t);
   if (fresh) {
     part.copy_(dout);
   } else {
@@ -406,6 +428,7 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
   } in_backward;
   try {
     for (Node* n : tape) {
+      settle_pending(*n);
       if (Tensor dout = std::exchange(n->pending, Tensor()); dout.defined()) {
         check_versions(*n);  // nothing it saved was written in place since
         aids.before(*n, dout);

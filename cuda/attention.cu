@@ -722,7 +722,12 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionGeom& g) {
-  if (g.BH == 0 || g.Tq == 0 || g.Tk == 0) return;  // no pair (i, j): every gradient gets + 0
+  // the gradients are written (core/kernels/attention.h): zeros first, which the tiled and naive
+  // kernels below add into (a key no query sees, or no pair (i, j) at all, keeps them)
+  cudaCheck(cudaMemsetAsync(dq, 0, size_t(g.BH * g.Tq * g.D) * sizeof(T), stream()));
+  cudaCheck(cudaMemsetAsync(dk, 0, size_t(g.BH * g.Tk * g.D) * sizeof(T), stream()));
+  cudaCheck(cudaMemsetAsync(dv, 0, size_t(g.BH * g.Tk * g.Dv) * sizeof(T), stream()));
+  if (g.BH == 0 || g.Tq == 0 || g.Tk == 0) return;  // no pair (i, j)
   DeviceCopy lengths, key_mask, block_mask, alibi;
   const Geo e = make_geo(g, lengths, key_mask, block_mask, alibi);
   // D_i = dO_i . O_i, one number per query row, in a scratch buffer

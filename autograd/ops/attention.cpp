@@ -283,8 +283,8 @@ SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
     const DType gt = o_.dtype();  // of the gradients: f32 when q, k, v are kept in 16 bits
     // dO as the products read it (autocast: rounded, AttentionGeom::grad_operands; D_i too)
     Tensor gc = g.grad_operands == Precision::fp32 ? dout.contiguous() : round_operand(dout.contiguous(), g.grad_operands);
-    Tensor dq = zeros(qc.shape(), gt, qc.device()), dk = zeros({B, g.H, Tk, g.D}, gt, qc.device()),
-           dv = zeros({B, g.H, Tk, g.Dv}, gt, qc.device());
+    Tensor dq = empty(qc.shape(), gt, qc.device()), dk = empty({B, g.H, Tk, g.D}, gt, qc.device()),
+           dv = empty({B, g.H, Tk, g.Dv}, gt, qc.device());  // written by the kernel
     visit_half_or_floating("scaled_dot_product_attention", qc.dtype(), [&]<class In>() {
       if constexpr (is_half_v<In>) {
         const detail::KernelScope scope("attention_backward_16", qc.device(), typeid(g));

@@ -14,7 +14,7 @@
 // No include guard: core/kernels.h reads this file inside namespace ag::cpu (core/cpu/attention.cpp)
 // and inside ag::cuda (cuda/attention.cu: fused, FlashAttention-2 style), so each kernel is
 // declared once for both backends. The GPU's give the same results: out, lse as defined above
-// (lse = +inf and out = 0 for a row with no visible key), dq, dk, dv added into, the dropout mask
+// (lse = +inf and out = 0 for a row with no visible key), dq, dk, dv written, the dropout mask
 // from the same Philox elements; there, lengths, key_mask and block_mask may point to device or
 // host memory (host arrays are copied to the device first). Both skip the key tiles that a block
 // mask hides from every query of a tile (core/kernels/attention_mask.h).
@@ -27,7 +27,7 @@ using ag::Strides;
 
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionGeom& g);
-// dq, dk, dv are added into (+=).
+// dq, dk, dv are written (=); a key no query sees gets zeros, as does every row when Tq or Tk is 0.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionGeom& g);

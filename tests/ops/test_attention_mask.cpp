@@ -216,7 +216,9 @@ Run run_kernel(const KernelCase& c, const std::vector<double>& q, const std::vec
   Run r;
   r.out.assign(BH * size_t(c.Tq * c.Dv), 0), r.lse.assign(BH * size_t(c.Tq), 0);
   cpu::attention_forward<double>(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), g);
-  r.dq.assign(q.size(), 0), r.dk.assign(BH * size_t(c.Tk * c.D), 0), r.dv.assign(BH * size_t(c.Tk * c.Dv), 0);
+  // the kernel writes the gradients (core/kernels/attention.h): what they held before must not matter
+  const double junk = std::numeric_limits<double>::quiet_NaN();
+  r.dq.assign(q.size(), junk), r.dk.assign(BH * size_t(c.Tk * c.D), junk), r.dv.assign(BH * size_t(c.Tk * c.Dv), junk);
   cpu::attention_backward<double>(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(), v.data(),
                                   r.out.data(), r.lse.data(), g);
   return r;
