@@ -1,8 +1,8 @@
 // Memory-bound ops against memcpy, in one run: add, gelu, softmax and layer_norm, forward and
-// forward+backward through the tape. Each op is reported as effective bandwidth (the bytes it must
-// read and write, divided by its time) beside a memcpy that moves the same number of bytes (read
-// half, write half) split over the same threads, so both sit in the same cache regime: a 16 MB
-// memcpy runs from this machine's 32 MB L3, a 64 MB one from DRAM.
+// forward+backward through the tape, a cast of f32 to bf16 and a sum over rows. Each op is reported as effective
+// bandwidth (the bytes it must read and write, divided by its time) beside a memcpy that moves the
+// same number of bytes (read half, write half) split over the same threads, so both sit in the
+// same cache regime: a 16 MB memcpy runs from this machine's 32 MB L3, a 64 MB one from DRAM.
 //
 //   bench_ops [--n 4194304] [--cols 1024] [--reps 30]
 #include <CLI/CLI.hpp>
@@ -29,10 +29,10 @@ int main(int argc, char** argv) {
   const double fb = double(n) * sizeof(float);  // bytes of one f32 tensor
 
   // Median time of a memcpy moving `tensors` tensors' worth of bytes (half read, half written).
-  std::map<int, double> memcpy_cache;
-  auto memcpy_seconds = [&](int tensors) {
+  std::map<double, double> memcpy_cache;
+  auto memcpy_seconds = [&](double tensors) {
     if (auto it = memcpy_cache.find(tensors); it != memcpy_cache.end()) return it->second;
-    const int64_t m = n * tensors / 2;
+    const int64_t m = int64_t(double(n) * tensors / 2);
     Tensor src = rand({m}), dst = zeros({m});
     double t = bench::median_seconds([&] {
       parallel_for(m, kGrain, [&](int64_t b, int64_t e) {
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   fmt::print("attograd bench_ops: {} f32 elements ({:.1f} MB per tensor), rows of {}, {} threads\n\n", n, fb / 1e6,
              cols, num_threads());
   fmt::print("{:<28} {:>8} {:>9} {:>9} {:>14} {:>10}\n", "op", "tensors", "ms", "GB/s", "memcpy GB/s", "ratio");
-  auto row = [&](const char* name, double secs, int tensors) {
+  auto row = [&](const char* name, double secs, double tensors) {
     double gbs = tensors * fb / secs / 1e9, ref = tensors * fb / memcpy_seconds(tensors) / 1e9;
     fmt::print("{:<28} {:>8} {:>9.3f} {:>9.1f} {:>14.1f} {:>10.2f}\n", name, tensors, secs * 1e3, gbs, ref, gbs / ref);
   };
@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
   row("softmax forward+backward", fwd_bwd([&] { return softmax(a, -1); }), 2 + 3);  // y, g -> dx
   row("layer_norm forward", fwd([&] { return layer_norm(a, {cols}, w, bias); }), 2);
   row("layer_norm forward+backward", fwd_bwd([&] { return layer_norm(a, {cols}, w, bias); }), 2 + 3);  // x, g -> dx
+  // the copy of a linear's input that bf16 autocast keeps for backward: 4 bytes read, 2 written
+  row("cast f32 -> bf16", fwd([&] { return a.to(DType::bf16); }), 1.5);
+  // a bias gradient: the sum over every row, one value per column
+  row("sum over rows", fwd([&] { return sum(a, {0}); }), 1);
   fmt::print("\nratio = op GB/s / memcpy GB/s for the same bytes; target >= 0.6.\n");
   return 0;
 }

@@ -134,6 +134,24 @@ Tensor rope(const Tensor& x, int64_t offset, bool interleaved, double base, Site
 
 namespace {
 
+// The run of storage that q, k and v (f32 views with nonnegative strides) tile: their elements,
+// together, fill it, as the heads cut from one fused QKV projection's output do. As a 1-D view
+// of that run; undefined when they do not (other storages, gaps, overlaps, 16-bit k and v).
+Tensor qkv_span(const Tensor& q, const Tensor& k, const Tensor& v) {
+  int64_t lo = INT64_MAX, hi = 0, total = 0;
+  for (const Tensor* x : {&q, &k, &v}) {
+    if (x->dtype() != DType::f32 || x->impl().storage != q.impl().storage || x->numel() == 0) return Tensor();
+    int64_t end = x->offset() + 1;  // one past its last element
+    for (int d = 0; d < x->ndim(); ++d) {
+      if (x->stride(d) < 0) return Tensor();
+      end += (x->size(d) - 1) * x->stride(d);
+    }
+    lo = std::min(lo, x->offset()), hi = std::max(hi, end), total += x->numel();
+  }
+  if (hi - lo != total) return Tensor();
+  return as_strided(q, {total}, {1}, lo);
+}
+
 // scaled_dot_product_attention, whose gradients entering the products are read rounded to `grads`
 // (fp32: as they are): autocast's form of it, once q, k and v are rounded.
 SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, Site site,
@@ -248,10 +266,22 @@ SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
   };
   cpu::AttentionGeom g;
   Tensor qc = readable(q, g.q), kc = readable(k, g.k), vc = readable(v, g.v);
-  if (half != DType::f32) {  // the 16-bit copies, contiguous (default Strides); a 16-bit k, v as it is
-    qc = cast(qc, half), g.q = cpu::Strides{};
-    if (kc.dtype() != half) kc = cast(kc, half), g.k = cpu::Strides{};
-    if (vc.dtype() != half) vc = cast(vc, half), g.v = cpu::Strides{};
+  if (half != DType::f32) {  // the 16-bit copies; a 16-bit k, v as it is
+    if (Tensor span = qkv_span(qc, kc, vc); span.defined()) {
+      // q, k, v tile one run of storage (the heads of a fused QKV projection): that run is cast
+      // once, as a flat copy, and each is read as a view of the copy with its own strides, where
+      // three casts of rows of D strided values took 2-4x as long (bench/bench_ops: cast)
+      const Tensor run16 = cast(span, half);
+      auto view = [&](const Tensor& t, cpu::Strides& st) {
+        st = {t.stride(0), t.stride(1), t.stride(2)};
+        return as_strided(run16, t.shape(), t.strides(), t.offset() - span.offset());
+      };
+      qc = view(qc, g.q), kc = view(kc, g.k), vc = view(vc, g.v);
+    } else {  // contiguous copies (default Strides)
+      qc = cast(qc, half), g.q = cpu::Strides{};
+      if (kc.dtype() != half) kc = cast(kc, half), g.k = cpu::Strides{};
+      if (vc.dtype() != half) vc = cast(vc, half), g.v = cpu::Strides{};
+    }
   }
   Tensor out = empty({B, H, Tq, Dv}, q.dtype(), q.device()), lse = empty({B, H, Tq}, q.dtype(), q.device());
   g.BH = B * H, g.H = H, g.G = G, g.Tq = Tq, g.Tk = Tk, g.D = D, g.Dv = Dv, g.scale = scale;

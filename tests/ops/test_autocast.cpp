@@ -512,9 +512,12 @@ TEST_CASE("autocast: fused CPU attention keeps q, k, v in 16 bits: the bits of f
   const int64_t B = 2, T = 37, H = 3, D = 16;
   const Tensor qkv = rnd({B, T, 3, H, D}, 61);
   for (Precision p : {Precision::bf16, Precision::fp16})
-    for (int mask = 0; mask < 3; ++mask) {
+    for (int mask = 0; mask < 4; ++mask) {
       CAPTURE(name(p));
       CAPTURE(mask);
+      // mask 3: none, and q, k, v as three tensors of their own (each cast alone), where the heads
+      // of one tensor are cast as one run of it
+      const bool one_run = mask < 3;
       SdpaOptions o;
       o.causal = mask == 1;
       if (mask == 2) o.key_padding_lengths = from_vector<int64_t>({T, 20}, {2});
@@ -522,6 +525,7 @@ TEST_CASE("autocast: fused CPU attention keeps q, k, v in 16 bits: the bits of f
       auto run = [&](bool autocast, std::vector<Tensor>* grads, uint64_t* held) {
         Tensor x = qkv.detach().set_requires_grad(true);
         Tensor q = x.select(2, 0).transpose(1, 2), k = x.select(2, 1).transpose(1, 2), v = x.select(2, 2).transpose(1, 2);
+        if (!one_run) q = q.contiguous(), k = k.contiguous(), v = v.contiguous();
         const uint64_t before = alloc_stats().bytes_in_use;
         Tensor y;
         if (autocast) {
@@ -561,9 +565,10 @@ TEST_CASE("autocast: fused CPU attention keeps q, k, v in 16 bits: the bits of f
       check_close(gx.select(2, 1).transpose(1, 2).contiguous(), dk, 0, 0);
       check_close(gx.select(2, 2).transpose(1, 2).contiguous(), dv, 0, 0);
       CHECK(max_diff(gx, want[1]) > 0);  // not the gradients without the rounding
-      // kept: out and lse as before, q, k, v in 2 bytes instead of 4
+      // kept: out and lse as before, q, k, v in 2 bytes instead of 4 (one copy of the run they tile)
       const uint64_t n = uint64_t(B * H * T * D);
-      CHECK(held16 == held32 - 3 * alloc_size_class(n * 4) + 3 * alloc_size_class(n * 2));
+      CHECK(held16 == held32 - 3 * alloc_size_class(n * 4) +
+                          (one_run ? alloc_size_class(3 * n * 2) : 3 * alloc_size_class(n * 2)));
     }
   if (native_before) cpu::set_sbgemm_native(true);
 }
