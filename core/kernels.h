@@ -102,11 +102,6 @@ struct AttentionGeom {
   // gradients dk and dv are still written per query head, (BH, Tk, D): the caller sums each group.
   int64_t G = 1;
   Strides q, k, v;
-  // Where backward writes dq (BH, Tq, D), dk (BH, Tk, D) and dv (BH, Tk, Dv), unit-stride along D
-  // (default: contiguous). The CPU's kernels write any layout, so the caller can give the
-  // gradients the layout of q, k and v (a fused QKV projection's heads: no copy to reshape them
-  // back); the GPU's write contiguous ones and refuse others.
-  Strides dq, dk, dv;
   double scale = 1;             // usually 1 / sqrt(D)
   bool causal = false;          // query i sees keys <= i + (Tk - Tq) (bottom-right aligned)
   int64_t window = -1;          // >= 0: only keys j with |i' - j| <= window, i' = i + Tk - Tq

@@ -722,9 +722,6 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionGeom& g) {
-  const auto contiguous = [](const Strides& s) { return s.b < 0 && s.h < 0 && s.t < 0; };
-  if (!contiguous(g.dq) || !contiguous(g.dk) || !contiguous(g.dv))
-    raise("cuda attention: the gradients are written contiguous only (AttentionGeom::dq, dk, dv)");
   // the gradients are written (core/kernels/attention.h): zeros first, which the tiled and naive
   // kernels below add into (a key no query sees, or no pair (i, j) at all, keeps them)
   cudaCheck(cudaMemsetAsync(dq, 0, size_t(g.BH * g.Tq * g.D) * sizeof(T), stream()));

@@ -266,14 +266,6 @@ SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
   };
   cpu::AttentionGeom g;
   Tensor qc = readable(q, g.q), kc = readable(k, g.k), vc = readable(v, g.v);
-  // On the CPU the gradients take the layout of a q, k, v whose positions lie apart from their
-  // heads (the heads of a projection, (B, T, H, D) viewed as (B, H, T, D)): then the reshapes that
-  // cut the heads take them back as views, where contiguous ones had to be copied (ViT's step:
-  // 24 copies, 1.4 ms). dk and dv only when each key/value head is one query head's (G = 1).
-  auto heads_apart = [&](const Tensor& t) {
-    return q.device().is_cpu() && H > 1 && t.stride(1) < t.stride(2) && t.stride(2) < t.stride(0);
-  };
-  const bool lay_q = heads_apart(qc), lay_k = G == 1 && heads_apart(kc), lay_v = G == 1 && heads_apart(vc);
   if (half != DType::f32) {  // the 16-bit copies; a 16-bit k, v as it is
     if (Tensor span = qkv_span(qc, kc, vc); span.defined()) {
       // q, k, v tile one run of storage (the heads of a fused QKV projection): that run is cast
@@ -314,31 +306,24 @@ SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
     }
   });
   // saves q, k, v, out and lse (O(T) per row), and the masks and slopes the geometry points into
-  record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, blocks, slopes, g, lay_q, lay_k,
-                              lay_v](const Tensor& dout) {
-    // dk and dv per query head (B, H, Tk, .), each group summed below when G > 1
+  record(op, {q, k, v}, out, [qc, kc, vc, o_ = out.detach(), lse, lengths, kmask, blocks, slopes,
+                              g](const Tensor& dout) {
+    // contiguous; dk and dv per query head (B, H, Tk, .), each group summed below when G > 1
     const int64_t B = g.BH / g.H, Tk = g.Tk;
     const DType gt = o_.dtype();  // of the gradients: f32 when q, k, v are kept in 16 bits
     // dO as the products read it (autocast: rounded, AttentionGeom::grad_operands; D_i too)
     Tensor gc = g.grad_operands == Precision::fp32 ? dout.contiguous() : round_operand(dout.contiguous(), g.grad_operands);
-    // written by the kernel: (B, H, T, .) contiguous, or (B, T, H, .) viewed so (lay_q, lay_k, lay_v)
-    cpu::AttentionGeom gg = g;
-    auto gradient = [&](bool laid, int64_t T, int64_t n, cpu::Strides& s) {
-      if (!laid) return empty({B, g.H, T, n}, gt, qc.device());
-      s = {T * g.H * n, n, g.H * n};
-      return empty({B, T, g.H, n}, gt, qc.device()).transpose(1, 2);
-    };
-    Tensor dq = gradient(lay_q, g.Tq, g.D, gg.dq), dk = gradient(lay_k, Tk, g.D, gg.dk),
-           dv = gradient(lay_v, Tk, g.Dv, gg.dv);
+    Tensor dq = empty(qc.shape(), gt, qc.device()), dk = empty({B, g.H, Tk, g.D}, gt, qc.device()),
+           dv = empty({B, g.H, Tk, g.Dv}, gt, qc.device());  // written by the kernel
     visit_half_or_floating("scaled_dot_product_attention", qc.dtype(), [&]<class In>() {
       if constexpr (is_half_v<In>) {
-        const detail::KernelScope scope("attention_backward_16", qc.device(), typeid(gg));
+        const detail::KernelScope scope("attention_backward_16", qc.device(), typeid(g));
         cpu::attention_backward_16<In>(dq.data<float>(), dk.data<float>(), dv.data<float>(), gc.data<float>(),
                                        qc.data<In>(), kc.data<In>(), vc.data<In>(), o_.data<float>(),
-                                       lse.data<float>(), gg);
+                                       lse.data<float>(), g);
       } else {
         KERNEL(qc.device(), attention_backward<In>, dq.data<In>(), dk.data<In>(), dv.data<In>(), gc.data<In>(),
-               qc.data<In>(), kc.data<In>(), vc.data<In>(), o_.data<In>(), lse.data<In>(), gg);
+               qc.data<In>(), kc.data<In>(), vc.data<In>(), o_.data<In>(), lse.data<In>(), g);
       }
     });
     if (g.G > 1) {

@@ -590,16 +590,13 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
         std::tie(K, ldk) = rows_as<T>(k + hk.offset, hk.ld, g.Tk, D, Kw);
         std::tie(Qh, ldq) = rows_as<T>(q + hq.offset, hq.ld, g.Tq, D, Qw);
       }
-      // the head's gradients, in the layouts g.dq, g.dk, g.dv give (rows of D or Dv, row strides
-      // lq, lk, lv), are written (=): zeroed here, in this thread's cache, and then summed into
-      // tile by tile; a separate zero fill of the whole tensors first would write them to memory
-      // and read them back (ViT's step: 20 MB each way)
-      const HeadView oq = head_view(g.dq, bh, g.H, g.Tq, D), ok = head_view(g.dk, bh, g.H, g.Tk, D),
-                     ov = head_view(g.dv, bh, g.H, g.Tk, Dv);
-      const int64_t lq = oq.ld, lk = ok.ld, lv = ov.ld;
-      T *dQh = dq + oq.offset, *dK = dk + ok.offset, *dV = dv + ov.offset;
-      for (int64_t i = 0; i < g.Tq; ++i) std::fill_n(dQh + i * lq, D, T(0));
-      for (int64_t j = 0; j < g.Tk; ++j) std::fill_n(dK + j * lk, D, T(0)), std::fill_n(dV + j * lv, Dv, T(0));
+      T *dK = dk + bh * g.Tk * D, *dV = dv + bh * g.Tk * Dv;
+      // the head's gradients are written (=): zeroed here, in this thread's cache, and then summed
+      // into tile by tile; a separate zero fill of the whole tensors first would write them to
+      // memory and read them back (ViT's step: 20 MB each way)
+      std::fill_n(dq + bh * g.Tq * D, g.Tq * D, T(0));
+      std::fill_n(dK, g.Tk * D, T(0));
+      std::fill_n(dV, g.Tk * Dv, T(0));
       if (native)
         transpose_pairs(Ktw.data(), ldt, k + hk.offset, g.Tk, D, hk.ld);  // K^T (D/2, Tk) in pairs
       else
@@ -617,7 +614,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
         const T *dO = dout + (bh * g.Tq + i0) * Dv, *O = out + (bh * g.Tq + i0) * Dv;
         const T* Q = native_grads ? nullptr : Qh + i0 * ldq;
         const T* L = lse + bh * g.Tq + i0;
-        T* dQ = dQh + i0 * lq;
+        T* dQ = dq + (bh * g.Tq + i0) * D;
         const KeyRange span = key_hull(vis, b, i0, i0 + nq);  // as in the forward
         for (int64_t i = 0; i < nq; ++i) {
           range[i] = key_range(vis, b, i0 + i);
@@ -680,21 +677,21 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
             }
           }
           // dV_j += (P M)^T dO ;  dQ_i += scale dS K_j ;  dK_j += scale dS^T Q_i
-          tile_product(nk, Dv, nq, T(1), P.data(), 1, kBk, dO, Dv, dV + j0 * lv, lv, true);
+          tile_product(nk, Dv, nq, T(1), P.data(), 1, kBk, dO, Dv, dV + j0 * Dv, Dv, true);
           if (native_grads) {
             const uint32_t* Kj = (j0 % 2 == 0 ? Kp0.data() : Kp1.data()) + j0 / 2 * D;  // rows (j0 + 2 jj, + 1)
-            product_native(nq, D, nkp / 2, T(g.scale), dSb.data(), kBk, Kj, D, dQ, lq, true);
+            product_native(nq, D, nkp / 2, T(g.scale), dSb.data(), kBk, Kj, D, dQ, D, true);
             pair_rows_of(dSw.data(), kBk, dSb.data(), kBk, nq, nk);  // (dS[2 ii][j], dS[2 ii + 1][j])
             product_native(D, nk, nqp / 2, T(g.scale), Qt.data(), kBq, dSw.data(), kBk, dKt.data() + j0, ldt, true);
           } else {
-            tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * ldk, ldk, dQ, lq, true);
-            tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, ldq, dK + j0 * lk, lk, true);
+            tile_product(nq, D, nk, T(g.scale), dP.data(), kBk, 1, K + j0 * ldk, ldk, dQ, D, true);
+            tile_product(nk, D, nq, T(g.scale), dP.data(), 1, kBk, Q, ldq, dK + j0 * D, D, true);
           }
         });
       }
       if (native_grads)  // dK += (dK^T)^T
         for (int64_t j = 0; j < g.Tk; ++j)
-          for (int64_t c = 0; c < D; ++c) dK[j * lk + c] += dKt[size_t(c * ldt + j)];
+          for (int64_t c = 0; c < D; ++c) dK[j * D + c] += dKt[size_t(c * ldt + j)];
     }
   });
 }
