@@ -724,9 +724,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
                         const T* lse, const AttentionGeom& g) {
   // the gradients are written (core/kernels/attention.h): zeros first, which the tiled and naive
   // kernels below add into (a key no query sees, or no pair (i, j) at all, keeps them)
-  cudaCheck(cudaMemsetAsync(dq, 0, size_t(g.BH * g.Tq * g.D) * sizeof(T), stream()));
-  cudaCheck(cudaMemsetAsync(dk, 0, size_t(g.BH * g.Tk * g.D) * sizeof(T), stream()));
-  cudaCheck(cudaMemsetAsync(dv, 0, size_t(g.BH * g.Tk * g.Dv) * sizeof(T), stream()));
+  const auto zero = [](T* p, int64_t n) {
+    if (n > 0) cudaCheck(cudaMemsetAsync(p, 0, size_t(n) * sizeof(T), stream()));
+  };
+  zero(dq, g.BH * g.Tq * g.D), zero(dk, g.BH * g.Tk * g.D), zero(dv, g.BH * g.Tk * g.Dv);
   if (g.BH == 0 || g.Tq == 0 || g.Tk == 0) return;  // no pair (i, j)
   DeviceCopy lengths, key_mask, block_mask, alibi;
   const Geo e = make_geo(g, lengths, key_mask, block_mask, alibi);
