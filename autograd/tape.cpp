@@ -292,10 +292,9 @@ void settle_pending(Node& t) {
   Node::PendingSlices& ps = t.pending_slices;
   if (!ps.unset) return;
   ps.unset = false;
-  std::vector<std::pair<int64_t, int64_t>> w = ps.written;
-  std::sort(w.begin(), w.end());
+  std::sort(ps.written.begin(), ps.written.end());  // (their order matters nowhere else)
   int64_t at = 0;  // [0, at) is written
-  for (const auto& [lo, hi] : w) {
+  for (const auto& [lo, hi] : ps.written) {
     if (at < lo) t.pending.slice(ps.dim, at, lo).zero_();
     at = std::max(at, hi);
   }
