@@ -19,9 +19,15 @@
 // y = x W^T, "NT": W stored (N, K); dX, NN; dW, TN) and large squares in ag::matmul three ways,
 // at the thread count and then on one thread: f32; bf16 autocast emulated (operands rounded into
 // copies, the f32 GEMM); bf16 autocast native (ag::cpu::sbgemm: rounding while packing,
-// VDPBF16PS). --json PATH appends one JSON line per measured row.
+// VDPBF16PS). --json PATH appends one JSON line per measured row. It first measures this CPU's
+// peak for the two kernels' instructions (peak_gflops below) and gives the f32 and the native
+// column of each row as a share of its instruction's peak: how much a faster micro-kernel could
+// still give at that shape.
 // Usage: bench_matmul [min_reps] [--bf16] [--json PATH]   (OMP_NUM_THREADS sets attograd's threads)
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -92,6 +98,51 @@ std::string shape_name(const Shape& s) {
   return name;
 }
 
+#if defined(__x86_64__)
+// n steps of 24 independent multiply-adds on registers, as the GEMMs' micro-kernels keep 24
+// accumulators in zmm registers: VDPBF16PS (32 multiply-adds each) when kBf16, else the f32 FMA
+// (16). Nothing is read from memory. Returns the flops done (2 per multiply-add).
+template <bool kBf16>
+__attribute__((target("avx512f,avx512bf16,fma"))) double register_loop(int64_t n) {
+  __m512 acc[24];
+  for (int r = 0; r < 24; ++r) acc[r] = _mm512_set1_ps(float(r));
+  __m512 x = _mm512_castsi512_ps(_mm512_set1_epi32(0x3f003f00)), y = x;  // bf16 pairs (0.5, 0.5); f32 ~0.5
+  for (int64_t i = 0; i < n; ++i) {
+#pragma GCC unroll 24
+    for (int r = 0; r < 24; ++r)
+      acc[r] = kBf16 ? _mm512_dpbf16_ps(acc[r], (__m512bh)x, (__m512bh)y) : _mm512_fmadd_ps(acc[r], x, y);
+    asm volatile("" : "+v"(x));  // x may have changed: the loop is not folded
+  }
+  for (int r = 1; r < 24; ++r) acc[0] = _mm512_add_ps(acc[0], acc[r]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc[0]);
+  asm volatile("" : : "r"(lanes) : "memory");  // the sums are used
+  return double(n) * 24 * (kBf16 ? 64 : 32);
+}
+
+// The machine's peak GFLOP/s for the micro-kernels' instruction on `threads` threads at once (each
+// runs register_loop for about 0.2 s; the best of 3 tries): the roof that the GEMM rows are a
+// share of. Measured here, it tells the CPU in use, which matters on a VM whose host can change
+// (a Zen 4 core does one 512-bit FMA per cycle, a Zen 5 core two).
+template <bool kBf16>
+double peak_gflops(int threads) {
+  const int64_t n = int64_t(kBf16 ? 20 : 10) * 1000 * 1000;
+  double best = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::vector<double> flops(size_t(threads), 0.0);
+    std::vector<std::thread> pool;
+    const auto t0 = Clock::now();
+    for (int t = 0; t < threads; ++t) pool.emplace_back([&flops, t, n] { flops[size_t(t)] = register_loop<kBf16>(n); });
+    for (std::thread& th : pool) th.join();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    double total = 0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / s * 1e-9);
+  }
+  return best;
+}
+#endif
+
 // The bf16 section (--bf16): f32, bf16 emulated and bf16 native, each through ag::matmul.
 int run_bf16(int min_reps, const std::string& json_path) {
   if (!ag::cpu::sbgemm_supported()) {
@@ -111,11 +162,26 @@ int run_bf16(int min_reps, const std::string& json_path) {
   std::printf("attograd threads: %d; sgemm kernel %s; bf16 products native by default: %s\n", nt,
               ag::cpu::sgemm_kernel_name(), native_default ? "yes" : "no");
   std::printf("GFLOP/s = 2*M*N*K / median time, ag::matmul in f32 and under bf16 autocast\n");
+#if defined(__x86_64__)
+  double peak_f32[2] = {}, peak_bf16[2] = {};  // [0]: nt threads, [1]: one thread
+  for (int pass = 0; pass < 2; ++pass) {
+    const int threads = pass == 0 ? nt : 1;
+    peak_f32[pass] = peak_gflops<false>(threads), peak_bf16[pass] = peak_gflops<true>(threads);
+    std::printf("peak on %d thread%s (24 independent multiply-adds on registers): f32 FMA %.1f GFLOP/s, "
+                "VDPBF16PS %.1f GFLOP/s\n", threads, threads == 1 ? "" : "s", peak_f32[pass], peak_bf16[pass]);
+    if (json)
+      json << "{\"bench\":\"bench_matmul --bf16\",\"peak\":true,\"threads\":" << threads
+           << ",\"gflops_f32\":" << peak_f32[pass] << ",\"gflops_bf16\":" << peak_bf16[pass] << "}\n";
+  }
+  std::printf("f32 %%pk, nat %%pk: the f32 and native columns as a share of that peak\n");
+#endif
   // dW of a widening Linear (qkv, fc1: more rows than columns) and of a narrowing one (fc2: fewer)
   const Shape shapes[] = {{"V fwd", false, 6400, 64, 192, true}, {"V dX", false, 6400, 192, 64},
                           {"V dW", true, 192, 6400, 64},         {"V fc2 dW", true, 64, 6400, 256},
                           {"G fwd", false, 4096, 128, 512, true}, {"G dX", false, 4096, 512, 128},
                           {"G dW", true, 512, 4096, 128},        {"G fc2 dW", true, 128, 4096, 512},
+                          {"C fwd", false, 8192, 128, 512, true}, {"C dX", false, 8192, 512, 128},
+                          {"C dW", true, 512, 8192, 128},
                           {"L fc2 dW", true, 768, 8192, 3072},   {"", false, 1024, 1024, 1024},
                           {"NT", false, 4096, 1024, 1024, true}, {"", false, 4096, 1024, 1024},
                           {"TN", true, 1024, 4096, 1024}};
@@ -124,8 +190,8 @@ int run_bf16(int min_reps, const std::string& json_path) {
   for (int pass = 0; pass < 2; ++pass) {
     const int threads = pass == 0 ? nt : 1;
     ag::set_num_threads(threads);
-    std::printf("\n%d thread%s\n%-34s %9s %9s %9s %8s %8s\n", threads, threads == 1 ? "" : "s", "shape", "f32",
-                "bf16 emu", "bf16 nat", "nat/f32", "nat/emu");
+    std::printf("\n%d thread%s\n%-34s %9s %9s %9s %8s %8s %7s %7s\n", threads, threads == 1 ? "" : "s", "shape",
+                "f32", "bf16 emu", "bf16 nat", "nat/f32", "nat/emu", "f32 %pk", "nat %pk");
     for (const Shape& s : shapes) {
       const ag::Tensor a = ag::randn(s.ta ? ag::Shape{s.K, s.M} : ag::Shape{s.M, s.K}, ag::DType::f32, &gen);
       const ag::Tensor b = ag::randn(s.tb ? ag::Shape{s.N, s.K} : ag::Shape{s.K, s.N}, ag::DType::f32, &gen);
@@ -139,13 +205,18 @@ int run_bf16(int min_reps, const std::string& json_path) {
                                  {"bf16 emulated", [&] { bf16(false); }, {}},
                                  {"bf16 native", [&] { bf16(true); }, {}}};
       const std::vector<double> g = measure(s, vs, min_reps, threads);
-      std::printf("%-34s %9.1f %9.1f %9.1f %8.3f %8.3f\n", shape_name(s).c_str(), g[0], g[1], g[2], g[2] / g[0],
-                  g[2] / g[1]);
+      double share_f32 = 0, share_bf16 = 0;  // of the peak (0: not measured)
+#if defined(__x86_64__)
+      share_f32 = 100 * g[0] / peak_f32[pass], share_bf16 = 100 * g[2] / peak_bf16[pass];
+#endif
+      std::printf("%-34s %9.1f %9.1f %9.1f %8.3f %8.3f %7.1f %7.1f\n", shape_name(s).c_str(), g[0], g[1], g[2],
+                  g[2] / g[0], g[2] / g[1], share_f32, share_bf16);
       std::fflush(stdout);
       if (json)
         json << "{\"bench\":\"bench_matmul --bf16\",\"shape\":\"" << shape_name(s) << "\",\"threads\":" << threads
              << ",\"gflops_f32\":" << g[0] << ",\"gflops_bf16_emulated\":" << g[1]
-             << ",\"gflops_bf16_native\":" << g[2] << "}\n";
+             << ",\"gflops_bf16_native\":" << g[2] << ",\"pct_peak_f32\":" << share_f32
+             << ",\"pct_peak_bf16_native\":" << share_bf16 << "}\n";
     }
   }
   ag::cpu::set_sbgemm_native(native_default);
@@ -166,7 +237,8 @@ int main(int argc, char** argv) {
                   "f32 against bf16 autocast's products (emulated and native AVX512-BF16)\n"
                   "Usage: bench_matmul [min_reps] [--bf16] [--json PATH]\n"
                   "  min_reps     timed runs per variant at least (default and minimum 20)\n"
-                  "  --bf16       the bf16 section (needs AVX512-BF16)\n"
+                  "  --bf16       the bf16 section (needs AVX512-BF16), with this CPU's peak for the f32 FMA\n"
+                  "               and VDPBF16PS and each row's share of it\n"
                   "  --json PATH  with --bf16: append one JSON line per measured row to PATH\n"
                   "OMP_NUM_THREADS sets attograd's threads.\n");
       return 0;
