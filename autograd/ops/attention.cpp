@@ -134,9 +134,13 @@ Tensor rope(const Tensor& x, int64_t offset, bool interleaved, double base, Site
 
 namespace {
 
-// The run of storage that q, k and v (f32 views with nonnegative strides) tile: their elements,
-// together, fill it, as the heads cut from one fused QKV projection's output do. As a 1-D view
-// of that run; undefined when they do not (other storages, gaps, overlaps, 16-bit k and v).
+// The run of storage that q, k and v (f32 views of one storage, nonnegative strides) tile, as the
+// heads cut from one fused QKV projection's output do: from the first element any of them reads to
+// the last, when their element counts add up to its length (so, when none overlaps another, it
+// holds no element outside them). As a 1-D view of that run; undefined otherwise (other storages,
+// a gap, a negative stride, 16-bit k and v). Correct either way: each is read back as a view of
+// the run's cast with its own offset and strides; the count only keeps the cast from copying more
+// than they hold.
 Tensor qkv_span(const Tensor& q, const Tensor& k, const Tensor& v) {
   int64_t lo = INT64_MAX, hi = 0, total = 0;
   for (const Tensor* x : {&q, &k, &v}) {
