@@ -57,7 +57,7 @@ struct Variant {
 };
 
 // The median, the mean of the two middle values for an even count (bench::median takes the upper
-// one): kept so that these figures stay comparable with bench_matmul's earlier results.
+// one): the definition behind the figures of docs/benchmarks.md, "GEMM".
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t n = v.size();

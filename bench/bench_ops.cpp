@@ -2,8 +2,8 @@
 // forward+backward through the tape, a cast of f32 to bf16 and a sum over rows. Each op is
 // reported as effective bandwidth (the bytes it must read and write, divided by its time) beside a
 // memcpy that moves the same number of bytes (read half, write half) split over the same threads,
-// so both sit in the same cache regime: a 16 MB memcpy runs from this machine's 32 MB L3, a 64 MB
-// one from DRAM.
+// so both sit in the same cache regime: on a CPU with a 32 MB L3, a 16 MB memcpy runs from the L3,
+// a 64 MB one from DRAM.
 //
 //   bench_ops [--n 4194304] [--cols 1024] [--reps 30]
 #include <CLI/CLI.hpp>

@@ -1,7 +1,7 @@
 // The optimizer step over a transformer's parameter list, multi-tensor against per-tensor, in one
 // run: AdamW over all the parameters in one optimizer (one multi-tensor kernel call per device and
-// dtype: core/kernels/optim.h) beside one AdamW per parameter (one kernel call per tensor, what a
-// step cost before the kernels took lists), and clip_grad_norm over all of them. The parameter
+// dtype: core/kernels/optim.h) beside one AdamW per parameter (one kernel call per tensor, the
+// cost that kernels taking lists avoid), and clip_grad_norm over all of them. The parameter
 // list is a GPT's (apps/gpt): token and position embeddings, per layer two layer norms, the fused
 // qkv and output projections and the two MLP matrices with their biases, a final layer norm and the
 // head: 12 tensors per layer. Small models have many small tensors, so the per-tensor cost (an

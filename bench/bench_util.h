@@ -116,9 +116,10 @@ inline std::string torch_script_path(const char* source_file, const char* argv0,
   return {};
 }
 
-// PyTorch's fastest set-up on these machines (docs/benchmarks.md): OMP_WAIT_POLICY=PASSIVE and
-// Debian's tcmalloc preloaded when installed; as a prefix of the command torch_reference runs, so
-// only the PyTorch process gets it. The describing half goes into the benchmark's printout.
+// PyTorch's fastest set-up (docs/benchmarks.md, "Training step beside PyTorch"):
+// OMP_WAIT_POLICY=PASSIVE and Debian's tcmalloc preloaded when installed; as a prefix of the
+// command torch_reference runs, so only the PyTorch process gets it. The describing half goes
+// into the benchmark's printout.
 struct TorchEnv {
   std::string prefix;    // "env OMP_WAIT_POLICY=PASSIVE [LD_PRELOAD=...] "
   std::string describe;  // "OMP_WAIT_POLICY=PASSIVE, tcmalloc" (or "..., glibc malloc")

@@ -16,7 +16,7 @@ The environment is inherited from the C++ benchmark, so both sides run under the
 settings. Mind OMP_WAIT_POLICY: by default PyTorch's OpenMP workers spin between parallel regions
 while the OpenBLAS it calls for every matmul (a pthreads build here, with its own threads) wants
 the same cores, and on a shared 2-core machine spinning threads of either program stall each other
-(10-100x slower steps measured under load); OMP_WAIT_POLICY=PASSIVE avoids both.
+(docs/benchmarks.md, "OpenMP wait policy"); OMP_WAIT_POLICY=PASSIVE avoids both.
 
 Every subcommand reports, per variant (no mask / causal; for train: the config V, G or C; for
 generate: cache / no_cache): the median wall time in ms of forward + backward (train: one whole

@@ -23,8 +23,8 @@ int max_threads();
 // Deterministic mode (default off; ATTOGRAD_DETERMINISTIC=1 sets it at start). On the CPU, attograd's own kernels
 // give the same bits for the same inputs and seed at any thread count in either mode: each output element is computed
 // by one thread in a fixed order, and a sum over a split range adds blocks fixed by the sizes (parallel_blocks). The
-// switch covers OpenBLAS, whose results depend on the rows of C a call is given (measured: a dgemm cut at row 1 or 3
-// of C changes bits): f64 matmul (dgemm), f32 matmul under ATTOGRAD_GEMM=openblas. With it on, matmul cuts C into
+// switch covers OpenBLAS, whose results depend on the rows of C a call is given (a dgemm cut at row 1 or 3 of C
+// gives other bits): f64 matmul (dgemm), f32 matmul under ATTOGRAD_GEMM=openblas. With it on, matmul cuts C into
 // pieces fixed by the sizes, not by the thread count (core/cpu/matmul.cpp). The f32 training path on attograd's
 // sgemm runs the same code either way, so it costs nothing there. There are no GPU kernels yet.
 // Tested in tests/core/test_determinism.cpp: 1, 2, 3 and 4 threads, outputs and gradients compared with memcmp.

@@ -142,11 +142,9 @@ __device__ inline bool tile_blocks_kept(const Geo& g, int64_t i0, int64_t i1, in
 // The tiled kernels are compiled twice, with a block mask (Blocks) and without. Without, the
 // geometry they read has block_mask = nullptr as a constant, so the compiler drops every block
 // check of the mask rule: compiled once for both, those checks cost the dense kernels registers
-// (ptxas, sm_90, D 64: the forward 242 instead of 128, half the blocks per SM; the dense forward
-// measured 1.66x slower on an H200). The forward reads a copy made here; the backward kernels
-// clear the field of their parameter in place instead: the same effect, in the form that gets
-// each the fewest registers (sm_90, D 64: forward 128 with the copy, 148 in place; backward
-// 148 in place, 156 and 158 with the copy).
+// and so blocks per SM (docs/benchmarks.md, "Where the time goes"). The forward reads a copy made here; the backward kernels clear the field of their
+// parameter in place instead: the same effect, in the form that gets each the fewest registers
+// (ptxas, sm_90).
 template <bool Blocks>
 __device__ inline Geo blocks_only_if(const Geo& g) {
   Geo c = g;
@@ -350,8 +348,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < C; ++c) dK[r][c] = dV[r][c] = 0.f;
   for (int64_t i0 = 0; i0 < g.Tq; i0 += kTile) {
     // no row of this query tile sees a key of the block's: skipped by the whole block (uniform).
-    // tile_hidden(g, b, i0, i1, j0, j1) of core/kernels/attention_mask.h, written out: called, it
-    // gave this kernel 208 registers instead of 168 for D 33..64 (ptxas, sm_90), one block less per SM.
+    // tile_hidden(g, b, i0, i1, j0, j1) of core/kernels/attention_mask.h, written out: the call
+    // costs this kernel registers (ptxas, sm_90) and so a block per SM.
     const int64_t ilast = min(i0 + kTile, g.Tq) - 1;
     if (key_range(g, b, i0).lo >= j1 || key_range(g, b, ilast).hi <= j0) continue;
     if (g.block_mask && !tile_blocks_kept(g, i0, ilast + 1, j0, j1)) continue;  // dropped blocks only

@@ -11,9 +11,9 @@
 //                (o, i), r in increasing order; neighbouring threads read neighbouring addresses
 //                (coalesced). With few outputs and long columns (a bias gradient: the sum of an
 //                (M, d) gradient over its M rows, d outputs), that would run d threads in all, each
-//                reading M values one after another: measured on an H200, over half of a small
-//                model's training step. So there the columns are cut into fixed chunks of kColChunk
-//                rows: a block of 32 x 8 threads sums one chunk of 32 neighbouring columns (each of
+//                reading M values one after another, too few threads to fill the GPU
+//                (docs/benchmarks.md, "Where the time goes"). So there the columns are cut into
+//                fixed chunks of kColChunk rows: a block of 32 x 8 threads sums one chunk of 32 neighbouring columns (each of
 //                its 8 row lanes every 8th row, then the 8 lane sums in a fixed order), writing one
 //                partial per chunk, and the partials (outer, chunks, inner) are reduced again the
 //                same way. The chunks depend on R alone, so the order of the sum does not depend

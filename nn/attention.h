@@ -34,13 +34,14 @@
 // rounded to that format, as bf16 (f16) tensors: what attention reads of them anyway, in half the
 // memory (the fused CPU kernel reads them as they are; elsewhere they are widened, exactly).
 //
-// Gradients: when grad mode is on and k_new or v_new requires grad, an append is the
-// differentiable cat() of before (k = cat({k, k_new}, 2)), so gradients flow to every appended
+// Gradients: when grad mode is on and k_new or v_new requires grad, an append is a
+// differentiable cat() (k = cat({k, k_new}, 2)), so gradients flow to every appended
 // position. The next in-place append copies those positions into fresh buffers, so the in-place
 // path never writes into storage a recorded graph holds.
 //
-// scaled_dot_product_attention still makes a contiguous copy of the strided views [0, length) at
-// every call (O(length) per token), which is what cat() cost: bench/bench_decode shows both.
+// On the CPU, scaled_dot_product_attention reads the views [0, length) where they are (their rows
+// are unit-stride), so a decoding step copies nothing it has cached; a cache that cat()s copies
+// every cached position at every step. bench/bench_decode times both.
 //
 // The returned views alias the buffers: they stay valid across appends (which write only the
 // slots past them) and growth (which moves to new buffers), but clear() hands the slots back, so

@@ -5,7 +5,7 @@
 # run's report.json (training time only: train_seconds leaves out evaluation and start-up).
 #
 #   scripts/dist-scaling.sh [BUILD_DIR] [THREADS]       (defaults: build, 2)
-# The table of docs/distributed.md was made with it. As root, Open MPI wants
+# It makes the table of docs/distributed.md. As root, Open MPI wants
 # OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the environment.
 set -eu
 BUILD=${1:-build}

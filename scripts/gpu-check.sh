@@ -12,7 +12,7 @@
 #
 # --profile builds bench_train, bench_attention and the test program only, runs that program's GPU
 # cases (tests.txt) and, instead of the benchmarks, writes where the training steps' time goes
-# (about 3 minutes in all on an H200):
+# (a few minutes in all):
 #   profile.txt                 bench_train --profile: each config's kernels by time, ours
 #                               (ag::KernelProfiler, core/profile.h) beside PyTorch's (torch.profiler),
 #                               for V, G, C in fp32, G and L in bf16, L in fp32

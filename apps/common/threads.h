@@ -3,11 +3,12 @@
 //
 // Why. OpenMP's threads meet at a barrier after every parallel region (hundreds per training step).
 // When another busy process holds one of the cores, one of our threads waits for its time slice
-// (milliseconds) at each barrier while the others spin on theirs: measured here, 2 threads beside
-// one busy process trained at 25 samples/s, 1 thread at 800. So the apps use the cores no other
-// process uses, measured at start and re-measured as the run goes (the other process may start or
-// end later). attograd's CPU results are the same bits at any thread count (core/parallel.h), so
-// this changes the speed only, never a number. An explicit --threads N is always kept as given.
+// (milliseconds) at each barrier while the others spin on theirs, and the team runs at the pace of
+// that thread (docs/benchmarks.md, "Threads beside another process"). So the apps use the cores no
+// other process uses, measured at start and re-measured as the run goes (the other process may
+// start or end later). attograd's CPU results are the same bits at any thread count
+// (core/parallel.h), so this changes the speed only, never a number. An explicit --threads N is
+// always kept as given.
 //
 // The load of the other processes, from two samples of /proc/stat (Linux):
 //   busy(t)  = user + nice + system + irq + softirq + steal jiffies of the CPUs this process may run

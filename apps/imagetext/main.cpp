@@ -26,15 +26,10 @@
 //   word-to-item    the share of words whose cross-attention mass is highest on the item they name
 //   attention.svg   for a few test scenes and each generated word, where the decoder looked
 //
-// Measured (the defaults, 3:26 wall on the one core of a 2-core machine that another job left
-// free): on the 1000 test scenes 64.4% exact captions (2 items 73.9%, 3 items 64.7%, 4 items
-// 52.9%), 86.0% of the words right; retrieval among 100 candidates image -> text R@1 95.0% R@5
-// 99.8%, text -> image R@1 96.8% R@5 100%; 100% of the words' cross-attention mass highest on the
-// item they name (chance 33.9%). The exact match is bounded by recognising each item: at 86.0% per
-// word, independent errors would leave a 3-item caption all right 0.860^3 = 64% of the time
-// (measured: 64.7%). 90%
-// exact on 3-item scenes needs ~96.5% per item: far more than apps/vit reaches on single items
-// (88.5% by default, ~91% estimated after an hour).
+// The default run's figures: docs/math/cross-attention.md, "What the trained decoder does". The
+// exact match is bounded by recognising each item: with a share a of the words right and
+// independent errors, a 3-item caption is all right a^3 of the time, so 90% exact on 3-item scenes
+// needs a = 0.9^(1/3) = 96.5% per item, more than apps/vit reaches on single items.
 //
 // In the run directory (default runs/imagetext): checkpoint.safetensors, best.safetensors,
 // metrics.jsonl, TensorBoard events, curves.svg, report.json, attention.svg. --resume continues a
@@ -269,11 +264,8 @@ int main(int argc, char** argv) {
   CLI::App cli{"imagetext: an image-captioning transformer on scenes of Fashion-MNIST items, with image-text "
                "retrieval and cross-attention maps"};
   RunOptions o;
-  // The default recipe: 6000 steps of 32 fresh scenes (192k scenes, ~580k item views), 3-5
-  // minutes: measured here on one thread beside another job on the second core, 3:26 wall in all
-  // (training ~970 samples/s, then the test figures). With the scenes of the first scene generator,
-  // half the steps got 82.7% of the test words right instead of 86.7%, and 1500 steps of 64 at lr
-  // 2e-3 (the same scenes) 81.4%.
+  // The default recipe: 6000 steps of 32 fresh scenes (192k scenes, ~580k item views), a few
+  // minutes on one core (docs/math/cross-attention.md, "What the trained decoder does").
   o.steps = 6000;
   o.batch = 32;
   o.lr = 3e-3;

@@ -143,21 +143,10 @@ nlohmann::json checked_config(TextClassifierConfig mc, DataOptions d, const Text
 int main(int argc, char** argv) {
   CLI::App cli{"textclf: an attention text classifier (default: language identification on Debian's fortunes)"};
   RunOptions o;
-  // Defaults measured on the fortunes, 2 idle cores. Words (29 tokens per text on average): 2000
-  // steps took 37 s and reached 99.22% test accuracy; 8000 steps with dropout 0.1 overfit to 99.20%
-  // (validation peaked at 99.4% near step 5600). Characters (~100 tokens per text): 6500 steps took
-  // 4:22 for 97.1% (d_model 128 / MLP 512: 97.2% in 2800 steps), underfitting. The character
-  // n-gram naive Bayes baseline reaches 99.54% on the same split (42 errors of 9099).
-  // Words with subword n-grams (the earlier default for words: 65536 buckets, 2..5-grams, at most 32 per
-  // word, added to the word's vector), 3000 steps, measured on a loaded machine (1 thread, ~220
-  // CPU-seconds a run): without dropout 99.40% (55 errors; they fit the training set), with
-  // dropout 0.1 99.52% (44; validation 99.60% against the baseline's 99.56%); 4000 steps 99.46%
-  // (validation 99.68%); dropout 0.2 with 8000 words 99.48%; label smoothing 0.1 99.42%. At parity
-  // with the baseline, not above it: test errors of these runs spread over 41..55.
-  // 262144 buckets and 2..6-grams (the default since; 1 thread, seeds 1..4, idle Intel Xeon): test
-  // errors 37 45 43 41 (mean 41.5 against the baseline's 42), validation 99.60..99.71%; the same
-  // with --layout-tokens 43 39 38 43 (validation the same, test loss lower for every seed); cased
-  // n-grams, label smoothing 0.05, weight decay 0.2 or 4500 steps: no change beyond the seed spread.
+  // The defaults, chosen on the fortunes by validation accuracy over several seeds (the runs and
+  // the settings tried: docs/benchmarks.md, "The apps' default runs"). Words (about 30 tokens per text)
+  // with subword n-grams are the default: on test they are at parity with the character n-gram
+  // naive Bayes baseline, while characters (about 100 tokens per text) underfit at this size.
   o.steps = 3000;
   o.batch = 64;
   o.lr = 3e-3;
@@ -169,10 +158,8 @@ int main(int argc, char** argv) {
   // word models with subword n-grams fit the training set (loss ~0.002) and gain from dropout;
   // character models underfit and do not: the default depends on the tokenizer
   constexpr double kWordDropout = 0.1;
-  // Word dropout on a small set of words (< kSmallTrainSet texts), measured on two sets of ~1,000 and
-  // ~2,000 fortunes (docs/benchmarks.md, small data): 0.3 raised the validation accuracy of politics
-  // vs science by 4.0 points over seeds 1..7 (test +1.3) and left computers vs people's as it was
-  // (+0.1 over seeds 1..4; test -0.6, within the seeds' spread); 0.1 gained nothing, 0.5 less than 0.3.
+  // Word dropout on a small set of words (< kSmallTrainSet texts): 0.3, the best of the rates tried
+  // by validation accuracy over seeds on two small fortune sets (docs/benchmarks.md, "Small data").
   constexpr double kSmallSetWordDropout = 0.3;
   cli.get_option("--dropout")
       ->description(fmt::format("dropout probability (default: {} with the word tokenizer, 0 with the char one)",
@@ -184,7 +171,7 @@ int main(int argc, char** argv) {
   DataOptions d;
   TextClassifierConfig mc;
   mc.d_model = 64, mc.n_heads = 4, mc.n_layers = 2, mc.mlp_hidden = 256;
-  TrainSettings settings;  // the subword n-gram defaults (data::hashed_ngrams) were measured on the fortunes, above
+  TrainSettings settings;  // the subword n-gram defaults (data::hashed_ngrams), chosen on the fortunes (above)
   std::string baseline = "auto";
   mc.ngrams_per_token = 32;
   cli.add_option("--dataset", d.dataset, "fortunes (8-language ID), imdb (aclImdb folder in --data-dir) or tsv")

@@ -14,13 +14,11 @@
 // 205k parameters. Trained with AdamW (lr 2e-3, weight decay 0.05), 5% linear warmup then cosine
 // to zero, gradient clip 1.0, batch 128.
 //
-// Measured here (2 shared cores, load ~7): the same recipe run for 5000 steps reached 88.54% test
-// accuracy (88.0% at step 3500) with 235 s of CPU time in all (~47 ms per step).
-// For >= 91%: the finer patch grid (50 tokens, ~3.3x the CPU time per step) with crop and flip
-// augmentation, for about 64 epochs (roughly an hour on 2 cores):
+// The default run's accuracy and time: docs/benchmarks.md, "The apps' default runs".
+// For a higher accuracy: the finer patch grid (49 patches + the class token = 50 tokens, more CPU
+// time per step) with crop and flip augmentation, for about 64 epochs:
 //   vit --patch 4 --crop-pad 2 --flip --steps 30000 --eval-every 3000 --out runs/vit-long
-// Not run to the end here: an estimate. Augmentation slows the early epochs (3000-step runs:
-// patch 4 + augmentation 82.8%, patch 7 + augmentation 84.5%) and pays off only over long runs.
+// Augmentation slows the early epochs and pays off only over long runs.
 //
 // Model selection: --val-size training images (10%, at most 5000) are held out; the evaluations
 // during training run on them, best.safetensors keeps the model of the best validation accuracy,
@@ -66,13 +64,10 @@ struct AppOptions {
   bool steps_given = false, dropout_given = false, crop_given = false;
 };
 
-// Below kSmallTrainSet (apps/common/run.h) the defaults change, each printed with its reason: a
-// digit set of 8,000 images gave 95.7% test with the defaults and the training loss at its floor,
-// 98.3% with --crop-pad 2 --dropout 0.1. On 8,000 Fashion-MNIST images (tools/idx-subset; 7,200 to
-// train on) the plain defaults memorise (validation loss 0.58 -> 0.71, 84.09% test); with crops and
-// dropout 40 epochs underfit (82.98%) and 107 epochs reach 85.75% with the validation loss still
-// falling (docs/benchmarks.md, "Small data"): augmentation needs the long schedule, so the cap is
-// 100 epochs and patience ends a run sooner when validation stops improving.
+// Below kSmallTrainSet (apps/common/run.h) the defaults change, each printed with its reason: on a
+// few thousand images the plain defaults memorise (the training loss at its floor, the validation
+// loss rising), and crops with dropout help but need a long schedule (docs/benchmarks.md, "Small
+// data"), so the cap is 100 epochs and patience ends a run sooner when validation stops improving.
 
 // The defaults that depend on the data: one line each for what was chosen and why.
 std::vector<std::string> fit_defaults_to_data(RunOptions& o, VitRunConfig& cfg, const AppOptions& a, int64_t n_train) {
@@ -237,9 +232,7 @@ int train(RunOptions o, VitRunConfig cfg, const AppOptions& a, const DiagnoseOpt
 int main(int argc, char** argv) {
   CLI::App cli{"vit: a vision transformer on Fashion-MNIST (default), MNIST or CIFAR-10"};
   RunOptions o;
-  // The default recipe (the issue's PyTorch run: 88.5% after 3,800 steps, 88.8% after 5,950).
-  // 6000 steps: a step costs ~47 ms of CPU time here (235 s of user time for the 5000-step run,
-  // evaluations included), so about 25-40 ms on two idle cores, 2.5-4 minutes in all.
+  // The default recipe: 6000 steps (docs/benchmarks.md, "The apps' default runs").
   o.steps = 6000;
   o.batch = 128;
   o.lr = 2e-3;

@@ -664,7 +664,7 @@ int main(int argc, char** argv) {
 
   // One thread: every tensor here is tiny, and waking a team of OpenMP threads for each of the
   // thousands of small ops (finite differences run the forward ~1200 times) costs more than the
-  // work: 0.1 s on one thread against seconds on a busy machine with all of them.
+  // work itself.
   set_num_threads(1);
   try {
     const int rc = walkthrough(c, seed);

@@ -94,6 +94,7 @@ Tensor gradient_rounded(const Tensor& x, Precision p) {
 // no visible key is left unmasked for the softmax (so no NaN enters forward or backward) and
 // zeroed afterwards. grads: autocast's rounding of the gradients that enter the two products, dO
 // and dS (AttentionGeom::grad_operands), fp32 for none.
+// snippet-begin: attention-composed
 SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& o, double scale,
                               const Tensor& visible, Precision grads) {
   Tensor hidden = eq(visible, scalar_tensor(0, DType::b8, q.device()));   // (B,1,Tq,Tk)
@@ -107,6 +108,7 @@ SdpaResult attention_composed(const Tensor& q, const Tensor& k, const Tensor& v,
   Tensor wd = o.dropout > 0 ? dropout(w, o.dropout, true, o.generator) : w;
   return {gradient_rounded(matmul(wd, v), grads), w};
 }
+// snippet-end: attention-composed
 
 }  // namespace
 
@@ -273,9 +275,9 @@ SdpaResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
   if (half != DType::f32) {  // the 16-bit copies; a 16-bit k, v as it is
     if (Tensor span = qkv_span(qc, kc, vc); span.defined()) {
       // q, k, v tile one run of storage (the heads of a fused QKV projection): that run is cast
-      // once, as a flat copy, and each is read as a view of the copy with its own strides, where
-      // each was cast alone, by rows of D strided values (the text classifier's bf16 step:
-      // cast_copy 3.9 -> 3.2 ms, docs/results/bf16-copies-2026-12-07)
+      // once, as a flat copy, and each is read as a view of the copy with its own strides: one
+      // flat cast is cheaper than three casts by rows of D strided values
+      // (docs/benchmarks.md, "bf16 on the CPU")
       const Tensor run16 = cast(span, half);
       auto view = [&](const Tensor& t, cpu::Strides& st) {
         st = {t.stride(0), t.stride(1), t.stride(2)};

@@ -35,16 +35,15 @@ namespace ag::cpu {
 
 namespace {
 
-// Tile sizes, measured on B 32, H 4, T 256, d 32 (bench_attention_tiles, AVX-512): with the
-// register-blocked products below, 256 keys at once took 3-5% less time than 128 or 64; 32 query
-// rows cost the same as 64 or 128 without a mask and 5-10% less with the causal one (finer
-// steps along the diagonal, and a 32 x 256 tile of scores fits the L1). The key range of a query
-// block starts at its first visible key, so causal tiles above the diagonal are still skipped.
+// Tile sizes: the fastest of those bench_attention_tiles times (docs/benchmarks.md, "Fused
+// attention"). 32 query rows step finely along the causal diagonal,
+// and a 32 x 256 tile of scores fits the L1. The key range of a query block starts at its first
+// visible key, so causal tiles above the diagonal are skipped.
 constexpr int64_t kBq = 32;   // query rows per tile
 constexpr int64_t kBk = 256;  // keys per tile
 // Multiply-adds below which a run of work items stays on one thread: waking the second thread
 // costs a few us, about what one thread needs for 2^16 of them. Generating a token (one query per
-// head against the cache) stays on one thread; training-size heads split as before.
+// head against the cache) stays on one thread; training-size heads split over the threads.
 constexpr int64_t kMinWork = int64_t(1) << 16;
 // The grain for parallel_for over work items of `work` multiply-adds each.
 int64_t grain_for(int64_t work) { return std::max<int64_t>(1, kMinWork / std::max<int64_t>(work, 1)); }
@@ -118,30 +117,19 @@ T keep_factor(const AttentionGeom& g, int64_t bh, int64_t i, int64_t j) {
 //
 // Why not gemm_blas: the tiles are tiny (32 x 256 x 32) and each BLAS call packs both operands
 // again (K^T once per query block, where this kernel transposes K once per head), and the speed
-// depends on which kernels OpenBLAS picks: its AVX2 ones ran these tiles at about a third of the
-// machine's rate. Here C is cut into blocks of kR rows x kW columns whose sums live in registers
+// depends on which kernels OpenBLAS picks (docs/benchmarks.md, "Fused attention").
+// Here C is cut into blocks of kR rows x kW columns whose sums live in registers
 // while p runs over K: per p, kR broadcasts of A, two vector loads of B and 2 kR fused multiply-adds,
 // nothing stored until the block is done (GCC -O3 -march=native turns the p loop into exactly
 // that: 8 vbroadcastss, 2 vmovups, 16 vfmadd231ps). With AVX-512 and floats, 8 rows x 32 columns
-// = 16 accumulator registers of the 32 (the same for doubles: 8 x 16); with AVX2's 16 registers,
-// 4 rows x 16 columns = 8 of them, leaving room for the loads of B. Measured on B 32, H 4, T 256,
-// d 32, no mask (bench_attention_tiles, CPU time of 2 threads, medians of 3 runs), from gemm_blas
-// to these (with the tile sizes and per-head transposes below): forward 9.5 -> 7.9 ms and
-// backward 17.1 -> 15.4 ms against OpenBLAS's AVX-512 (Cooperlake) kernels, 14.3 -> 8.0 and
-// 29.0 -> 15.7 ms against its AVX2 (Haswell) ones. The products now take ~70% of the samples
-// (perf), at ~230 GFLOP/s per core, what OpenBLAS reaches on large sgemm here; the softmax and
-// masking loops take the rest.
+// = 16 accumulator registers of the 32 (the same for doubles: 8 x 16).
 //
-// On AVX2 (measured on Zen, B 1, H 4, T 4096, d 16, bench_attention_tiles): written as scalar
-// loops over the columns, GCC loaded each vector of B once per row of the block, as the memory
-// operand of every multiply-add (4 broadcasts + 8 loads per 8 multiply-adds, bound by the load
-// ports), and 4 x 16 gave 8 chains of dependent multiply-adds where the FMA latency (4-5 cycles)
-// at 2 per cycle needs 10. The full-width blocks are therefore written with GCC's vector types
-// (vector_product): B's vectors loaded once per p into registers, and 6 rows x 16 columns on AVX2
-// = 12 accumulators + 2 of B + 1 broadcast = 15 of the 16 registers, the shape of the GEMM's
-// kernel_avx2. Each sum still runs over p in order in one accumulator: the results are the same
-// bits as before. Forward 60 -> 80 and backward 72 -> 118 GFLOP/s there; at B 32, H 4, T 256, d 32
-// forward 69 -> 100 and backward 75 -> 124 (2 threads).
+// The full-width blocks are written with GCC's vector types (vector_product), so that B's vectors
+// are loaded once per p into registers: written as scalar loops over the columns, GCC loads each
+// vector of B again as the memory operand of every multiply-add, and the load ports bound the loop.
+// On AVX2, 6 rows x 16 columns = 12 accumulators + 2 of B + 1 broadcast = 15 of the 16 registers,
+// the shape of the GEMM's kernel_avx2: 12 independent chains of multiply-adds, where the FMA latency
+// (4-5 cycles) at 2 per cycle needs 10. Each sum runs over p in order in one accumulator, whatever the block shape.
 #if defined(__AVX512F__)
 constexpr int kVecBytes = 64, kR = 8;
 #else
@@ -261,9 +249,8 @@ void tile_product(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t 
 
 // xt (cols, rows) = x^T for x (rows, cols), both row-major: K or V of one head turned so that the
 // products above run along the keys. Done once per head, not per tile, and written row by row of
-// xt (contiguous stores): transposing each tile's block down the columns of xt, kBk elements
-// apart, thrashed the L1 (the 32 stores of a row of x fell into 4 cache sets) and took 14% of the
-// step (perf); as here, the step took 12-17% less time.
+// xt (contiguous stores): stores down the columns of xt, kBk elements apart, would put the 32
+// stores of a row of x into 4 cache sets and thrash the L1 (docs/benchmarks.md, "Fused attention").
 // x has row stride ld (>= cols); xt has row stride ldt (>= rows), from transposed_ld.
 // A 16-bit x (attention_forward_16) is widened to T on the way, exactly.
 template <class T, class In>
@@ -291,8 +278,8 @@ std::pair<const T*, int64_t> rows_as(const In* x, int64_t ld, int64_t n, int64_t
 // The row stride of K^T and V^T for Tk keys: Tk rounded up to a cache line, plus one line. A tile
 // product reads D rows of K^T at this stride; with a stride of Tk itself, a power-of-two Tk of
 // 1024 or more puts all of them in one set of the L1 (its sets repeat every 4 KiB), which holds
-// only 8 of them. The extra line moves each row to the next set: at B 1, H 4, d 16, T 4096
-// (bench_attention_tiles, 2 threads) forward 56 -> 60 and backward 61 -> 72 GFLOP/s.
+// only 8 of them. The extra line moves each row to the next set (docs/benchmarks.md, "Long
+// sequences").
 template <class T>
 int64_t transposed_ld(int64_t Tk) {
   constexpr int64_t line = 64 / int64_t(sizeof(T));
@@ -506,6 +493,7 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
           T mx = ninf;
 #pragma omp simd reduction(max : mx)
           for (int64_t j = 0; j < nk; ++j) mx = s[j] > mx ? s[j] : mx;
+          // snippet-begin: online-softmax
           const T m_new = mx > m[i] ? mx : m[i];
           if (m_new == ninf) {  // nothing visible yet in this row: contributes nothing
             for (int64_t j = 0; j < nk; ++j) s[j] = 0;
@@ -525,6 +513,7 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
           for (int64_t c = 0; c < Dv; ++c) a[c] *= alpha;
           if (g.dropout > 0)  // the normaliser l counts every weight; only the values are dropped
             for (int64_t j = 0; j < nk; ++j) s[j] *= keep_factor<T>(g, bh, i0 + i, j0 + j);
+          // snippet-end: online-softmax
         }
         // acc += P V_j   (nq, Dv)
         tile_product(nq, Dv, nk, T(1), S.data(), kBk, 1, V + j0 * ldv, ldv, acc.data(), Dv, true);
@@ -647,6 +636,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
             if (g.alibi) add_alibi(p, g, bh, i0 + i, j0, nk);
             hide_keys(p, vis, b, i0 + i, j0, nk, none ? KeyRange{0, 0} : range[i], blocks && !none,
                       -std::numeric_limits<T>::infinity());
+            // snippet-begin: attention-backward-ds
             const T li = none ? T(0) : L[i], di = Dd[i];
             if (g.dropout > 0) {
               for (int64_t j = 0; j < nk; ++j) {
@@ -662,6 +652,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, cons
                 p[j] = pij;
               }
             }
+            // snippet-end: attention-backward-ds
             // dS as dQ and dK read it (AttentionGeom::grad_operands)
             if (gp == Precision::bf16) {
 #pragma omp simd

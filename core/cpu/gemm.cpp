@@ -47,9 +47,9 @@ namespace {
 // ---- blocking ---------------------------------------------------------------------------------
 // Zen5 per core: L1D 48 KiB, L2 1 MiB; L3 shared. kc = 256: a packed A panel (MR x kc = 6 KiB) and
 // the C tile stay in L1 for the ir step, and the B panel it runs against (kc x NR = 64 KiB for
-// NR = 64) comes from L2 at 4 vector loads per 24 multiply-adds, which L2 sustains: kc = 128,
-// 192, 256 and 384 ran within 3% of each other (one core, [2048,512]@[512,128], 1024^3, TN
-// [64,6400]@[6400,256]); 256 halves the passes over C against 128. mc = 480: a packed A block
+// NR = 64) comes from L2 at 4 vector loads per 24 multiply-adds, which L2 sustains, so any kc
+// from 128 to 384 runs at about the same speed (docs/benchmarks.md, "GEMM"); 256
+// halves the passes over C against 128. mc = 480: a packed A block
 // (mc x kc = 480 KiB, when op(a) is transposed) keeps to half the L2 across the jr loop. nc = 4096:
 // the packed B block kc x nc = 4 MiB in L3. kc is evened out over K (K = 300 runs as 2 x 150, not
 // 256 + 44); it depends on K only.
@@ -57,9 +57,7 @@ constexpr int64_t kKcMax = 256;
 // The bf16 kernel's kc: twice the f32 one, the same bytes. Its panels hold k in pairs of 32-bit
 // words, so kc = 512 makes the B panel (kc/2 x NR words) 64 KiB and a packed A block 480 KiB, as
 // the f32 blocking's, and halves the passes over C: a product with K = 512 (the dX of a Linear
-// from 128 to 512) or 384 now runs as one block, not two. Training steps under bf16 autocast
-// (bench_train --paired, kc 512 against 256 in one process): 0.95-0.97x (text classifier), 0.96-
-// 0.98x (GPT), 1.00x (ViT: its products other than dW have K <= 256) on 1 and 2 threads.
+// from 128 to 512) or 384 runs as one block, not two (docs/benchmarks.md, "bf16 on the CPU").
 constexpr int64_t kKcMaxBf16 = 2 * kKcMax;
 constexpr int64_t kMcRows = 480;
 constexpr int64_t kNcCols = 4096;
@@ -128,7 +126,7 @@ void pack_b(float* dst, const float* b, int64_t ldb, bool tb, int64_t p0, int64_
       }
     } else {  // element (p, j) at b[j*ldb + p]: a transpose, done 8 k steps at a time, so that the
               // n source rows (ldb apart, often a multiple of 4 KiB: the same L1 set) and the 8
-              // rows of dst being written stay in L1; column by column over all kb it ran 3x slower
+              // rows of dst being written stay in L1 (column by column over all kb, they would not)
       for (int64_t p1 = 0; p1 < kb; p1 += 8) {
         const int64_t pn = std::min<int64_t>(8, kb - p1);
         for (int64_t j = 0; j < n; ++j) {
@@ -231,11 +229,10 @@ __attribute__((target("avx512f,avx512vl,fma"), always_inline)) inline void merge
 }
 
 // AVX-512: MR rows x NV zmm vectors of 16 columns. With MR = 6, NV = 4: 24 accumulators + 4 B
-// loads + 1 broadcast = 29 of the 32 zmm registers. 6 x 64 against 12 x 32 (the same 24
-// accumulators; per k step 4 loads + 6 broadcasts against 2 + 12), on one core: the same on the
-// tall products ([3200,64]@[64,192] 251 -> 262 GFLOP/s), faster on 1024^3 (215 -> 231) and on
-// the short TN ones (TN [128,4096]@[4096,512] 176-199 -> 200-205), where M = 64 or 128 wastes
-// less of the last row panel (66 rows computed for 64, not 72).
+// loads + 1 broadcast = 29 of the 32 zmm registers. 6 x 64 rather than 12 x 32 (the same 24
+// accumulators): per k step 4 loads + 6 broadcasts against 2 + 12, and on the short TN products,
+// where M = 64 or 128, less of the last row panel is wasted (66 rows computed for 64, not 72)
+// (docs/benchmarks.md, "GEMM").
 template <int MR, int NV, bool kRowsA>
 __attribute__((target("avx512f,avx512vl,fma"))) void kernel_avx512(int64_t kc, const float* a, int64_t lda,
                                                                    const float* b, int64_t ldb, float* c,
@@ -290,10 +287,8 @@ void scale_c(int64_t M, int64_t N, float beta, float* c, int64_t ldc, const floa
 // from L1/L2, so a row-major op(b) is read in place only when M <= kDirectBMaxM. A row-major op(a)
 // is always read in place: its MR rows stream from L2 as well as a packed panel does (the kernel
 // is as fast either way at 1024^3), and for small N (the (6400,256) @ (256,64) products) the
-// strided copy into MR-interleaved panels took a third of the time. Measured on one Zen5 core
-// with the 12 x 32 kernel (GFLOP/s, packed -> in place): A [6400,256]@[256,64] 186 -> 251,
-// [4096,512]@[512,128] 209 -> 241; B TN [64,6400]@[6400,256] 181 -> 212, TN [128,4096]@[4096,512]
-// 197 -> 224.
+// strided copy into MR-interleaved panels costs a large share of the product, which each panel
+// serves for few columns (docs/benchmarks.md, "GEMM").
 constexpr int64_t kDirectBMaxM = 256;
 struct KernelPair {
   MicroKernel packed_a, rows_a;  // A from a packed panel / straight from a row-major op(a)

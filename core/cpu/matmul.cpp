@@ -298,6 +298,7 @@ void matmul_forward_a16(float* c, const bf16* a, const float* b, const Gemm& g, 
   matmul_forward_16(c, a, b, g, bias);
 }
 
+// snippet-begin: matmul-forward-naive
 template <class T>
 void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g) {
   const int64_t P = g.batch_a ? g.batch_a->numel() : 1;
@@ -320,6 +321,7 @@ void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g) {
     }
   }
 }
+// snippet-end: matmul-forward-naive
 
 template <class T>
 void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g) {
@@ -342,6 +344,7 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
     }
   }
   const Layout* batch_dout = g.batch_a ? &dense : nullptr;
+  // snippet-begin: matmul-backward
   if (da) {
     Gemm gd{g.M, g.K, g.N, false, !g.trans_b, g.N, g.ldb, batch_dout, g.batch_b, g.operands};
     matmul_forward(da, dout, b, gd);
@@ -350,6 +353,7 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
     Gemm gd{g.K, g.N, g.M, !g.trans_a, false, g.lda, g.N, g.batch_a, batch_dout, g.operands};
     matmul_forward(db, a, dout, gd);
   }
+  // snippet-end: matmul-backward
 }
 
 // The kernels of core/kernels/matmul.h for the dtypes listed there.

@@ -38,8 +38,9 @@ T row_max(const T* x, int64_t n) {
 }
 
 // Columns handled together by the [outer, C, inner] kernels (inner > 1): the loops over C run
-// along these contiguous columns, so they vectorise like the row case. 128 measured fastest
-// (fewer columns: more strided jumps per element; more: the block's passes fall out of L2).
+// along these contiguous columns, so they vectorise like the row case. 128: fewer columns make
+// more strided jumps per element, more let the block's passes fall out of L2
+// (docs/benchmarks.md, "Memory-bound ops").
 constexpr int64_t kCols = 128;
 
 // Calls body(off, n) for every block of n <= kCols columns of every outer slice o, where off is
@@ -223,6 +224,7 @@ void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t
 }
 
 // The reference: one element at a time, straight from the formulas of autograd/ops.h.
+// snippet-begin: softmax-forward-naive
 template <class T>
 void softmax_forward_naive(T* y, const T* x, int64_t outer, int64_t C, int64_t inner) {
   for (int64_t o = 0; o < outer; ++o)
@@ -236,7 +238,9 @@ void softmax_forward_naive(T* y, const T* x, int64_t outer, int64_t C, int64_t i
       for (int64_t c = 0; c < C; ++c) yr[c * inner] = std::exp(xr[c * inner] - m) / s;
     }
 }
+// snippet-end: softmax-forward-naive
 
+// snippet-begin: softmax-backward-naive
 template <class T>
 void softmax_backward_naive(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner) {
   for (int64_t o = 0; o < outer; ++o)
@@ -247,6 +251,7 @@ void softmax_backward_naive(T* dx, const T* dy, const T* y, int64_t outer, int64
       for (int64_t c = 0; c < C; ++c) dx[base + c * inner] += y[base + c * inner] * (dy[base + c * inner] - dot);
     }
 }
+// snippet-end: softmax-backward-naive
 
 // =================================== layer_norm ===============================================
 // Both kernels are written so that memory, not arithmetic, sets their speed: a row of N = 1024
@@ -469,6 +474,7 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
   });
 }
 
+// snippet-begin: layer-norm-forward-naive
 template <class T>
 void layer_norm_forward_naive(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t R, int64_t N,
                               double eps) {
@@ -489,7 +495,9 @@ void layer_norm_forward_naive(T* y, T* mean, T* rstd, const T* x, const T* w, co
     rstd[r] = rs;
   }
 }
+// snippet-end: layer-norm-forward-naive
 
+// snippet-begin: layer-norm-backward-naive
 template <class T>
 void layer_norm_backward_naive(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
                                int64_t R, int64_t N) {
@@ -512,21 +520,25 @@ void layer_norm_backward_naive(T* dx, T* dw, T* db, const T* dy, const T* x, con
     }
   }
 }
+// snippet-end: layer-norm-backward-naive
 
 // =================================== embedding ================================================
 // y[r, :] = w[idx[r], :]
+// snippet-begin: embedding-forward
 template <class T>
 void embedding_forward(T* y, const T* w, const int64_t* idx, int64_t R, int64_t D) {
   parallel_for(R, row_grain(D), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) std::copy(w + idx[r] * D, w + (idx[r] + 1) * D, y + r * D);
   });
 }
+// snippet-end: embedding-forward
 
 // In the forward pass this was  y[r, :] = w[idx[r], :],  so now we have
 //   dw[v, :] += sum over r with idx[r] == v of g[r, :].
 // A counting sort groups the positions by row v (in increasing r), then each thread owns whole
 // rows of dw: no two threads write one row, and each row adds its positions in the same order
 // whatever the thread count.
+// snippet-begin: embedding-backward
 template <class T>
 void embedding_backward(T* dw, const T* dy, const int64_t* idx, int64_t R, int64_t V, int64_t D) {
   std::vector<int64_t> start(size_t(V) + 1, 0);
@@ -552,10 +564,12 @@ void embedding_backward(T* dw, const T* dy, const int64_t* idx, int64_t R, int64
     }
   });
 }
+// snippet-end: embedding-backward
 
 // ================================= cross_entropy ==============================================
 // Forward, per row:  logp = (x - m) - log sum e^(x - m);  with q = (1 - s) onehot(t) + s / C,
 //   loss = -sum_c q_c logp_c = -(1 - s) logp_t - (s / C) sum_c logp_c.
+// snippet-begin: cross-entropy-forward
 template <class T>
 void cross_entropy_forward(T* loss, T* logp, const T* logits, const int64_t* target, int64_t N, int64_t C,
                            int64_t ignore_index, double smoothing) {
@@ -583,10 +597,12 @@ void cross_entropy_forward(T* loss, T* logp, const T* logits, const int64_t* tar
     }
   });
 }
+// snippet-end: cross-entropy-forward
 
 // In the forward pass this was  loss = -sum_c q_c logp_c,  logp = log softmax(x),  so
 //   dloss/dx_k = -sum_c q_c ([c == k] - p_k) = p_k sum_c q_c - q_k = p_k - q_k   (sum_c q_c = 1),
 // and so now we have  dx_k += (p_k - q_k) g_n scale,  with p_k = e^(logp_k).
+// snippet-begin: cross-entropy-backward
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, const T* logp, const int64_t* target,
                             int64_t N, int64_t C, int64_t ignore_index, double smoothing, double scale) {
@@ -603,6 +619,7 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
     }
   });
 }
+// snippet-end: cross-entropy-backward
 
 // ==================================== dropout =================================================
 // Element i is kept when u_i = uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p, which has
@@ -646,6 +663,7 @@ void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, ui
 // ================================ rope ==========================================================
 // The cos and sin of the T x D/2 angles once per call (in f64, rounded to T), then every row of
 // the R slices turned pair by pair: the table is R times smaller than x.
+// snippet-begin: rope
 template <class T>
 void rope_forward(T* y, const T* x, int64_t R, int64_t Tn, int64_t D, int64_t offset, double base, bool interleaved,
                   bool inverse) {
@@ -672,6 +690,7 @@ void rope_forward(T* y, const T* x, int64_t R, int64_t Tn, int64_t D, int64_t of
     }
   });
 }
+// snippet-end: rope
 
 // ================================ instantiations ==============================================
 // The kernels of core/kernels/nn.h for the dtypes listed there.

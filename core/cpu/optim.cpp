@@ -94,6 +94,7 @@ void adam_update(const AdamTensor<T>* ts, int64_t count, double lr, double beta1
     T* exp_avg_sq = ts[k].exp_avg_sq;
     const T* grad = ts[k].grad;
     const T bc2_k = bc2[size_t(k)], neg_step_size_k = neg_step_size[size_t(k)];
+    // snippet-begin: adam-update
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       T p = param[i];
@@ -106,6 +107,7 @@ void adam_update(const AdamTensor<T>* ts, int64_t count, double lr, double beta1
       exp_avg_sq[i] = v;
       param[i] = p + neg_step_size_k * m / denom;
     }
+    // snippet-end: adam-update
   });
 }
 
@@ -113,6 +115,7 @@ namespace {
 // Fixed block of the norm: the partial sums (and so the result) never depend on threads.
 constexpr int64_t kNormBlock = 16384;
 
+// snippet-begin: grad-norm-partial
 template <class T>
 double abs_pow_sum(const T* x, int64_t n, double p) {
   double acc = 0;
@@ -127,6 +130,7 @@ double abs_pow_sum(const T* x, int64_t n, double p) {
   }
   return acc;
 }
+// snippet-end: grad-norm-partial
 template <class T>
 double abs_max(const T* x, int64_t n) {
   double m = 0;
@@ -175,6 +179,7 @@ void grad_norm_partial(double* out, const TensorSpan<T>* xs, int64_t count, doub
 }
 
 // x <- x * factor (the factor cast to T, as Tensor::mul_ casts a scalar)
+// snippet-begin: scale-inplace
 template <class T>
 void scale_inplace(const TensorSpan<T>* xs, int64_t count, double factor) {
   const T f = T(factor);
@@ -184,6 +189,7 @@ void scale_inplace(const TensorSpan<T>* xs, int64_t count, double factor) {
     for (int64_t i = b; i < e; ++i) x[i] = x[i] * f;
   });
 }
+// snippet-end: scale-inplace
 
 // x <- clamp(x, -clip, clip), NaN kept (torch.clamp_)
 template <class T>

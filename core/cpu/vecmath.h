@@ -4,12 +4,12 @@
 // 1. glibc's libmvec: GCC vectorises expf/logf/tanhf/erff (and the double forms) inside
 //    `#pragma omp simd` loops once the SIMD variants are declared, as below (what <math.h> itself
 //    does only under -ffast-math, which we avoid so NaN and Inf propagate exactly). libmvec's
-//    functions are accurate to 4 ulp, but they are calls: about 12 cycles per 16 floats for expf
-//    and 27 for a gelu through erff (AVX-512, Zen 5), which leaves softmax and gelu compute-bound.
+//    functions are accurate to 4 ulp, but they are calls, slow enough to leave softmax and gelu
+//    compute-bound.
 // 2. fast_exp, fast_normal_cdf, fast_normal_pdf (float only): plain inline C++ with no branches and
-//    no intrinsics, which the compiler vectorises in place: fast_exp is 21 vector operations,
-//    about 8 cycles per 16 floats, and a gelu 17. Each states its derivation and accuracy;
-//    tests/core/test_vecmath.cpp measures that accuracy over the whole range.
+//    no intrinsics, which the compiler vectorises in place: fast_exp is 21 vector operations and
+//    no call (docs/benchmarks.md, "Memory-bound ops"). Each states its derivation and
+//    accuracy; tests/core/test_vecmath.cpp measures that accuracy over the whole range.
 //    Double stays on std:: (libmvec): f64 is for gradient checks, not speed.
 #include <algorithm>
 #include <bit>
@@ -34,7 +34,7 @@ namespace ag {
 
 // Forced inline: these are called per element inside loops that must vectorise. Left to its
 // heuristics, GCC sometimes keeps one as a call in one copy of a loop (the single-thread branch of
-// parallel_for, measured: GELU and softmax 3x slower on one thread), and a call stops vectorisation.
+// parallel_for, which GELU and softmax take on one thread), and a call stops vectorisation.
 #if defined(__GNUC__)
 #define AG_VEC_INLINE inline __attribute__((always_inline))
 #else

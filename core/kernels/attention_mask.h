@@ -76,6 +76,7 @@ struct Visibility {
   int64_t block_cols = 0, block_size = 1;
 };
 
+// snippet-begin: visible
 // lo(i) <= j < hi(i): the keys query i of batch element b may see before key_mask. Lengths outside
 // [0, Tk] are clamped to it (the op front rejects them; a kernel must not read past Tk).
 AG_HD inline KeyRange key_range(const Visibility& m, int64_t b, int64_t i) {
@@ -106,6 +107,7 @@ AG_HD inline bool sees(const Visibility& m, int64_t b, int64_t i, KeyRange r, in
 AG_HD inline bool visible(const Visibility& m, int64_t b, int64_t i, int64_t j) {
   return sees(m, b, i, key_range(m, b, i), j);
 }
+// snippet-end: visible
 
 // A range holding every key that rows [i0, i1) (i0 < i1) may see, from the first and last rows
 // alone: lo and hi only grow with i. It may hold keys no row sees (around rows that see nothing).

@@ -87,8 +87,8 @@ GemmKernel gemm_kernel_named(const char* name); // "avx512" -> avx512 ... (ag::E
 void set_sgemm_kernel(GemmKernel k);            // replaces the choice (ag::Error when unsupported)
 
 // sgemm's contract with both operands rounded to bf16 (as autocast rounds them) and the products
-// summed in f32 by AVX512-BF16's VDPBF16PS, two at a time (1.7-1.8x the f32 kernel on large
-// products, one thread; docs/mixed-precision.md).
+// summed in f32 by AVX512-BF16's VDPBF16PS, two at a time (faster than the f32 kernel on large
+// products: docs/benchmarks.md, "bf16 on the CPU").
 // Against sgemm on rounded copies it differs by f32 rounding (another order of the same sums),
 // and bf16 subnormals count as zero. ag::Error where the CPU has no avx512_bf16.
 void sbgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,

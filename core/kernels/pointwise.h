@@ -15,9 +15,10 @@
 #if !defined(__CUDACC__)
 namespace ag {
 // The inline, vectorisable float forms of core/cpu/vecmath.h (exp within 1 ulp, Phi within
-// 1.2e-7; 1.5x faster than libmvec's expf, gelu 1.6x), only declared here: the functors' bodies
-// are compiled only where an engine is instantiated for them (core/cpu/pointwise.cpp, which
-// includes vecmath.h), so an op front that merely names a functor never reads the CPU's math.
+// 1.2e-7; faster than libmvec's calls: docs/benchmarks.md, "Memory-bound ops"), only
+// declared here: the functors' bodies are compiled only where an engine is instantiated for them
+// (core/cpu/pointwise.cpp, which includes vecmath.h), so an op front that merely names a functor
+// never reads the CPU's math.
 inline float fast_exp(float x);
 inline float fast_normal_cdf(float x);
 inline float fast_normal_pdf(float x);
@@ -35,6 +36,7 @@ AG_HD inline T exp(T x) {
 #endif
   return std::exp(x);
 }
+// snippet-begin: normal-cdf
 // Phi(x) = (1 + erf(x / sqrt 2)) / 2, the standard normal CDF
 template <class T>
 AG_HD inline T normal_cdf(T x) {
@@ -51,6 +53,7 @@ AG_HD inline T normal_pdf(T x) {
 #endif
   return std::exp(T(-0.5) * x * x) * T(0.3989422804014327);  // 1/sqrt(2 pi)
 }
+// snippet-end: normal-cdf
 
 // ---- binary arithmetic --------------------------------------------------------------------
 struct Add { template <class T> AG_HD T operator()(T a, T b) const { return a + b; } };
@@ -114,12 +117,15 @@ struct AbsBackward {
   template <class T> AG_HD T operator()(T x, T g) const { return x > T(0) ? g : (x < T(0) ? -g : T(0)); }
 };
 
+// snippet-begin: gelu
 // gelu, exact: x * Phi(x)
 struct Gelu { template <class T> AG_HD T operator()(T x) const { return x * normal_cdf(x); } };
 // Phi(x) + x phi(x)
 struct GeluBackward {
   template <class T> AG_HD T operator()(T x, T g) const { return g * (normal_cdf(x) + x * normal_pdf(x)); }
 };
+// snippet-end: gelu
+// snippet-begin: gelu-tanh
 // gelu, tanh approximation
 struct GeluTanh {
   template <class T> AG_HD T operator()(T x) const {
@@ -135,6 +141,7 @@ struct GeluTanhBackward {
     return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
   }
 };
+// snippet-end: gelu-tanh
 struct Silu { template <class T> AG_HD T operator()(T x) const { return x / (T(1) + pw::exp(-x)); } };
 // s (1 + x (1 - s))
 struct SiluBackward {

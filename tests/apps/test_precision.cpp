@@ -3,12 +3,11 @@
 //
 //   the loss curves agree to 2e-3 relative (textclf in bf16: 4e-3): bf16 operands carry a relative
 //   rounding error of at most 2^-8 per element (fp16: 2^-11), the sums are f32, and these 30 steps
-//   stay near the fp32 curve. Measured in bf16, the largest deviation over the curve: gpt 3.5e-5,
-//   vit 2.2e-4, textclf 1.8e-3 with the emulated products and 2.0e-3 with AVX512-BF16's (the same
-//   products summed in another order). textclf's curve falls fastest (to 0.25) and amplifies most:
-//   the two bf16 paths, which differ by f32 rounding only, are 2e-4 apart by step 25. A loss that
-//   drifted further would mean the autocast reached an op it should not (the loss, the optimizer)
-//   the first two points agree to 1e-4 relative (measured: at most 3.3e-5 in bf16)
+//   stay near the fp32 curve. textclf's curve falls fastest and amplifies most (its two bf16
+//   paths, emulated and AVX512-BF16's, differ by f32 rounding only and still drift apart), hence
+//   its wider bound. A loss that drifted further would mean the autocast reached an op it should
+//   not (the loss, the optimizer)
+//   the first two points agree to 1e-4 relative: one or two steps leave little to amplify
 //   the curves are NOT bit-equal: a flag that changed nothing would fail
 //   the report and its JSON name the precision (fp16: and the loss scale), and the checkpoint is
 //   an ordinary f32 one that an fp32 --eval-only reads

@@ -1,5 +1,5 @@
 // The apps as a user runs them: the real vit, textclf and gpt binaries (ATTOGRAD_APP_DIR) spawned
-// on tiny synthetic data, checked from outside the process (issue 7, "Nothing lost" and "Bad input"):
+// on tiny synthetic data, checked from outside the process (docs/reliability.md):
 //
 //   SIGINT / SIGTERM    the step finishes, a checkpoint is saved, exit 0 with the command that
 //                       resumes; --resume then finishes the run
@@ -214,8 +214,9 @@ void kill_and_resume(const std::string& app) {
 
 // 2000 steps, logging every 20 (100 metrics lines); after the first 400 steps (warm-up: the
 // allocator's caches and the lazily touched pages fill), max - min of "rss_mb" must stay within
-// 1 MiB. A leak of 1 KB per step would add 1600 x 1 KB = 1.56 MiB over the measured 1600 steps
-// and fail; measured here, the spread is under 0.1 MiB (the growing curves and metrics history).
+// 1 MiB. A leak of 1 KB per step would add 1600 x 1 KB = 1.56 MiB over the checked 1600 steps
+// and fail; what a run without a leak adds (the growing curves and metrics history) stays far
+// below the bound.
 void flat_rss(const std::string& app) {
   Apps apps("rss_" + app);
   run_app(apps.command(app, "run", 2000, 20, 1), apps.logs(), "run");

@@ -91,7 +91,7 @@ TEST_CASE("testing: gradcheck names the input and element of a wrong backward") 
   // what doctest prints for REQUIRE(testing::gradcheck(...)): the message
   CHECK(std::string(doctest::toString(r).c_str()) == r.message);
   AG_CHECK_ERROR(testing::assert_gradcheck(bad, {x, w}), "gradcheck failed", "input 0", "element 4");
-  // the old name reports the same element, as before
+  // the old name reports the same element as the new one
   GradcheckResult old = gradcheck(bad, {x, w});
   CHECK_FALSE(old.ok);
   CHECK(old.max_abs_err == r.max_abs_err);

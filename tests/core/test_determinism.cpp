@@ -195,8 +195,8 @@ TEST_CASE("determinism: matmul and linear, forward and backward") {
   }
 }
 
-// ---- matmul on OpenBLAS: its bits depend on the rows of C a call gets (measured: [37,700]@[700,97]
-// cut for 4 threads differs from one call), so deterministic mode cuts C by the sizes alone.
+// ---- matmul on OpenBLAS: its bits depend on the rows of C a call gets ([37,700]@[700,97] cut for
+// 4 threads differs from one call), so deterministic mode cuts C by the sizes alone.
 TEST_CASE("determinism: matmul on OpenBLAS (sgemm kernel openblas, f64 dgemm) in deterministic mode") {
   const cpu::GemmKernel prev = cpu::sgemm_kernel();
   for (DType dt : kBoth) {

@@ -267,7 +267,7 @@ TEST_CASE("sgemm: the few-rows path (generation) against an f64 triple loop") {
 
 TEST_CASE("sgemm: the few-rows path rounds autocast's operands as it reads them: the bits of rounded copies") {
   // sgemm_small_m(..., bf16 / fp16) against the same call on copies of a and b rounded by
-  // pw::round_bf16 / pw::round_fp16 (what autocast made before: a copy of a whole weight per token)
+  // pw::round_bf16 / pw::round_fp16 (a copy-based autocast: a whole weight copied per token)
   // and an f64 loop over the rounded operands; both differ from the f32 result. The loops only:
   // with native bf16 products a transposed b runs VDPBF16PS (the next test case)
   const bool native_before = ag::cpu::sbgemm_native();

@@ -25,8 +25,8 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tenso
 }  // namespace
 
 TEST_CASE("serialize fuzzed: empty tensors keep the order they were saved in") {
-  // All empty tensors sit at one offset, so the sort by offset cannot order them; they used to come
-  // back in the order of nlohmann::json's sorted keys ("a" before "b"), breaking the promise of
+  // All empty tensors sit at one offset, so the sort by offset cannot order them; read in the
+  // order of nlohmann::json's sorted keys ("a" before "b"), they would break the promise of
   // load_safetensors and the fuzzer's save + load round trip.
   TempDir tmp("fuzzed-order");
   const std::string path = tmp.file("e.safetensors");

@@ -1,6 +1,6 @@
-// The apps on --device cuda against the same command line on --device cpu (issue 6: "a short
-// training run of the GPT app config on the GPU whose loss curve matches the CPU run"): the real
-// binaries, spawned as a user runs them, on the synthetic data of tests/apps/tiny_apps.h.
+// The apps on --device cuda against the same command line on --device cpu (a short training run
+// of the GPT app config on the GPU must give the loss curve of the CPU run): the real binaries,
+// spawned as a user runs them, on the synthetic data of tests/apps/tiny_apps.h.
 //
 //   gpt      the app's default model (context 128, d_model 128, 4 heads, 4 layers, MLP 512,
 //            batch 32) for 30 steps: the train-loss curve (metrics.jsonl, every 5 steps) and the

@@ -529,7 +529,7 @@ TEST_CASE("fortunes: real data, eight languages") {
   for (int64_t n : counts) CHECK((n >= 1000 && n <= 30000));
   CHECK((ds.size() >= 75000 && ds.size() <= 100000));
   CHECK(ds.skipped.empty());
-  // median length in characters is short text, as the issue says (60-130 characters)
+  // median length in characters: short texts (60-130 characters)
   std::vector<size_t> lens;
   for (const TextExample& e : ds.examples) lens.push_back(utf8_decode(e.text).size());
   std::nth_element(lens.begin(), lens.begin() + long(lens.size() / 2), lens.end());

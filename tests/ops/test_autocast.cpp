@@ -565,7 +565,7 @@ TEST_CASE("autocast: fused CPU attention keeps q, k, v in 16 bits: the bits of f
       check_close(gx.select(2, 1).transpose(1, 2).contiguous(), dk, 0, 0);
       check_close(gx.select(2, 2).transpose(1, 2).contiguous(), dv, 0, 0);
       CHECK(max_diff(gx, want[1]) > 0);  // not the gradients without the rounding
-      // kept: out and lse as before, q, k, v in 2 bytes instead of 4 (one copy of the run they tile)
+      // kept: out and lse as in f32, q, k, v in 2 bytes instead of 4 (one copy of the run they tile)
       const uint64_t n = uint64_t(B * H * T * D);
       CHECK(held16 == held32 - 3 * alloc_size_class(n * 4) +
                           (one_run ? alloc_size_class(3 * n * 2) : 3 * alloc_size_class(n * 2)));
