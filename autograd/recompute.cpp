@@ -12,6 +12,11 @@ struct EnableGradGuard {
   EnableGradGuard() { set_grad_enabled(true); }
   ~EnableGradGuard() { set_grad_enabled(prev); }
 };
+// Removes this thread's gradient-ready hook for its lifetime.
+struct HookPause {
+  GradReadyHook hook = set_grad_ready_hook(nullptr);
+  ~HookPause() { set_grad_ready_hook(std::move(hook)); }
+};
 }  // namespace
 
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, const std::vector<Tensor>& params,
@@ -47,8 +52,13 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& f, const Tensor& x
              yr = f(xin);
            }
            for (size_t i = 0; i < generators.size(); ++i) generators[i]->set_offset(now[i]);
-           // parameters accumulate their gradients here, as leaves of the recomputed graph
-           if (yr.requires_grad()) backward(yr, g);
+           // parameters accumulate their gradients here, as leaves of the recomputed graph. The
+           // gradient-ready hook stays quiet meanwhile: the outer backward calls it for them once this
+           // node is done (its edges reach them), and data parallelism wants each leaf once
+           {
+             HookPause pause;
+             if (yr.requires_grad()) backward(yr, g);
+           }
            std::vector<Tensor> d(n);  // parameters: already accumulated, so none through the tape
            d[0] = x_grad ? xin.grad() : Tensor();
            return d;

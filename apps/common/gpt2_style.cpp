@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "autograd/recompute.h"
 #include "autograd/tape.h"
 #include "nn/init.h"
 
@@ -32,6 +33,15 @@ std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n, int
   static const nn::BlockConfig defaults;
   return make_blocks(n, d, heads, hidden, dropout, causal, gen, defaults);
 }
+
+// snippet-begin: block_forward
+Tensor block_forward(nn::Module& block, const std::function<Tensor(const Tensor&)>& f, const Tensor& x, bool recompute,
+                     Generator* gen) {
+  if (!recompute || !grad_enabled() || !block.is_training()) return f(x);  // no backward will follow
+  // every parameter: each gets its gradient in the recomputation; gen: dropout redraws its masks
+  return checkpoint(f, x, block.parameters(), {gen ? gen : &default_generator()});
+}
+// snippet-end: block_forward
 
 void init_gpt2_style(nn::Module& model, int64_t n_layers, Generator* gen) {
   NoGradGuard no_grad;

@@ -7,6 +7,7 @@
 // mlp.fc2) ~ N(0, 0.02 / sqrt(2 n_layers)), so the stream's variance does not grow with depth.
 // ViT's class token and pos_embed ~ N(0, 0.02) too (they are 2-D or more, so the same rule).
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "core/random.h"
@@ -26,6 +27,16 @@ std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n_laye
 std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n_layers, int64_t d, int64_t heads,
                                                                   int64_t hidden, double dropout, bool causal,
                                                                   Generator* gen);
+
+// One block's forward y = f(x), or, with `recompute` (the apps' --grad-checkpointing), the same
+// through ag::checkpoint (autograd/recompute.h): between forward and backward only x and y are
+// kept, and backward runs f again. Every parameter of `block` is passed, so each gets its
+// gradient, and `gen` (null: the default generator), the one its dropout draws from, is rewound,
+// so the recomputation draws the same masks: the gradients equal the plain run's bit for bit.
+// Checkpoints only where a backward can follow: grad mode on and `block` in training mode (an
+// evaluation, a sample or nn::summarize runs f plainly).
+Tensor block_forward(nn::Module& block, const std::function<Tensor(const Tensor&)>& f, const Tensor& x, bool recompute,
+                     Generator* gen);
 
 // GPT-2 / timm initialisation of a model built from nn/ parts (see the comment at the top):
 // every Linear and Embedding weight N(0, 0.02) (bias 0), LayerNorms (1, 0), and the weights of

@@ -11,12 +11,14 @@
 //   h  = h + fc2(gelu(fc1(ln2(h))))              fc1: d -> mlp, fc2: mlp -> d     (x n_layers)
 //   logits = head(ln_f(h))                       (B, T, V)
 //   loss = mean over (b, t) of -log softmax(logits[b, t])[x[b, t + 1]]   next-character cross-entropy
+// --grad-checkpointing keeps only each block's input for backward and recomputes the rest there:
+// the same gradients, less memory, one more forward of the blocks (docs/math/checkpointing.md).
 // AdamW with warmup + cosine, gradient norm clipped. Validation loss is the mean over fixed,
 // evenly spaced windows of the validation text. Sampling: softmax(logits / temperature) over the
 // top-k characters, one seeded Philox draw per character (see apps/gpt/lib.h for the
 // context window: after `context` tokens it restarts from the last context/2, cached or not).
 //
-// Default run: build/gpt (500 steps; about 80 ms a step on 2 idle cores, so under a minute).
+// Default run: build/gpt (500 steps, under a minute on 2 cores: docs/benchmarks.md, "The apps' default runs").
 // Longer: build/gpt --steps 2000 (validation loss compared with bench/train_gpt_twin.py).
 // Files: runs/gpt/{checkpoint.safetensors, tokenizer.json, metrics.jsonl, events.out.tfevents.*,
 //        curves.svg, attention.svg, sample.txt, report.json (with forward FLOPs and MFU)}; with
@@ -160,6 +162,10 @@ int main(int argc, char** argv) {
   cli.add_option("--norm", cfg.norm, "norms: layernorm or rmsnorm")
       ->capture_default_str()
       ->check(CLI::IsMember(gpt_choices("norm")));
+  bool grad_checkpointing = false;
+  cli.add_flag("--grad-checkpointing", grad_checkpointing,
+               "recompute each block's activations in backward instead of keeping them: less memory, about a third "
+               "more compute per step, the same gradients (docs/math/checkpointing.md)");
   std::vector<int64_t> eval_lengths;
   std::string lengths_file;
   cli.add_option("--eval-lengths", eval_lengths,
@@ -200,6 +206,8 @@ int main(int argc, char** argv) {
                 fmt::join(eval_lengths, ","));
     usage_check(lengths_file.empty() || !eval_lengths.empty(), "gpt: --lengths-file {}: needs --eval-lengths",
                 lengths_file);
+    usage_check(!grad_checkpointing || !o.eval_only,
+                "gpt: --grad-checkpointing: recomputes activations in backward; --eval-only trains nothing");
   } catch (const UsageError& e) {
     apps::print_usage_error("gpt", e.what());
     return kExitUsage;
@@ -276,12 +284,14 @@ int main(int argc, char** argv) {
     // ---- model, optimizer, run ----
     Generator gen(o.seed);
     GPT model(cfg, &gen);  // initialised on the CPU (the same numbers on every device)
+    model.grad_checkpointing = grad_checkpointing;
     model.to(training_device(o));  // --device; the optimizer's state is made beside each parameter
     optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-    const nlohmann::json config = {
+    nlohmann::json config = {
         {"model", gpt_config_to_json(cfg)},
         {"data", {{"dataset", dataset}, {"text_file", text_file}, {"valid_fraction", 0.1}}},
         {"train", {{"batch", global_batch(o)}, {"seed", o.seed}}}};  // N x --batch under mpirun
+    if (grad_checkpointing) config["train"]["grad_checkpointing"] = true;  // absent when off, as in older runs
     // a text the schedule would read more than 20 times over is memorised before the end: stop when
     // the validation loss stops improving
     const double epochs = double(o.steps) * double(global_batch(o)) * double(T) / double(d.train.size());
@@ -292,12 +302,18 @@ int main(int argc, char** argv) {
     Run run("gpt", o, model, opt, gen, config, {{"tokenizer", d.tokenizer.to_json()}});
     run.select_by("val_loss", false);
     if (!patience_line.empty()) run.print("gpt: " + patience_line);
+    if (grad_checkpointing) run.print("gpt: --grad-checkpointing: each block's activations are recomputed in backward");
     auto sched = make_schedule(o);
     const int64_t V = cfg.vocab, N = o.batch * T;
     std::string compute_text;
     const Tensor probe = zeros({o.batch, T}, DType::i64);
     const ComputeProfile compute = profile_model(model, [&] { return model.forward(probe); }, o.batch, T, dg, &compute_text);
     run.print(compute_text);
+    // the profile's forward keeps a whole graph and runs no backward: more than a checkpointed step
+    // holds. Its blocks go back to the system and the peak restarts here, so that the memory of
+    // the report (peak tensor bytes) and of metrics.jsonl (rss_mb) is training's.
+    empty_cache(training_device(o));
+    reset_peak_bytes(training_device(o));
     double val = NAN;
     int64_t val_step = -1;  // the step `val` was measured at
 

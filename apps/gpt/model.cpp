@@ -19,7 +19,7 @@ const std::vector<std::string>& gpt_choices(const std::string& field) {
   return norm;
 }
 
-GPT::GPT(const GPTConfig& c, Generator* gen) : cfg(c) {
+GPT::GPT(const GPTConfig& c, Generator* gen) : cfg(c), dropout_gen(gen) {
   check(c.vocab > 0 && c.context > 0 && c.n_layers > 0, "GPT: vocab {}, context {} and n_layers {} must be positive",
         c.vocab, c.context, c.n_layers);
   const auto& positions = gpt_choices("pos");
@@ -59,7 +59,10 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
     nn::AttentionOptions o;
     o.cache = caches ? &(*caches)[i] : nullptr;
     o.need_weights = need_weights;
-    h = (*blocks)[i].forward(h, o);
+    nn::TransformerBlock& block = (*blocks)[i];
+    // decoding with caches appends to them: recomputing would append twice
+    h = block_forward(block, [&block, o](const Tensor& t) { return block.forward(t, o); }, h,
+                      grad_checkpointing && caches == nullptr, dropout_gen);
   }
   return head->forward(ln_f->forward(h));
 }

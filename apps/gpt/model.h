@@ -65,6 +65,11 @@ struct GPT : nn::Module {
   Tensor forward(const Tensor& idx, std::vector<nn::KVCache>* caches = nullptr);
   // The attention weights (B, H, T, T) of every block in the last forward, when `need_weights`.
   bool need_weights = false;
+  // --grad-checkpointing: each block's activations are recomputed in backward instead of kept
+  // (apps/common/gpt2_style.h block_forward); the same gradients, less memory, one more forward
+  // of the blocks per step (docs/math/checkpointing.md).
+  bool grad_checkpointing = false;
+  Generator* dropout_gen = nullptr;  // the generator given to the constructor, which dropout draws from
 };
 
 }  // namespace ag::apps

@@ -11,8 +11,10 @@
 // expressions vary in length). --materialise computes full, window or sparse attention as
 // matmul-softmax-matmul, the T x T weights stored, to compare its memory with the fused kernel's.
 // The model (apps/longseq/model.h): token + learned position embeddings, --layers pre-LN blocks,
-// mean pooling over the valid tokens, a linear head. The run holds out a validation split from
-// the training data, evaluates on it during training and reports the test split at the end.
+// mean pooling over the valid tokens, a linear head. --grad-checkpointing recomputes each block's
+// activations in backward instead of keeping them (docs/math/checkpointing.md). The run holds out
+// a validation split from the training data, evaluates on it during training and reports the test
+// split at the end.
 //
 // In the run directory (default runs/longseq): checkpoint.safetensors, metrics.jsonl,
 // TensorBoard events, curves.svg, report.json (test accuracy, step time, peak memory), and
@@ -29,6 +31,7 @@
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "apps/longseq/lib.h"
+#include "core/allocator.h"
 #include "data/images.h"
 #include "optim/adam.h"
 #include "training/checkpoint.h"
@@ -154,7 +157,8 @@ int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const nlohmann
   return 0;
 }
 
-int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOptions& a, const DiagnoseOptions& dg) {
+int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOptions& a, const DiagnoseOptions& dg,
+          bool grad_checkpointing) {
   const SeqSplits data = load_task(t, dist::is_main() ? o.out_dir : "");
   const std::string patience_line = resolve_patience(
       o, data.train.size() < kSmallTrainSet,
@@ -176,14 +180,18 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
 
   Generator gen(o.seed);
   LongSeqClassifier model(cfg, &gen);
+  model.grad_checkpointing = grad_checkpointing;
   model.to(training_device(o));
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   const auto schedule = make_schedule(o);
   nlohmann::json config = run_config(cfg, t);
   config["train"] = {{"batch", global_batch(o)}, {"seed", o.seed}};
+  if (grad_checkpointing) config["train"]["grad_checkpointing"] = true;  // absent when off, as in older runs
   Run run("longseq", o, model, opt, gen, config);
   run.select_by("val_accuracy", true, "val_loss");
   if (!patience_line.empty()) run.print("longseq: " + patience_line);
+  if (grad_checkpointing)
+    run.print("longseq: --grad-checkpointing: each block's activations are recomputed in backward");
   run.print(fmt::format("longseq: {}{} ({} train / {} validation / {} test sequences, up to {} tokens, {} classes), "
                         "{} attention{}, d_model {}, {} heads, {} layers, MLP {}",
                         t.task, t.task == "pixels" ? " " + t.dataset : "", data.train.size(), data.val.size(),
@@ -199,6 +207,11 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
       model, [&] { return model.forward(probe.tokens, probe.lengths); }, probe.tokens.size(0), cfg.max_len, dg,
       &compute_text);
   run.print(compute_text);
+  // the profile's forward keeps a whole graph and runs no backward: more than a checkpointed step
+  // holds. Its blocks go back to the system and the peak restarts here, so that the memory of
+  // the report (peak tensor bytes) and of metrics.jsonl (rss_mb) is training's.
+  empty_cache(training_device(o));
+  reset_peak_bytes(training_device(o));
 
   EvalResult last_val;
   run.evaluate_with([&](int64_t s) {
@@ -321,6 +334,10 @@ int main(int argc, char** argv) {
   cli.add_option("--heads", cfg.n_heads, "attention heads (must divide d-model)")->capture_default_str()->check(positive());
   cli.add_option("--layers", cfg.n_layers, "transformer blocks")->capture_default_str()->check(positive());
   cli.add_option("--mlp", cfg.mlp_hidden, "hidden width of each block's MLP")->capture_default_str()->check(positive());
+  bool grad_checkpointing = false;
+  cli.add_flag("--grad-checkpointing", grad_checkpointing,
+               "recompute each block's activations in backward instead of keeping them: less memory, about a third "
+               "more compute per step, the same gradients (docs/math/checkpointing.md)");
   cli.add_option("--eval-batch", a.eval_batch, "sequences per forward pass when evaluating")
       ->capture_default_str()
       ->check(positive());
@@ -348,12 +365,14 @@ int main(int argc, char** argv) {
                 "longseq: --attention axial needs sequences that fill a grid; ListOps expressions vary in length");
     usage_check(cfg.attention != "axial" || t.task != "text" || a.axial_width == 0 || t.passage % a.axial_width == 0,
                 "longseq: --axial-width {} does not divide --passage {}", a.axial_width, t.passage);
+    usage_check(!grad_checkpointing || !o.eval_only,
+                "longseq: --grad-checkpointing: recomputes activations in backward; --eval-only trains nothing");
   } catch (const UsageError& e) {
     apps::print_usage_error("longseq", e.what());
     return kExitUsage;
   }
   try {
-    return o.eval_only ? evaluate_checkpoint(o, a, run_config(cfg, t)) : train(o, cfg, t, a, dg);
+    return o.eval_only ? evaluate_checkpoint(o, a, run_config(cfg, t)) : train(o, cfg, t, a, dg, grad_checkpointing);
   } catch (const UsageError& e) {  // an option --eval-only would ignore
     apps::print_usage_error("longseq", e.what());
     return kExitUsage;

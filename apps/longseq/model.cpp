@@ -88,7 +88,7 @@ Tensor LongSeqBlock::forward(const Tensor& x, const Tensor& lengths) {
   return h + mlp->forward(ln2->forward(h));
 }
 
-LongSeqClassifier::LongSeqClassifier(const LongSeqConfig& c, Generator* gen) : cfg(c) {
+LongSeqClassifier::LongSeqClassifier(const LongSeqConfig& c, Generator* gen) : cfg(c), dropout_gen(gen) {
   check_config(c);
   embed = register_module("embed", std::make_shared<nn::Embedding>(c.vocab, c.d_model, 0, DType::f32, gen));
   pos_embed = register_parameter("pos_embed", zeros({1, c.max_len, c.d_model}));
@@ -121,7 +121,9 @@ Tensor LongSeqClassifier::forward(const Tensor& tokens_in, const Tensor& lengths
           "tokens)", cfg.grid_h, cfg.grid_w, cfg.max_len);
   }
   Tensor h = embed->forward(tokens) + pos_embed.narrow(1, 0, T);  // (B, T, d)
-  for (const auto& block : *blocks) h = block->forward(h, lengths);
+  for (const auto& block : *blocks)
+    h = block_forward(*block, [b = block.get(), lengths](const Tensor& t) { return b->forward(t, lengths); }, h,
+                      grad_checkpointing, dropout_gen);
   // mean over the valid tokens of each sequence
   Tensor pooled;
   if (lengths.defined()) {

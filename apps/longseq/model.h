@@ -100,6 +100,12 @@ struct LongSeqClassifier : nn::Module {
   std::shared_ptr<nn::LayerNorm> norm;
   std::shared_ptr<nn::Linear> head;
 
+  // --grad-checkpointing: each block's activations are recomputed in backward instead of kept
+  // (apps/common/gpt2_style.h block_forward); the same gradients, less memory, one more forward
+  // of the blocks per step (docs/math/checkpointing.md).
+  bool grad_checkpointing = false;
+  Generator* dropout_gen = nullptr;  // the generator given to the constructor, which dropout draws from
+
   explicit LongSeqClassifier(const LongSeqConfig& cfg, Generator* gen = nullptr);
   // tokens i64 (B, T <= max_len), lengths i64 (B) in [1, T] (undefined: every sequence is T long)
   Tensor forward(const Tensor& tokens, const Tensor& lengths = Tensor());

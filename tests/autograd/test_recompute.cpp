@@ -1,5 +1,7 @@
 // Activation checkpointing (autograd/recompute.h): recomputing f in backward gives exactly the gradients of the plain run
 // (same kernels, same rewound random numbers), with less memory kept between forward and backward.
+#include <map>
+
 #include "nn/transformer.h"
 #include "tests/helpers.h"
 
@@ -65,6 +67,22 @@ TEST_CASE("checkpoint: a TransformerBlock recomputed in backward, and the memory
   for (size_t i = 0; i < plain.size(); ++i) check_close(ck[i], plain[i], 0, 0);
   MESSAGE("held for backward: plain ", held_plain, " bytes, checkpointed ", held_ckpt, " bytes");
   CHECK(held_ckpt * 4 < held_plain);
+}
+
+TEST_CASE("checkpoint: the gradient-ready hook fires once for each parameter, after the checkpoint's backward") {
+  // data parallelism (dist::GradReducer) starts a bucket's all-reduce from this hook and refuses a
+  // leaf reported twice in one backward
+  Tensor w1 = leaf64({4, 4}, 1), w2 = leaf64({4, 4}, 2);
+  std::map<const TensorImpl*, int> calls;
+  const GradReadyHook previous = set_grad_ready_hook([&](const Tensor& leaf) { ++calls[&leaf.impl()]; });
+  Tensor x = leaf64({3, 4}, 3);
+  Tensor h = checkpoint([&](const Tensor& t) { return tanh(matmul(t, w1)); }, x, {w1});
+  h = checkpoint([&](const Tensor& t) { return tanh(matmul(t, w2)); }, h, {w2});
+  sum(h).backward();
+  set_grad_ready_hook(previous);
+  CHECK(calls[&w1.impl()] == 1);
+  CHECK(calls[&w2.impl()] == 1);
+  CHECK(calls[&x.impl()] == 1);
 }
 
 TEST_CASE("checkpoint: errors") {
