@@ -56,14 +56,17 @@ fuzz:
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
 # Regenerates docs/ops.md from the spec comments of autograd/ops.h, the code docs/extending.md
-# quotes from examples/extending, the exact pictures of docs/img/ (build/docpics: masks, positions,
-# a tape; make test checks these three are current), then the pictures that come from runs:
-# walkthrough's scaling.svg and the apps' attention heatmaps after a default run of each (the
+# quotes from examples/extending and the kernels docs/math quotes, the exact pictures of docs/img/ (build/docpics: masks, positions,
+# a tape and the schematics qkv, heads, online-softmax, kv-cache, linformer, compressed, axial and
+# sparse; make test checks they are current), then the pictures that come from runs
+# (scripts/docs-pictures.sh lists them): walkthrough's scaling.svg, the math pages' figures drawn
+# from their committed results, and the apps' attention heatmaps after a default run of each (the
 # four runs take minutes on 2 cores; DOCS_APPS=0 skips them).
 DOCS_APPS ?= 1
 docs: configure
-	@cmake --build $(BUILD) -j $(JOBS) --target opsdoc snippets docpics walkthrough $(if $(filter 1,$(DOCS_APPS)),vit textclf gpt imagetext)
-	@./$(BUILD)/opsdoc && ./$(BUILD)/snippets docs/extending.md && ./$(BUILD)/docpics
+	@cmake --build $(BUILD) -j $(JOBS) --target opsdoc snippets docpics walkthrough recipefigs bench_checkpoint \
+	  bench_why_attention bench_decode $(if $(filter 1,$(DOCS_APPS)),vit textclf gpt imagetext)
+	@./$(BUILD)/opsdoc && ./$(BUILD)/snippets docs/extending.md docs/math && ./$(BUILD)/docpics
 	@scripts/docs-pictures.sh $(BUILD) $(if $(filter 1,$(DOCS_APPS)),,--no-apps)
 
 bench: build

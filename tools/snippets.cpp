@@ -1,6 +1,9 @@
 // snippets: keeps the code a Markdown page quotes equal to the source files it quotes.
 //
-//   snippets [--root DIR] [--check] PAGE.md...
+//   snippets [--root DIR] [--check] PAGE.md|FOLDER...
+//
+// A FOLDER stands for every *.md page directly inside it, in name order, so a test over
+// docs/math/ covers a page added there without a change to the test.
 //
 // In the page, a quoted block is an HTML comment naming the file (and a region of it) on the line
 // right above a fenced code block:
@@ -21,8 +24,8 @@
 //
 // By default the blocks of each page are rewritten from their sources (the text around them is
 // kept as it is). --check writes nothing: it exits 1 when a block differs from its source, naming
-// the page's line and the first line that differs (the CTest "docs: extending.md quotes
-// examples/extending as it is"). A quoted file or region that does not exist, a region opened and
+// the page's line and the first line that differs (the CTests "docs: extending.md quotes
+// examples/extending as it is" and "docs: the math pages quote the kernels as they are"). A quoted file or region that does not exist, a region opened and
 // not closed (or opened twice), or a snippet comment without a fence right below exits 2, in both
 // modes. Paths are relative to DIR, which defaults to the source tree this binary was configured
 // from. Standard library only.
@@ -191,9 +194,10 @@ int main(int argc, char** argv) {
       root = argv[++i];
     } else if (a.empty() || a[0] == '-') {
       std::fprintf(stderr,
-                   "usage: snippets [--root DIR] [--check] PAGE.md...\n"
-                   "  rewrites the <!-- snippet: file#region --> blocks of each page from the files they\n"
-                   "  quote (paths relative to DIR: %s); --check only compares, and exits 1 when one differs\n",
+                   "usage: snippets [--root DIR] [--check] PAGE.md|FOLDER...\n"
+                   "  rewrites the <!-- snippet: file#region --> blocks of each page (a FOLDER: each *.md in it)\n"
+                   "  from the files they quote (paths relative to DIR: %s); --check only compares, and exits 1\n"
+                   "  when one differs\n",
                    ATTOGRAD_SOURCE_DIR);
       return a == "--help" || a == "-h" ? 0 : 2;
     } else {
@@ -201,9 +205,29 @@ int main(int argc, char** argv) {
     }
   }
   if (pages.empty()) {
-    std::fprintf(stderr, "snippets: no page given (usage: snippets [--root DIR] [--check] PAGE.md...)\n");
+    std::fprintf(stderr, "snippets: no page given (usage: snippets [--root DIR] [--check] PAGE.md|FOLDER...)\n");
     return 2;
   }
+  // a folder stands for its *.md pages, in name order
+  std::vector<std::string> expanded;
+  for (const std::string& page : pages) {
+    std::error_code ec;
+    if (!fs::is_directory(root / page, ec)) {
+      expanded.push_back(page);
+      continue;
+    }
+    std::vector<std::string> found;
+    for (const fs::directory_entry& e : fs::directory_iterator(root / page, ec))
+      if (e.is_regular_file() && e.path().extension() == ".md") found.push_back(e.path().filename().string());
+    if (ec || found.empty()) {
+      std::fprintf(stderr, "snippets: %s: a folder with no .md page in it\n", page.c_str());
+      return 2;
+    }
+    std::sort(found.begin(), found.end());
+    const std::string prefix = page.back() == '/' ? page : page + "/";
+    for (const std::string& name : found) expanded.push_back(prefix + name);
+  }
+  pages = expanded;
   int status = 0;
   for (const std::string& page : pages) {
     std::string regenerate = std::string(argv[0]);

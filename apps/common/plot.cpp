@@ -301,14 +301,15 @@ std::string svg_line_chart(const LineChart& chart) {
   return svg;
 }
 
-std::string svg_line_charts(const std::vector<LineChart>& charts, int columns) {
+std::string svg_line_charts(const std::vector<LineChart>& charts, int columns, const std::string& caption) {
   check(!charts.empty(), "svg_line_charts: no charts to draw");
   check(columns >= 1, "svg_line_charts: columns must be >= 1, got {}", columns);
   const int ncols = std::min<int>(columns, int(charts.size()));
   int cell_w = 0, cell_h = 0;
   for (const auto& c : charts) cell_w = std::max(cell_w, std::max(c.width, 200)), cell_h = std::max(cell_h, std::max(c.height, 150));
   const int nrows = (int(charts.size()) + ncols - 1) / ncols;
-  std::string svg = svg_open(ncols * cell_w, nrows * cell_h);
+  const int caption_h = caption.empty() ? 0 : 20;
+  std::string svg = svg_open(ncols * cell_w, nrows * cell_h + caption_h);
   for (size_t k = 0; k < charts.size(); ++k) {
     std::string one = svg_line_chart(charts[k]);
     one.erase(0, one.find("<svg"));  // drop the XML declaration: this one goes inside
@@ -316,6 +317,9 @@ std::string svg_line_charts(const std::vector<LineChart>& charts, int columns) {
     one.replace(0, 5, at);
     svg += one;
   }
+  if (!caption.empty())
+    svg += fmt::format("<text x=\"12\" y=\"{}\" font-size=\"12\" font-family=\"sans-serif\">{}</text>\n",
+                       nrows * cell_h + caption_h - 6, xml_escape(caption));
   svg += "</svg>\n";
   return svg;
 }

@@ -38,8 +38,9 @@ struct LineChart {
 // log axis, with 2 and 5 between them when the axis spans at most two decades),
 // axis labels, title and a legend in the emptiest corner. Raises ag::Error when a series' x and y lengths differ.
 std::string svg_line_chart(const LineChart& chart);
-// Several charts in one file, `columns` per row (each a nested <svg> at its offset).
-std::string svg_line_charts(const std::vector<LineChart>& charts, int columns = 2);
+// Several charts in one file, `columns` per row (each a nested <svg> at its offset), and a line of
+// caption below them when `caption` is not empty.
+std::string svg_line_charts(const std::vector<LineChart>& charts, int columns = 2, const std::string& caption = "");
 
 // The curves of a run, collected at each evaluation and drawn side by side in one SVG, one chart
 // per metric (in order of first use), one series per split:

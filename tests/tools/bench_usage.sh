@@ -33,4 +33,6 @@ expect 2 bench_decode --precision bf8
 expect 2 bench_train --configs Q
 expect 2 bench_train --paired
 expect 2 bench_block --d 64 --heads 3
+expect 2 bench_why_attention --kernel 1
+expect 2 bench_decode --per-token --json
 exit $status
