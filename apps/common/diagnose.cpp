@@ -17,6 +17,7 @@
 #include "apps/common/plot.h"
 #include "apps/common/run.h"
 #include "apps/common/threads.h"
+#include "core/allocator.h"
 #include "core/parallel.h"
 #include "dist/dist.h"
 
@@ -171,6 +172,8 @@ ComputeProfile profile_model(nn::Module& model, const std::function<Tensor()>& f
     throw;
   }
   model.train(was_training);
+  empty_cache(model.device());
+  reset_peak_bytes(model.device());
   if (d.peak_gflops > 0) {
     c.peak_flops = d.peak_gflops * 1e9;
     c.peak_source = "--peak-gflops";
@@ -243,6 +246,8 @@ nn::AttentionReport write_attention_diagnostics(nn::Module& model, const std::fu
     throw;
   }
   model.train(was_training);
+  empty_cache(model.device());
+  reset_peak_bytes(model.device());
   std::filesystem::create_directories(dir);
   const std::string file = dir + "/attention_diagnostics.json";
   write_file_atomic(file, attention_report_to_json(r).dump(2) + "\n");

@@ -75,7 +75,10 @@ struct ComputeProfile {
 // One forward of `model` through `forward` (a batch of `samples`, `tokens_per_sample` long; 0 for
 // no sequence) in eval mode (restored afterwards, so no dropout draw changes the run), with
 // nn::summarize; then the peak (--peak-gflops, or measured). Returns both and the line to print:
-// with d.model_report the whole table, else one line of totals.
+// with d.model_report the whole table, else one line of totals. The forward's blocks go back to the
+// system and the device's peak restarts afterwards: that forward keeps a whole graph and runs no
+// backward, more than a checkpointed training step holds, so the run's peak tensor bytes and
+// rss_mb would otherwise be the probe's, not training's.
 ComputeProfile profile_model(nn::Module& model, const std::function<Tensor()>& forward, int64_t samples,
                              int64_t tokens_per_sample, const DiagnoseOptions& d, std::string* text);
 

@@ -18,7 +18,7 @@
 // top-k characters, one seeded Philox draw per character (see apps/gpt/lib.h for the
 // context window: after `context` tokens it restarts from the last context/2, cached or not).
 //
-// Default run: build/gpt (500 steps, under a minute on 2 cores: docs/benchmarks.md, "The apps' default runs").
+// Default run: build/gpt (500 steps; its loss: docs/benchmarks.md, "The apps' default runs").
 // Longer: build/gpt --steps 2000 (validation loss compared with bench/train_gpt_twin.py).
 // Files: runs/gpt/{checkpoint.safetensors, tokenizer.json, metrics.jsonl, events.out.tfevents.*,
 //        curves.svg, attention.svg, sample.txt, report.json (with forward FLOPs and MFU)}; with
@@ -309,11 +309,6 @@ int main(int argc, char** argv) {
     const Tensor probe = zeros({o.batch, T}, DType::i64);
     const ComputeProfile compute = profile_model(model, [&] { return model.forward(probe); }, o.batch, T, dg, &compute_text);
     run.print(compute_text);
-    // the profile's forward keeps a whole graph and runs no backward: more than a checkpointed step
-    // holds. Its blocks go back to the system and the peak restarts here, so that the memory of
-    // the report (peak tensor bytes) and of metrics.jsonl (rss_mb) is training's.
-    empty_cache(training_device(o));
-    reset_peak_bytes(training_device(o));
     double val = NAN;
     int64_t val_step = -1;  // the step `val` was measured at
 

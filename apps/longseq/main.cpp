@@ -31,7 +31,6 @@
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "apps/longseq/lib.h"
-#include "core/allocator.h"
 #include "data/images.h"
 #include "optim/adam.h"
 #include "training/checkpoint.h"
@@ -207,11 +206,6 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
       model, [&] { return model.forward(probe.tokens, probe.lengths); }, probe.tokens.size(0), cfg.max_len, dg,
       &compute_text);
   run.print(compute_text);
-  // the profile's forward keeps a whole graph and runs no backward: more than a checkpointed step
-  // holds. Its blocks go back to the system and the peak restarts here, so that the memory of
-  // the report (peak tensor bytes) and of metrics.jsonl (rss_mb) is training's.
-  empty_cache(training_device(o));
-  reset_peak_bytes(training_device(o));
 
   EvalResult last_val;
   run.evaluate_with([&](int64_t s) {
