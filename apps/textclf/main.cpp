@@ -143,10 +143,10 @@ nlohmann::json checked_config(TextClassifierConfig mc, DataOptions d, const Text
 int main(int argc, char** argv) {
   CLI::App cli{"textclf: an attention text classifier (default: language identification on Debian's fortunes)"};
   RunOptions o;
-  // The defaults, chosen on the fortunes by validation accuracy over several seeds (the runs and
-  // the settings tried: docs/benchmarks.md, "The apps' default runs"). Words (about 30 tokens per text)
-  // with subword n-grams are the default: on test they are at parity with the character n-gram
-  // naive Bayes baseline, while characters (about 100 tokens per text) underfit at this size.
+  // The defaults, chosen on the fortunes by validation accuracy over several seeds (the default
+  // run: docs/benchmarks.md, "The apps' default runs"). Words (about 30 tokens per text) with
+  // subword n-grams are the default: on test they are at parity with the character n-gram naive
+  // Bayes baseline, while characters (about 100 tokens per text) underfit at this size.
   o.steps = 3000;
   o.batch = 64;
   o.lr = 3e-3;

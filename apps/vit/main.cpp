@@ -14,7 +14,7 @@
 // 205k parameters. Trained with AdamW (lr 2e-3, weight decay 0.05), 5% linear warmup then cosine
 // to zero, gradient clip 1.0, batch 128.
 //
-// The default run's accuracy and time: docs/benchmarks.md, "The apps' default runs".
+// The default run's accuracy: docs/benchmarks.md, "The apps' default runs".
 // For a higher accuracy: the finer patch grid (49 patches + the class token = 50 tokens, more CPU
 // time per step) with crop and flip augmentation, for about 64 epochs:
 //   vit --patch 4 --crop-pad 2 --flip --steps 30000 --eval-every 3000 --out runs/vit-long
