@@ -314,20 +314,6 @@ std::string draw_per_token(const std::vector<nlohmann::json>& rows) {
   return apps::svg_line_charts({time, flops, mem}, 3, caption);
 }
 
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  check(bool(in), "bench_decode: --plot-only: cannot read {}", path);
-  std::vector<nlohmann::json> rows;
-  std::string line;
-  for (int i = 1; std::getline(in, line); ++i) {
-    if (line.empty()) continue;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    check(!j.is_discarded() && j.contains("part"), "bench_decode: {} line {}: not a result line", path, i);
-    rows.push_back(std::move(j));
-  }
-  return rows;
-}
-
 // --per-token: each step of a greedy generation of n tokens timed with the cache and without, in
 // lockstep (the two alternate at every step and round), the median over the rounds; the FLOPs of a
 // step counted at the sample positions; the cache's bytes for every kv-head count dividing heads.
@@ -536,20 +522,7 @@ int main(int argc, char** argv) {
   app.add_option("--plot-only", plot_only, "draw the --per-token SVG (--svg) from this JSONL file, measuring nothing");
   app.add_option("--svg", svg_path, "with --plot-only: where the SVG goes");
   if (const int rc = ag::apps::parse_command_line(app, argc, argv, "bench_decode"); rc >= 0) return rc;
-  if (!plot_only.empty() || !svg_path.empty()) {
-    if (plot_only.empty() || svg_path.empty()) {
-      fmt::print(stderr, "bench_decode: --plot-only FILE and --svg FILE go together\n");
-      return 2;
-    }
-    try {
-      apps::write_file_atomic(svg_path, draw_per_token(read_jsonl(plot_only)));
-    } catch (const Error& e) {
-      fmt::print(stderr, "{}\n", e.what());
-      return 1;
-    }
-    fmt::print("wrote {}\n", svg_path);
-    return 0;
-  }
+  if (const int rc = bench::plot_only("bench_decode", plot_only, svg_path, {"part"}, draw_per_token); rc >= 0) return rc;
   if (per_token && (imagetext || json || !kv_list.empty())) {
     fmt::print(stderr, "bench_decode: --per-token measures the cache's size for every kv-head count itself and "
                        "prints tables: it takes no --imagetext, --json or --kv-heads\n");

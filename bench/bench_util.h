@@ -1,13 +1,16 @@
 #pragma once
 // Helpers shared by the benchmarks: the median of repeated runs after warm-up, and the PyTorch
 // column: finding a Python that has torch, running bench/torch_reference.py with the same shapes
-// and thread count, and reading back its one line of JSON.
+// and thread count, and reading back its one line of JSON; redrawing a figure from the result lines
+// a bench wrote (--plot-only).
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +19,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "apps/common/plot.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "cuda/memory.h"
@@ -187,6 +191,45 @@ inline std::optional<nlohmann::json> torch_reference(const std::string& script, 
     return std::nullopt;
   }
   return j;
+}
+
+// The result lines a bench wrote to a JSONL file (--out), read back to redraw its figure: every
+// non-empty line must be a JSON object holding each of `keys`, else ag::Error names the file and line.
+inline std::vector<nlohmann::json> read_result_lines(const char* tool, const std::string& path,
+                                                     std::initializer_list<const char*> keys) {
+  std::ifstream in(path);
+  ag::check(bool(in), "{}: --plot-only: cannot read {}", tool, path);
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  for (int i = 1; std::getline(in, line); ++i) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    const bool ok = j.is_object() && std::all_of(keys.begin(), keys.end(), [&](const char* k) { return j.contains(k); });
+    ag::check(ok, "{}: {} line {}: not a result line", tool, path, i);
+    rows.push_back(std::move(j));
+  }
+  return rows;
+}
+
+// --plot-only FILE --svg FILE: draw(the result lines of FILE, read_result_lines with `keys`) written
+// to the SVG file, measuring nothing. Returns the exit code: 0, 1 when FILE does not read, 2 when
+// only one of the two is given; -1 when neither is given and the bench measures.
+template <class Draw>
+int plot_only(const char* tool, const std::string& jsonl, const std::string& svg,
+              std::initializer_list<const char*> keys, Draw&& draw) {
+  if (jsonl.empty() && svg.empty()) return -1;
+  if (jsonl.empty() || svg.empty()) {
+    fmt::print(stderr, "{}: --plot-only FILE and --svg FILE go together\n", tool);
+    return 2;
+  }
+  try {
+    ag::apps::write_file_atomic(svg, draw(read_result_lines(tool, jsonl, keys)));
+  } catch (const ag::Error& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+  fmt::print("wrote {}\n", svg);
+  return 0;
 }
 
 }  // namespace bench

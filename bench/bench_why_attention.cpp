@@ -278,21 +278,6 @@ std::vector<json> measure_paths(const std::vector<int64_t>& ns, const Shapes& s)
 
 // ---- the picture ---------------------------------------------------------------------------------
 
-std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  check(bool(in), "bench_why_attention: --plot-only: cannot read {}", path);
-  std::vector<json> rows;
-  std::string line;
-  for (int i = 1; std::getline(in, line); ++i) {
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    check(!j.is_discarded() && j.contains("part") && j.contains("kind") && j.contains("n"),
-          "bench_why_attention: {} line {}: not a result line", path, i);
-    rows.push_back(std::move(j));
-  }
-  return rows;
-}
-
 // Three log-log charts against n: the time of forward + backward, the forward FLOPs (counted, and
 // the formula dashed), and the longest chain of ops of the stack that connects input 0 to output n-1.
 std::string draw(const std::vector<json>& rows) {
@@ -374,17 +359,8 @@ int main(int argc, char** argv) {
     return 2;
   };
   if (s.d % s.heads != 0) return usage(fmt::format("--heads {} does not divide --d {}", s.heads, s.d));
-  if (!plot_only.empty() || !svg_path.empty()) {
-    if (plot_only.empty() || svg_path.empty()) return usage("--plot-only FILE and --svg FILE go together");
-    try {
-      apps::write_file_atomic(svg_path, draw(read_jsonl(plot_only)));
-    } catch (const Error& e) {
-      fmt::print(stderr, "{}\n", e.what());
-      return 1;
-    }
-    fmt::print("wrote {}\n", svg_path);
-    return 0;
-  }
+  if (const int rc = bench::plot_only("bench_why_attention", plot_only, svg_path, {"part", "kind", "n"}, draw); rc >= 0)
+    return rc;
   std::ofstream jsonl;
   if (!out_dir.empty()) {
     std::filesystem::create_directories(out_dir);

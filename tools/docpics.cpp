@@ -50,6 +50,7 @@
 #include "nn/efficient_attention.h"
 #include "nn/positional.h"
 #include "nn/sparse_patterns.h"
+#include "tools/docpics/pictures.h"
 #include "tools/docpics/schematics.h"
 
 #ifndef ATTOGRAD_SOURCE_DIR
@@ -244,9 +245,7 @@ std::string sparse_svg() {
       "n = 16 blocks (T = 16 bs). Green: kept, computed in blocks of bs × bs scores; grey: skipped by the kernels.");
 }
 
-struct Picture {
-  std::string file, text;
-};
+using docs::Picture;
 std::vector<Picture> draw_all(const std::filesystem::path& root) {
   const TapeExample e = tape_example();
   const std::filesystem::path kernel = root / "core" / "cpu" / "attention.cpp";
@@ -276,20 +275,7 @@ int main(int argc, char** argv) {
   app.add_flag("--check", check_only, "write nothing; exit 1 when a picture in docs/img/ differs");
   if (const int rc = apps::parse_command_line(app, argc, argv, "docpics"); rc >= 0) return rc;
   try {
-    const std::filesystem::path dir = std::filesystem::path(root) / "docs" / "img";
-    int stale = 0;
-    for (const Picture& p : draw_all(root)) {
-      const std::filesystem::path path = dir / p.file;
-      if (check_only) {
-        if (!std::filesystem::exists(path) || data::read_file_bytes(path.string()) != p.text)
-          ++stale, fmt::print(stderr, "docpics: docs/img/{} is out of date or missing; run `make docs`\n", p.file);
-        continue;
-      }
-      std::filesystem::create_directories(dir);
-      apps::write_file_atomic(path.string(), p.text);
-      fmt::print("wrote docs/img/{}\n", p.file);
-    }
-    return stale ? 1 : 0;
+    return docs::write_or_check("docpics", root, draw_all(root), check_only);
   } catch (const std::exception& ex) {
     fmt::print(stderr, "docpics: {}\n", ex.what());
     return 1;

@@ -38,6 +38,7 @@
 #include "apps/textclf/model.h"
 #include "attograd.h"
 #include "data/text.h"
+#include "tools/docpics/pictures.h"
 
 #ifndef ATTOGRAD_SOURCE_DIR
 #define ATTOGRAD_SOURCE_DIR "."
@@ -351,10 +352,6 @@ int padding_report() {
   return 0;
 }
 
-struct Figure {
-  std::string file, text;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -367,23 +364,11 @@ int main(int argc, char** argv) {
   if (const int rc = apps::parse_command_line(app, argc, argv, "recipefigs"); rc >= 0) return rc;
   try {
     if (report) return padding_report();
-    const std::vector<Figure> figures = {{"vit-patches.svg", vit_patches_svg(root)},
-                                         {"textclf-padding.svg", textclf_padding_svg()},
-                                         {"textclf-size.svg", textclf_size_svg(root)}};
-    const fs::path dir = fs::path(root) / "docs" / "img";
-    int stale = 0;
-    for (const Figure& f : figures) {
-      const fs::path path = dir / f.file;
-      if (check_only) {
-        if (!fs::exists(path) || data::read_file_bytes(path.string()) != f.text)
-          ++stale, fmt::print(stderr, "recipefigs: docs/img/{} is out of date or missing; run `make docs`\n", f.file);
-        continue;
-      }
-      fs::create_directories(dir);
-      apps::write_file_atomic(path.string(), f.text);
-      fmt::print("wrote docs/img/{}\n", f.file);
-    }
-    return stale ? 1 : 0;
+    return docs::write_or_check("recipefigs", root,
+                                {{"vit-patches.svg", vit_patches_svg(root)},
+                                 {"textclf-padding.svg", textclf_padding_svg()},
+                                 {"textclf-size.svg", textclf_size_svg(root)}},
+                                check_only);
   } catch (const std::exception& ex) {
     fmt::print(stderr, "recipefigs: {}\n", ex.what());
     return 1;
