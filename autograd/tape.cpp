@@ -285,75 +285,24 @@ void check_gradients_fit(const Node& n, const std::vector<Tensor>& dinputs) {
   }
 }
 
-// Zeros into the parts of t's pending gradient that no slice has written yet (PendingSlices::
-// unset): what the tape does before anything but send_slice's copies reads or adds to it. The
-// parts of q, k and v cover the whole of their fused projection's gradient: nothing is filled.
-void settle_pending(Node& t) {
-  Node::PendingSlices& ps = t.pending_slices;
-  if (!ps.unset) return;
-  ps.unset = false;
-  std::sort(ps.written.begin(), ps.written.end());  // (their order matters nowhere else)
-  int64_t at = 0;  // [0, at) is written
-  for (const auto& [lo, hi] : ps.written) {
-    if (at < lo) t.pending.slice(ps.dim, at, lo).zero_();
-    at = std::max(at, hi);
-  }
-  if (const int64_t n = t.pending.size(ps.dim); at < n) t.pending.slice(ps.dim, at, n).zero_();
-}
-
-// Each input's gradient goes where its edge leads: summed into the pending gradient of the node
-// that made the input, or into a leaf's .grad.
+// Step 4 of backward: each input's gradient goes where its edge leads, summed into the pending
+// gradient of the node that made the input, or into a leaf's .grad.
 void send_gradients(const Node& n, const std::vector<Tensor>& dinputs) {
   for (size_t i = 0; i < dinputs.size(); ++i) {
     const Edge& e = n.next[i];
     const Tensor& d = dinputs[i];
     if (!e.active() || !d.defined()) continue;
-    if (e.node) {
-      Node& t = *e.node;
-      settle_pending(t);
-      const bool sum = t.pending.defined();
-      t.pending = sum ? add(t.pending, d) : d;
-      t.pending_slices = {sum, -1, {}};  // a sum is a new tensor of the tape's; d may be held elsewhere
-    } else {
-      accumulate_leaf(*e.leaf, d);
-    }
+    if (e.node) e.node->pending.add(d);
+    else accumulate_leaf(*e.leaf, d);
   }
 }
 
-// The gradient dout of a slice or select node n (Node::slice_of_input) written into its part of
-// the input node's pending gradient: the first one into an unset tensor of the input's shape,
-// copied where no slice wrote before (the parts of q, k and v cut from one tensor), added where
-// one did; the parts no slice wrote become zeros before anything else reads it (settle_pending).
-// A pending gradient that came from elsewhere is copied first (it may be held by another node or
-// by the caller). The same sums as send_gradients on the zero-filled tensor that the node's
-// backward would return: x + 0 = x, and overlapping slices added in the same order.
-// False (nothing done) where this does not apply: the input is a leaf, or not recorded.
-bool send_slice(const Node& n, const Tensor& dout) {
-  if (!n.slice_of_input || n.next.size() != 1 || !n.next[0].node) return false;
-  const Node::SliceOfInput& s = *n.slice_of_input;
-  Node& t = *n.next[0].node;
-  Node::PendingSlices& ps = t.pending_slices;
-  if (!t.pending.defined()) {
-    t.pending = empty(n.recorded.in_shapes[0], dout.dtype(), dout.device());
-    ps = {true, s.dim, {}, true};
-  } else if (!ps.owned || !t.pending.is_contiguous()) {
-    settle_pending(t);
-    t.pending = t.pending.clone();
-    ps = {true, -1, {}};
-  }
-  Tensor part = s.select ? t.pending.select(s.dim, s.start) : t.pending.slice(s.dim, s.start, s.stop, s.step);
-  bool fresh = ps.dim == s.dim;
-  for (const auto& [lo, hi] : ps.written) fresh = fresh && (s.stop <= lo || hi <= s.start);
-  // a strided slice leaves gaps inside its range, and an add reads the part: zeros first
-  if (!fresh || (s.step != 1 && !s.select)) settle_pending(t);
-  if (fresh) {
-    part.copy_(dout);
-  } else {
-    part.copy_(add(part, dout));
-  }
-  if (ps.dim == s.dim) ps.written.emplace_back(s.start, s.stop);
-  else ps.dim = -1;  // written along another dim: its zeros are no longer known
-  return true;
+// Step 4 for a slice or select node whose input was made by another node: its gradient goes
+// straight into its part of that node's pending gradient (autograd/slice_grad.h), and its own
+// backward, a zero-filled gradient of the whole input, is never made.
+bool sends_to_part(const Node& n) { return n.slice_of_input && n.next.size() == 1 && n.next[0].node; }
+void send_to_part(const Node& n, const Tensor& dout) {
+  n.next[0].node->pending.add_to_part(*n.slice_of_input, dout, n.recorded.in_shapes[0]);
 }
 
 // The debugging aids of backward, kept out of its loop: anomaly checks, gradient norms and the
@@ -402,10 +351,12 @@ class BackwardAids {
 };
 }  // namespace
 
+// The steps are those of docs/architecture.md, "How backward replays".
 void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
   const Tensor g = root_gradient(root, gradient);
   NoGradGuard no_grad;  // backward functions compute with recording off: no double backward
-  std::vector<Node*> tape = reachable_nodes(root);  // the tape, reversed (empty for a leaf)
+  // 1. the tape, reversed: every node the root depends on, by decreasing sequence number
+  std::vector<Node*> tape = reachable_nodes(root);  // empty for a leaf
   BackwardAids aids(tape);
   aids.check_root(g);
   if (root.is_leaf()) {
@@ -413,42 +364,47 @@ void backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
     if (g_grad_ready_hook) g_grad_ready_hook(root);
     return;
   }
-
   for (Node* n : tape)
     check(!n->released,
           "backward: the graph through '{}' was freed by an earlier backward; pass retain_graph=true to "
           "the first backward to run backward twice",
           n->op);
-  root.grad_fn()->pending = g;
-  root.grad_fn()->pending_slices = {};
+
+  // 2. the root's gradient: 1, or the one given
+  root.grad_fn()->pending.clear();
+  root.grad_fn()->pending.add(g);
   struct InBackward {  // restores the flag also when a node throws
     bool prev = std::exchange(g_in_backward, true);
     ~InBackward() { g_in_backward = prev; }
   } in_backward;
   try {
     for (Node* n : tape) {
-      settle_pending(*n);
-      if (Tensor dout = std::exchange(n->pending, Tensor()); dout.defined()) {
-        check_versions(*n);  // nothing it saved was written in place since
+      // 3. the summed gradient of the node's output (none reached it: nothing to run) and, once
+      // nothing it saved was written in place since, its backward
+      if (Tensor dout = n->pending.take(); dout.defined()) {
+        check_versions(*n);
         aids.before(*n, dout);
-        // a slice's gradient goes straight into its part of its input's (anomaly mode checks the
-        // gradient each node returns, so there every node runs its backward)
-        if (aids.checks_gradients() || !send_slice(*n, dout)) {
+        if (!aids.checks_gradients() && sends_to_part(*n)) {
+          // 4, for a slice: its gradient straight into its part of its input's, no backward run
+          // (anomaly mode checks what each backward returns, so there every node runs its own)
+          send_to_part(*n, dout);
+        } else {
           std::vector<Tensor> dinputs = n->backward(dout);
+          // 4. each gradient checked against its input and sent on
           check_gradients_fit(*n, dinputs);
           aids.after(*n, dout, dinputs);
           send_gradients(*n, dinputs);
         }
-        n->pending_slices = {};
       }
       aids.done(*n);
-      if (!retain_graph) {  // free what the op saved; the node stays as an edge, marked used
+      // 5. what the op saved is freed; the node stays as an edge, marked used
+      if (!retain_graph) {
         n->backward = nullptr;
         n->released = true;
       }
     }
   } catch (...) {
-    for (Node* n : tape) n->pending = Tensor(), n->pending_slices = {};  // no half-summed gradient may leak into a later backward
+    for (Node* n : tape) n->pending.clear();  // no half-summed gradient may leak into a later backward
     throw;
   }
 }

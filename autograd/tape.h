@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/slice_grad.h"
 #include "core/tensor.h"
 
 namespace ag {
@@ -67,31 +68,12 @@ struct Node {
   std::vector<Edge> next;         // one per input, in the op's argument order
   BackwardFn backward;            // null once released by a backward without retain_graph
   bool released = false;
-  Tensor pending;                 // gradient of the output, summed while backward runs
-  // For a slice or select: the part of its input that its output is (a view of it). backward()
-  // writes this node's gradient into that part of the input node's pending gradient itself,
-  // instead of running `backward`, which makes a zero-filled tensor of the whole input for each
-  // slice, to be added to the others (send_slice in tape.cpp): q, k and v cut from one fused
-  // projection then cost three copies, not three fills and two sums (zeros go only where no
-  // slice wrote, settle_pending).
-  struct SliceOfInput {
-    int dim;
-    int64_t start, stop, step;
-    bool select;  // the dim is dropped (select): index `start`, stop = start + 1
-  };
+  // the gradient of the output, summed while backward runs (slices write into it by parts)
+  PendingGrad pending;
+  // For a slice or select: the part of its input that its output is. Backward then writes this
+  // node's gradient into that part of the input node's pending gradient (autograd/slice_grad.h).
+  using SliceOfInput = ag::SliceOfInput;
   std::optional<SliceOfInput> slice_of_input;
-  // Whether `pending` was made by the tape while backward sums into it (no one else holds it, so
-  // send_slice may write into it), and which index ranges [lo, hi) of dim `dim` slices have
-  // written into it since it was made (dim -1: not known); a slice whose range meets none of
-  // them is copied in, not added. unset: `pending` was made empty, and only those ranges hold
-  // values (each a whole range, copied in with step 1); the rest becomes zeros before anything
-  // else reads or adds to it (settle_pending).
-  struct PendingSlices {
-    bool owned = false;
-    int dim = -1;
-    std::vector<std::pair<int64_t, int64_t>> written;
-    bool unset = false;
-  } pending_slices;
 
   // ---- what the op saw when it ran: backward checks each gradient against the shapes and
   // dtypes, and refuses a node whose tensors were written in place since (what the op saved

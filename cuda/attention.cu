@@ -1,12 +1,6 @@
-// Fused scaled dot-product attention on the GPU (core/kernels/attention.h). Math: autograd/ops.h
-// (scaled_dot_product_attention); derivation: docs/math/attention.md.
-//
-//   q (BH, Tq, D), k (B H/G, Tk, D), v (B H/G, Tk, Dv), out/dout (BH, Tq, Dv), lse (BH, Tq)
-//   dq (BH, Tq, D), dk (BH, Tk, D), dv (BH, Tk, Dv); lengths (B), key_mask (B, Tk)
-//   BH = batch * heads, b = bh / H, h = bh % H; query head h reads key/value head h / G (G = 1
-//   unless grouped-query), and dk, dv are per query head (the caller sums each group). out, dout,
-//   lse and the gradients are contiguous; q, k, v are read through their (b, h, t) strides with
-//   unit stride along D, as on the CPU.
+// Fused scaled dot-product attention on the GPU. Shapes, strides and contracts:
+// core/kernels/attention.h. Math: autograd/ops.h (scaled_dot_product_attention); derivation:
+// docs/math/attention.md.
 //
 // The kernels compute exactly what cpu::attention_forward / attention_backward define (the same
 // masks from the same rule, core/kernels/attention_mask.h; lse = +inf and out = 0 for a row with no
@@ -166,14 +160,12 @@ constexpr size_t backward_q_floats(int C) {
 // ---- forward ---------------------------------------------------------------------------------
 // Block (bh, query tile i0): rows i = i0 + 8 warp + r of head bh. For each key tile j0, lane j:
 //   s_ij = scale q_i . k_j   (-inf where j is hidden from i)
-// then the online softmax of each row over the tiles seen so far (m the running max, l the
-// running sum of e^(s - m), acc the running sum of e^(s - m) v, all in registers):
-//   m' = max(m, max_j s_ij),  alpha = e^(m - m'),  p_ij = e^(s_ij - m')
-//   l' = alpha l + sum_j p_ij,   acc' = alpha acc + sum_j p_ij M_ij v_j
-// (M the dropout keep factors: the normaliser l counts every weight, only the values are dropped,
-// as on the CPU). After the last tile out_i = acc / l and lse_i = m + log l, the log of
-// sum_j e^(s_ij): exactly what backward needs to rebuild p_ij = e^(s_ij - lse_i). A row that saw no
-// key keeps m = -inf, l = 0: out = 0, lse = +inf.
+// then the online softmax of each row over the tiles seen so far (docs/math/attention.md, "The
+// fused kernel: recompute instead of storing T x T"): m the running max, l the running sum of
+// e^(s - m), acc the running sum of e^(s - m) v, all in registers; alpha = e^(m - m') rescales
+// them when the max grows. With dropout l counts every weight and only the values are dropped, as
+// on the CPU. After the last tile out_i = acc / l and lse_i = m + log l. A row that saw no key
+// keeps m = -inf, l = 0: out = 0, lse = +inf.
 // The sum over j of p_ij v_j: lane c owns the output columns c + 32 cc; p of the warp's rows goes
 // through shared memory (Ps) and is read back as float4 broadcasts, 4 keys at a time.
 template <int C, bool Blocks>
@@ -268,14 +260,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- backward --------------------------------------------------------------------------------
-// In the forward pass this was, per row i:  P_ij = e^(S_ij - lse_i),  O_i = sum_j P_ij M_ij V_j
-// (M the dropout keep factors, 1 without dropout),  S = scale Q K^T.  So now we have
-//   dV_j  = sum_i P_ij M_ij dO_i
-//   dP_ij = (dO_i . V_j) M_ij
-//   dS_ij = P_ij (dP_ij - D_i),   D_i = sum_j P_ij dP_ij = dO_i . O_i   (the softmax backward:
-//           D_i = sum_j P_ij M_ij (dO_i . V_j) = dO_i . sum_j P_ij M_ij V_j = dO_i . O_i)
-//   dQ_i  = scale sum_j dS_ij K_j,   dK_j = scale sum_i dS_ij Q_i
-// with each tile's P rebuilt from the saved lse instead of stored.
+// Math: autograd/ops.h (scaled_dot_product_attention); derived in docs/math/attention.md,
+// "Backward, through both matmuls and the softmax": D_i = dO_i . O_i, and M_ij below is the
+// dropout keep factor of weight (i, j) (1 without dropout). Each tile's P is rebuilt from the
+// saved lse instead of stored.
 //
 // Deterministic, no atomics: every gradient element is summed by one thread in a fixed order.
 // dK and dV need a sum over the queries, dQ one over the keys, so there are two kernels, which

@@ -1,11 +1,5 @@
-// GPU kernels of the tensor core (declared in core/kernels/core.h beside the CPU ones, whose
-// semantics they mirror: core/cpu/core.cpp).
-//   cast_copy       dst (n) contiguous, src strided by its Layout
-//   strided_copy    dst, src strided, one shape
-//   fill            dst strided
-//   arange          dst (n)
-//   uniform/normal  dst (n); element i from Philox(seed, offset + i/4), lane i%4
-//   randint         dst (n); element i from Philox(seed, offset + i/2), lanes (0,1) or (2,3)
+// GPU kernels of the tensor core, the twins of core/cpu/core.cpp. Shapes and contracts:
+// core/kernels/core.h.
 //
 // The random kernels give the CPU's numbers: the same counters, the same transforms, and the same
 // roundings: each multiply-add is one fma on both sides (core/cpu/core.cpp writes std::fma), every

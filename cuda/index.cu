@@ -1,7 +1,6 @@
-// GPU index_select (declared in core/kernels/index.h beside the CPU one, core/cpu/index.cpp), and
-// the stable sort of indices behind the deterministic scatter-adds (here and in embedding's backward).
-// Math: autograd/ops.h (index_select).
-//   x, dx (B, N, D)   idx (L) with values in [0, N), checked by the op front   out, dout (B, L, D)
+// GPU index_select, the twin of core/cpu/index.cpp, and the stable sort of indices behind the
+// deterministic scatter-adds (here and in embedding's backward). Shapes and contracts:
+// core/kernels/index.h. Math: autograd/ops.h (index_select).
 #include <cub/device/device_radix_sort.cuh>
 
 #include "core/kernels.h"
@@ -27,10 +26,9 @@ __global__ void index_select_forward_kernel(T* out, const T* x, const int64_t* i
   }
 }
 
-// In the forward pass this was  out[b, l, k] = x[b, idx[l], k],  so now we have
-//   dx[b, n, k] += sum over the l with idx[l] == n of dout[b, l, k],  in increasing l:
-// keys/pos are idx sorted stably with its positions l. The block (x) at the start of a run adds
-// the run, for the b of its y, with one thread per k.
+// The scatter-add of the backward, each dx row summing its l in increasing order: keys/pos are
+// idx sorted stably with its positions l. The block (x) at the start of a run adds the run, for
+// the b of its y, with one thread per k.
 template <class T>
 __global__ void index_select_backward_kernel(T* dx, const T* dout, const int64_t* keys, const int64_t* pos, int64_t B,
                                              int64_t N, int64_t L, int64_t D) {

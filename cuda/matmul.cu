@@ -1,8 +1,5 @@
-// Matmul on the GPU through cuBLAS (core/kernels/matmul.h). Math: autograd/ops.h (matmul).
-//
-//   a (B, M, K), b (B, K, N), c and dout (B, M, N), da (B, M, K), db (B, K, N), bias (N)
-//   B = the product of the batch dims (1 without any); a and b are read through their Gemm
-//   description (trans flag, leading dim, batch strides), so they may be transposed or broadcast.
+// Matmul on the GPU through cuBLAS. Shapes and contracts: core/kernels/matmul.h. Math:
+// autograd/ops.h (matmul).
 //
 // Row-major operands, column-major cuBLAS. A row-major (R, C) matrix with leading dim ld is, read
 // column-major with the same ld, its transpose (C, R). So instead of C = op(A) op(B) we ask cuBLAS
@@ -232,14 +229,10 @@ void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g) {
 
 template <class T>
 void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g) {
-  // in the forward pass this was, for each matrix of the batch,
-  //   c[i,j] = sum_k a[i,k] b[k,j]
-  // so now we have
-  //   da[i,k] = sum_j dout[i,j] b[k,j]    da = dout @ b^T    (M,N) @ (N,K)
-  //   db[k,j] = sum_i a[i,k] dout[i,j]    db = a^T @ dout    (K,M) @ (M,N)
-  // Both are GEMMs of the forward kernel (beta = 0: written, not added); transposing a stored
-  // operand only flips its cuBLAS flag. Same structure as cpu::matmul_backward. (Calls are
-  // qualified, so that they name cuda:: whatever argument-dependent lookup would add.)
+  // da = dout @ b^T and db = a^T @ dout (math: autograd/ops.h, matmul) are GEMMs of the forward
+  // kernel (beta = 0: written, not added); transposing a stored operand only flips its cuBLAS
+  // flag. Same structure as cpu::matmul_backward. (Calls are qualified, so that they name cuda::
+  // whatever argument-dependent lookup would add.)
   const Layout* lay = g.batch_a ? g.batch_a : g.batch_b;
   Layout dense;  // dout's batch strides: contiguous (B, M, N)
   if (lay) {

@@ -1,11 +1,5 @@
-// GPU kernels of the normalisation & loss ops (declared in core/kernels/nn.h beside the CPU ones,
-// core/cpu/nn.cpp, whose formulas and contracts they follow). Math: autograd/ops.h.
-//
-//   softmax, log_softmax   x, y, dy, dx (outer, C, inner), normalised over C
-//   layer_norm             x, y, dy, dx (R, N); mean, rstd (R); w, b, dw, db (N)
-//   embedding              w, dw (V, D); idx (R); y, dy (R, D)
-//   cross_entropy          logits, logp, dlogits (N, C); target, loss (N); dloss (N) or a scalar
-//   dropout                x, y, dy, dx (n)
+// GPU kernels of the normalisation & loss ops, the twins of core/cpu/nn.cpp. Shapes and contracts:
+// core/kernels/nn.h. Math: autograd/ops.h, under each op's name.
 //
 // A row (inner == 1) is one block of kThreads: each thread strides over the row, and the row's
 // max and sums are combined by block_reduce, a fixed tree. A middle-dim softmax (inner > 1) is one
@@ -64,9 +58,8 @@ __global__ void softmax_columns_kernel(T* y, const T* x, int64_t outer, int64_t 
   }
 }
 
-// Backward (derivations above the CPU kernels):
-//   softmax      dx_k += y_k (g_k - sum_i g_i y_i)
-//   log_softmax  dx_k += g_k - e^(y_k) sum_i g_i
+// Backward (math: autograd/ops.h, softmax and log_softmax): the row's one sum, sum_i g_i y_i
+// (softmax) or sum_i g_i (log_softmax), then dx += each element's term.
 template <class T, bool Log>
 __global__ void softmax_backward_rows_kernel(T* dx, const T* dy, const T* y, int64_t C) {
   __shared__ T sh[kThreads];
@@ -145,8 +138,8 @@ __global__ void layer_norm_forward_kernel(T* y, T* mean, T* rstd, const T* x, co
   }
 }
 
-// In the forward pass this was  xhat = (x - mu) rstd,  y = xhat w + b,  so now we have
-//   dxhat = g w,   dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))      (WRITTEN, =)
+// dx of one row per block (math: autograd/ops.h, layer_norm): the two row means by block_reduce,
+// then dx WRITTEN (=), as the CPU's.
 template <class T>
 __global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* w, const T* mean,
                                               const T* rstd, int64_t N) {
@@ -168,8 +161,8 @@ __global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, co
   }
 }
 
-// dw_j = sum_r g[r, j] xhat[r, j],  db_j = sum_r g[r, j]: first per block of rows (blockIdx.y),
-// one thread per column, into partial [nblk][2][N]; then the partials in block order.
+// dw, db: the sums over rows, first per block of rows (blockIdx.y), one thread per column, into
+// partial [nblk][2][N]; then the partials in block order.
 template <class T>
 __global__ void layer_norm_backward_wb_partial_kernel(T* partial, const T* dy, const T* x, const T* mean,
                                                       const T* rstd, int64_t R, int64_t N, int64_t rows_per_block) {
@@ -206,8 +199,8 @@ __global__ void embedding_forward_kernel(T* y, const T* w, const int64_t* idx, i
     y[e] = w[idx[e / D] * D + e % D];
 }
 
-// dw[v, :] += sum over r with idx[r] == v of g[r, :], in increasing r: keys/pos are idx sorted
-// stably with its positions, so each run of equal keys lists its r in order. The block at the
+// embedding's scatter-add, each dw row summing its positions r in increasing order: keys/pos are
+// idx sorted stably with its positions, so each run of equal keys lists its r in order. The block at the
 // start of a run adds the whole run into its dw row; the other blocks have nothing to do.
 template <class T>
 __global__ void scatter_add_runs_kernel(T* dw, const T* dy, const int64_t* keys, const int64_t* pos, int64_t R,
@@ -256,7 +249,7 @@ __global__ void cross_entropy_forward_kernel(T* loss, T* logp, const T* logits, 
   loss[n] = smoothing > 0 ? -(s_on * lp_t + s_all * sum_lp) : -lp_t;
 }
 
-// dlogits[n, k] += (e^(logp[n, k]) - q_k) g_n scale   (derivation above the CPU kernel)
+// One thread per element of dlogits (math: autograd/ops.h, cross_entropy).
 template <class T>
 __global__ void cross_entropy_backward_kernel(T* dlogits, const T* dloss, int64_t dloss_stride, const T* logp,
                                               const int64_t* target, int64_t N, int64_t C, int64_t ignore_index,
@@ -270,9 +263,8 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* dloss, int64_
 }
 
 // ==================================== dropout =================================================
-// Element i is kept when uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p: the CPU's mask, by
-// the rule of core/kernels/dropout_mask.h, one thread per Philox block. y = x * (kept ? 1/(1-p) : 0);
-// the backward's dx += g s is one fma, as the CPU writes it.
+// The CPU's mask, by the rule of core/kernels/dropout_mask.h, one thread per Philox block.
+// y = x * (kept ? 1/(1-p) : 0); the backward's dx += g s is one fma, as the CPU writes it.
 template <class T, bool Accumulate>
 __global__ void dropout_kernel(T* out, const T* in, int64_t n, double p, uint64_t seed, uint64_t offset, T scale) {
   const int64_t blocks = int64_t(dropout_blocks(n));

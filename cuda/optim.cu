@@ -1,5 +1,6 @@
-// GPU optimizer kernels, multi-tensor (declared in core/kernels/optim.h beside the CPU ones,
-// core/cpu/optim.cpp, whose update rules, written there in math, they follow op for op).
+// GPU optimizer kernels, multi-tensor, the twins of core/cpu/optim.cpp, whose arithmetic they
+// follow op for op. Shapes and contracts: core/kernels/optim.h. Rules: optim/sgd.h, optim/adam.h,
+// optim/clip.h.
 //
 // Launches. A list of tensors is cut into chunks of kChunk elements, one block per chunk; a launch
 // takes a Table, passed by value as the kernel's parameter (no host-to-device copy, no staging
@@ -238,7 +239,7 @@ __global__ void clip_kernel(const __grid_constant__ Table<TensorSpan<T>> t, T lo
 
 }  // namespace
 
-// SGD, torch.optim.SGD: the rule is written above cpu::sgd_update.
+// SGD, torch.optim.SGD: the rule of optim/sgd.h.
 template <class T>
 void sgd_update(const SgdTensor<T>* ts, int64_t count, double lr, double momentum, double dampening,
                 double weight_decay, bool nesterov) {
@@ -249,8 +250,8 @@ void sgd_update(const SgdTensor<T>* ts, int64_t count, double lr, double momentu
   });
 }
 
-// Adam / AdamW, torch.optim.Adam(W): the rule is written above cpu::adam_update; the scalars are
-// computed in double on the host and cast once, as there.
+// Adam / AdamW, torch.optim.Adam(W): the rule of optim/adam.h, in cpu::adam_update's op order; the
+// scalars are computed in double on the host and cast once, as there.
 template <class T>
 void adam_update(const AdamTensor<T>* ts, int64_t count, double lr, double beta1, double beta2, double eps,
                  double weight_decay, bool decoupled) {

@@ -1,10 +1,7 @@
-// The GPU elementwise engine (declared in core/kernels/core.h): the twin of cpu::map1/map2/map3
-// (core/cpu/loops.h), running the same functors of core/kernels/pointwise.h, which are
-// __host__ __device__ (AG_HD), for the same list of (functor, dtype) pairs (the end of that
-// header). Math of each functor: autograd/ops.h.
-//
-//   out (n) contiguous in the layouts' shape;  a, b, c strided by la, lb, lc (already expanded to
-//   that shape: a broadcast dim has stride 0)
+// The GPU elementwise engine (declared, with its shapes, in core/kernels/core.h): the twin of
+// cpu::map1/map2/map3 (core/cpu/loops.h), running the same functors of core/kernels/pointwise.h,
+// which are __host__ __device__ (AG_HD), for the same list of (functor, dtype) pairs (the end of
+// that header). Math of each functor: autograd/ops.h.
 //
 // One thread per output element, in grid-stride loops; the layouts are coalesced on the host
 // (cuda/loops.cuh), so the common all-contiguous case indexes with no division. out may be one of

@@ -1,6 +1,5 @@
-// GPU reductions over [outer, R, inner] (declared in core/kernels/reduce.h; the CPU's are in
-// core/cpu/reduce.cpp). Math: autograd/ops.h (sum, max, argmax).
-//   in (outer, R, inner) contiguous   out (outer, inner)
+// GPU reductions, the twins of core/cpu/reduce.cpp. Shapes and contracts: core/kernels/reduce.h.
+// Math: autograd/ops.h (sum, max, argmax).
 //
 // Deterministic, no atomics:
 //   inner == 1   one block per output row: thread t takes r = t, t + blockDim, ... in order, then

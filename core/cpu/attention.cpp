@@ -1,12 +1,11 @@
-// Fused attention on the CPU (core/kernels/attention.h). Math: autograd/ops.h.
-//
-//   q (BH, Tq, D), k (BH, Tk, D), v (BH, Tk, Dv), out/dout (BH, Tq, Dv), lse (BH, Tq)
+// Fused attention on the CPU. Shapes and contracts: core/kernels/attention.h. Math: autograd/ops.h,
+// scaled_dot_product_attention; the fused algorithm derived: docs/math/attention.md.
 //
 // Forward, FlashAttention-style: for a block of kBq query rows, walk the keys in blocks of kBk,
-// S = scale Q K^T for that tile (one small matrix product), mask it, and fold it into a running softmax:
-//   m' = max(m, rowmax S),  l' = l e^(m - m') + rowsum e^(S - m'),  acc' = acc e^(m - m') + e^(S - m') V
-// After the last key block out = acc / l, and lse = m + log l is saved. Memory: O(kBq kBk + Tk D)
-// scratch per thread (a tile, and K^T, V^T of one head), nothing of size Tq x Tk.
+// S = scale Q K^T for that tile (one small matrix product), mask it, and fold it into a running
+// softmax (m the running max, l the sum, acc the output: online-softmax below). After the last key
+// block out = acc / l, and lse = m + log l is saved. Memory: O(kBq kBk + Tk D) scratch per thread
+// (a tile, and K^T, V^T of one head), nothing of size Tq x Tk.
 // Backward recomputes each tile's P = e^(S - lse) from the saved lse (see attention_backward).
 // The tile products are hand-written (tile_product below), not BLAS calls: see why there.
 // With a block mask (a block-sparse pattern) a query block walks only the runs of block columns
@@ -531,16 +530,12 @@ void forward(T* out, T* lse, const In* q, const In* k, const In* v, const Attent
   });
 }
 
-// In the forward pass this was, per row i:  P_ij = e^(S_ij - lse_i),  O_i = sum_j P_ij M_ij V_j
-// (M the dropout keep factors, 1 without dropout),  S = scale Q K^T (+ the ALiBi bias, a
-// constant).  So now we have
-//   dV_j  = sum_i P_ij M_ij dO_i
-//   dP_ij = (dO_i . V_j) M_ij
-//   dS_ij = P_ij (dP_ij - D_i),   D_i = sum_j P_ij dP_ij = dO_i . O_i   (the softmax backward)
-//   dQ_i  = scale sum_j dS_ij K_j,   dK_j = scale sum_i dS_ij Q_i
-// with each tile's P rebuilt from the saved lse instead of stored. Under autocast
-// (g.grad_operands) dO comes rounded and dS is rounded before dQ and dK, as every product's incoming
-// gradient is (matmul's backward): D_i reads the rounded dO, and P stays f32.
+// Backward (math: autograd/ops.h, scaled_dot_product_attention; derived in docs/math/attention.md,
+// "Backward, through both matmuls and the softmax"): for each block of query rows, D_i = dO_i . O_i
+// first (Dd), then key tile by key tile dS, dQ, dK and dV, with the tile's P rebuilt from the
+// saved lse instead of stored (the ALiBi bias, a constant, added again). Under autocast
+// (g.grad_operands) dO comes rounded and dS is rounded before dQ and dK, as every product's
+// incoming gradient is (matmul's backward): D_i reads the rounded dO, and P stays f32.
 template <class T, class In>
 void backward(T* dq, T* dk, T* dv, const T* dout, const In* q, const In* k, const In* v, const T* out, const T* lse,
               const AttentionGeom& g) {

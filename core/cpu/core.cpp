@@ -1,4 +1,4 @@
-// CPU kernels of the tensor core (declared in core/kernels/core.h).
+// CPU kernels of the tensor core. Shapes and contracts: core/kernels/core.h.
 #include <cmath>
 
 #include "core/cpu/loops.h"

@@ -1,6 +1,5 @@
-// attograd's own single-precision GEMM (core/kernels/matmul.h: sgemm). Used by matmul for f32.
-//
-//   a: op(a) (M, K), b: op(b) (K, N), c (M, N; leading dim ldc),  c = alpha op(a) op(b) + beta c
+// attograd's own single-precision GEMM, used by matmul for f32. Shapes and contract:
+// core/kernels/matmul.h, sgemm (c (M, N) = alpha op(a) op(b) + beta c, row-major).
 //
 // The algorithm is Goto's (as in BLIS), five loops around a small register-blocked product:
 //   jc: columns of C in blocks of nc         the B block (kc x nc) lives in L2/L3

@@ -1,5 +1,5 @@
-// index_select (core/kernels/index.h). Math: autograd/ops.h (index_select).
-//   x, dx (B, N, D)   idx (L)   out, dout (B, L, D)
+// index_select on the CPU. Shapes and contracts: core/kernels/index.h. Math: autograd/ops.h
+// (index_select).
 #include <algorithm>
 #include <cassert>
 
@@ -25,10 +25,6 @@ void index_select_forward(T* out, const T* x, const int64_t* idx, int64_t B, int
 
 template <class T>
 void index_select_backward(T* dx, const T* dout, const int64_t* idx, int64_t B, int64_t N, int64_t L, int64_t D) {
-  // in the forward pass this was
-  //   out[b, l, k] = x[b, idx[l], k]
-  // so now we have
-  //   dx[b, n, k] = sum over the l with idx[l] == n of dout[b, l, k]
   // Two l with the same index write the same dx row, so threads split over (b, block of k), never
   // over l: each dx element is summed by one thread, in increasing l, whatever the thread count.
   const int64_t kb = 256, nblk = (D + kb - 1) / kb;

@@ -1,9 +1,5 @@
-// Matmul on attograd's own sgemm for f32 (core/cpu/gemm.cpp) and OpenBLAS's cblas_dgemm for f64
-// (core/kernels/matmul.h). Math: autograd/ops.h (matmul).
-//
-//   a (B, M, K), b (B, K, N), c and dout (B, M, N), da (B, M, K), db (B, K, N)
-//   B = the product of the batch dims (1 without any); a and b are read through their Gemm
-//   description (trans flag, leading dim, batch strides), so they may be transposed or broadcast.
+// Matmul on attograd's own sgemm for f32 (core/cpu/gemm.cpp) and OpenBLAS's cblas_dgemm for f64.
+// Shapes and contracts: core/kernels/matmul.h. Math: autograd/ops.h (matmul).
 //
 // Threads: every GEMM call is single-threaded (sgemm always; OpenBLAS is set to one thread in
 // core/parallel.cpp) and this file splits the work over attograd's own pool. C is seen as one tall
@@ -325,12 +321,8 @@ void matmul_forward_naive(T* c, const T* a, const T* b, const Gemm& g) {
 
 template <class T>
 void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const Gemm& g) {
-  // in the forward pass this was, for each matrix of the batch,
-  //   c[i,j] = sum_k a[i,k] b[k,j]
-  // so now we have
-  //   da[i,k] = sum_j dout[i,j] b[k,j]    da = dout @ b^T    (M,N) @ (N,K)
-  //   db[k,j] = sum_i a[i,k] dout[i,j]    db = a^T @ dout    (K,M) @ (M,N)
-  // Both are GEMMs of the forward kernel: transposing a stored operand only flips its BLAS flag.
+  // da = dout @ b^T and db = a^T @ dout (math: autograd/ops.h, matmul) are GEMMs of the forward
+  // kernel: transposing a stored operand only flips its BLAS flag.
   // When the front folded a's batch into M (b shared by every matrix), db is ONE GEMM whose inner
   // dim runs over all B*M rows: dW = X^T dY, never per-matrix products summed afterwards.
   Layout dense;  // dout's batch strides: contiguous (B, M, N)

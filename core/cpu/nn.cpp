@@ -1,10 +1,5 @@
-// CPU kernels of the normalisation & loss ops (core/kernels/nn.h). Math: autograd/ops.h.
-//
-//   softmax, log_softmax   x, y, dy, dx (outer, C, inner), normalised over C
-//   layer_norm             x, y, dy, dx (R, N); mean, rstd (R); w, b, dw, db (N)
-//   embedding              w, dw (V, D); idx (R); y, dy (R, D)
-//   cross_entropy          logits, logp, dlogits (N, C); target, loss (N); dloss (N) or a scalar
-//   dropout                x, y, dy, dx (n)
+// CPU kernels of the normalisation & loss ops. Shapes and contracts: core/kernels/nn.h. Math:
+// autograd/ops.h, under each op's name.
 //
 // Every kernel splits its rows over parallel_for; each output element is computed by one thread in
 // a fixed order, and the one cross-row sum (layer_norm's dw, db) adds fixed blocks of rows in a
@@ -116,9 +111,8 @@ void softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inner) 
   });
 }
 
-// Backward. In the forward pass this was  y_i = e^(x_i) / sum_j e^(x_j),  so
-//   dy_i/dx_k = y_i ([i == k] - y_k),  and so now we have
-//   dx_k = sum_i g_i y_i ([i == k] - y_k) = y_k (g_k - sum_i g_i y_i).
+// Backward (math: autograd/ops.h, softmax): two passes over a row in L1, the dot sum_i g_i y_i,
+// then dx += y (g - dot).
 template <class T>
 void softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner) {
   if (inner == 1) {
@@ -188,9 +182,8 @@ void log_softmax_forward(T* y, const T* x, int64_t outer, int64_t C, int64_t inn
   });
 }
 
-// Backward. In the forward pass this was  y_i = x_i - log sum_j e^(x_j),  so
-//   dy_i/dx_k = [i == k] - e^(x_k) / sum_j e^(x_j) = [i == k] - e^(y_k),  and so now we have
-//   dx_k = g_k - e^(y_k) sum_i g_i.
+// Backward (math: autograd/ops.h, log_softmax): two passes over a row in L1, the sum of g, then
+// dx += g - e^y sum.
 template <class T>
 void log_softmax_backward(T* dx, const T* dy, const T* y, int64_t outer, int64_t C, int64_t inner) {
   if (inner == 1) {
@@ -382,13 +375,7 @@ int64_t ln_block_rows(int64_t R, int64_t N) {
 }
 
 // One row of layer_norm's backward: dx (if non-null) and this block's partial dw, db (pw, pb, if
-// non-null). HasW: w given (else w = 1). HasP: pw, pb given.
-//
-// In the forward pass this was  xhat = (x - mu) rstd,  y = xhat w + b,  so with dxhat = g w
-//   dxhat_i/dx_k = rstd ([i == k] - 1/N - xhat_i xhat_k / N)   (mu and rstd depend on every x_k)
-// and so now we have
-//   dx_k = rstd (dxhat_k - mean_i(dxhat_i) - xhat_k mean_i(dxhat_i xhat_i)),
-//   dw_k += g_k xhat_k,  db_k += g_k.
+// non-null). HasW: w given (else w = 1). HasP: pw, pb given. Math: autograd/ops.h, layer_norm.
 // Two loops: the first reads g and x from memory and does everything that needs no row mean (the
 // two sums, in kLanes lanes, and the dw, db partials); the second writes dx from the row in L1.
 template <class T, bool HasW, bool HasP>
@@ -533,11 +520,10 @@ void embedding_forward(T* y, const T* w, const int64_t* idx, int64_t R, int64_t 
 }
 // snippet-end: embedding-forward
 
-// In the forward pass this was  y[r, :] = w[idx[r], :],  so now we have
-//   dw[v, :] += sum over r with idx[r] == v of g[r, :].
-// A counting sort groups the positions by row v (in increasing r), then each thread owns whole
-// rows of dw: no two threads write one row, and each row adds its positions in the same order
-// whatever the thread count.
+// Backward (math: autograd/ops.h, embedding): a scatter-add into the rows of dw. A counting sort
+// groups the positions by row v (in increasing r), then each thread owns whole rows of dw: no two
+// threads write one row, and each row adds its positions in the same order whatever the thread
+// count.
 // snippet-begin: embedding-backward
 template <class T>
 void embedding_backward(T* dw, const T* dy, const int64_t* idx, int64_t R, int64_t V, int64_t D) {
@@ -599,9 +585,8 @@ void cross_entropy_forward(T* loss, T* logp, const T* logits, const int64_t* tar
 }
 // snippet-end: cross-entropy-forward
 
-// In the forward pass this was  loss = -sum_c q_c logp_c,  logp = log softmax(x),  so
-//   dloss/dx_k = -sum_c q_c ([c == k] - p_k) = p_k sum_c q_c - q_k = p_k - q_k   (sum_c q_c = 1),
-// and so now we have  dx_k += (p_k - q_k) g_n scale,  with p_k = e^(logp_k).
+// Backward (math: autograd/ops.h, cross_entropy): one pass per row, p_k = e^(logp_k) recomputed
+// from the saved log-probabilities; q_on and q_off are q at the target and elsewhere.
 // snippet-begin: cross-entropy-backward
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, const T* logp, const int64_t* target,
@@ -622,9 +607,9 @@ void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, co
 // snippet-end: cross-entropy-backward
 
 // ==================================== dropout =================================================
-// Element i is kept when u_i = uniform01(Philox(seed, offset + i/4).v[i % 4]) >= p, which has
-// probability 1 - p; y = x * m / (1 - p): the rule of core/kernels/dropout_mask.h, shared with the
-// GPU. One Philox block gives the bits of four elements, so it is drawn once per block here.
+// Which elements are kept, and the factor of a kept one: the rule of core/kernels/dropout_mask.h,
+// shared with the GPU. One Philox block gives the bits of four elements, so it is drawn once per
+// block here.
 // Written as x * (m ? 1/(1-p) : 0), so an inf or NaN that is dropped gives NaN, as PyTorch's
 // x * mask * scale does. The backward's dx += g * s is one std::fma (one rounding on every build,
 // as on the GPU: cuda/nn.cu).
@@ -653,8 +638,8 @@ void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint6
   dropout_apply<T, false>(y, x, n, p, seed, offset);
 }
 
-// In the forward pass this was  y_i = x_i m_i / (1 - p),  so now we have  dx_i += g_i m_i / (1 - p),
-// with m recomputed from (seed, offset) rather than stored.
+// Backward (math: autograd/ops.h, dropout): the forward's loop adding into dx, with the mask
+// drawn again from (seed, offset) rather than stored.
 template <class T>
 void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset) {
   dropout_apply<T, true>(dx, dy, n, p, seed, offset);

@@ -1,6 +1,5 @@
-// Optimizer kernels (core/kernels/optim.h). Rules: optim/sgd.h, optim/adam.h, optim/clip.h.
-// Each kernel takes a list of tensors (param, grad, buf, exp_avg, exp_avg_sq, x: contiguous, n
-// elements each, n = the parameter's numel).
+// Optimizer kernels on the CPU. Shapes and contracts: core/kernels/optim.h. Rules: optim/sgd.h,
+// optim/adam.h, optim/clip.h.
 //
 // Each update is one pass over the parameter: every element reads its p, g and state once and
 // writes them once (PyTorch 1.13's for-loop implementation makes 5-7 passes of separate ops).
@@ -37,13 +36,8 @@ void for_each_piece(const Item* ts, int64_t count, F&& body) {
 }
 }  // namespace
 
-// SGD, torch.optim.SGD (momentum mu, dampening tau, weight decay wd, learning rate lr):
-//   g <- g + wd * p
-//   b <- g                              at the first step
-//   b <- mu * b + (1 - tau) * g         after it
-//   g <- g + mu * b  (nesterov)   or   g <- b  (plain momentum)
-//   p <- p - lr * g
-// Without momentum the buffer is never read or written: p <- p - lr * (g + wd * p).
+// SGD, torch.optim.SGD: the rule of optim/sgd.h. Without momentum the buffer is never read or
+// written.
 template <class T>
 void sgd_update(const SgdTensor<T>* ts, int64_t count, double lr, double momentum, double dampening,
                 double weight_decay, bool nesterov) {
@@ -67,15 +61,9 @@ void sgd_update(const SgdTensor<T>* ts, int64_t count, double lr, double momentu
   });
 }
 
-// Adam / AdamW, torch.optim.Adam and torch.optim.AdamW 1.13, t = step (1 at the first update):
-//   p <- p * (1 - lr * wd)                         AdamW only (decoupled weight decay)
-//   g <- g + wd * p                                Adam only (L2 weight decay)
-//   m <- beta1 * m + (1 - beta1) * g               exp_avg: running mean of g
-//   v <- beta2 * v + (1 - beta2) * g * g           exp_avg_sq: running mean of g^2
-//   denom     = sqrt(v) / sqrt(1 - beta2^t) + eps  (v / (1 - beta2^t) is v without its bias to 0)
-//   step_size = lr / (1 - beta1^t)                 (the same for m)
-//   p <- p - step_size * m / denom
-// so p moves by lr * m_hat / (sqrt(v_hat) + eps), with eps added after the bias correction.
+// Adam / AdamW, torch.optim.Adam and torch.optim.AdamW 1.13: the rule of optim/adam.h (derived in
+// docs/math/adam.md), in PyTorch's op order: denom = sqrt(v) / sqrt(1 - beta2^t) + eps, then
+// p <- p - lr / (1 - beta1^t) * m / denom, with eps added after the bias correction.
 template <class T>
 void adam_update(const AdamTensor<T>* ts, int64_t count, double lr, double beta1, double beta2, double eps,
                  double weight_decay, bool decoupled) {

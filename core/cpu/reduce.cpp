@@ -1,4 +1,6 @@
-// Reductions over [outer, R, inner] (core/kernels/reduce.h). Math: autograd/ops.h (sum, max, argmax).
+// Reductions on the CPU. Shapes and contracts: core/kernels/reduce.h. Math: autograd/ops.h (sum,
+// max, argmax). Each output is reduced by one thread in a fixed order, and a full reduction
+// (outer * inner == 1) sums fixed-size blocks: no result depends on the thread count.
 #include <cmath>
 #include <limits>
 #include <vector>

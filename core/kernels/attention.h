@@ -2,14 +2,16 @@
 //
 //   q (BH, Tq, D), k (B H/G, Tk, D), v (B H/G, Tk, Dv), out and dout (BH, Tq, Dv), lse (BH, Tq)
 //   dq (BH, Tq, D), dk (BH, Tk, D), dv (BH, Tk, Dv)
-//   BH = batch * heads; query head h reads key/value head h / G (grouped-query attention; G = 1:
-//   one each), and dk, dv hold each query head's part, which the caller sums per group. out, dout,
-//   lse and the gradients are contiguous; q, k and v may be views (the heads of a fused QKV
-//   projection, a KV cache's first L positions): each is read through
-//   its Strides, with unit stride along D. Default Strides mean contiguous. lse is the log-sum-exp
-//   of each row of scaled, masked scores (+inf for a row with no visible key), the one number per
-//   row that backward needs to rebuild the softmax: P = exp(S - lse). No Tq x Tk matrix is stored.
-//   The geometry (sizes, strides, scale, masks, dropout) is one AttentionGeom (core/kernels.h).
+//   BH = batch * heads (row bh is batch element bh / H, head bh % H); query head h reads
+//   key/value head h / G (grouped-query attention; G = 1: one each), and dk, dv hold each query
+//   head's part, which the caller sums per group. out, dout, lse and the gradients are
+//   contiguous; q, k and v may be views (the heads of a fused QKV projection, a KV cache's first
+//   L positions): each is read through its Strides, with unit stride along D. Default Strides mean
+//   contiguous. lse is the log-sum-exp of each row of scaled, masked scores (+inf for a row with no
+//   visible key), the one number per row that backward needs to rebuild the softmax:
+//   P = exp(S - lse). No Tq x Tk matrix is stored.
+//   The geometry (sizes, strides, scale, masks, dropout) is one AttentionGeom (core/kernels.h),
+//   with lengths (B), key_mask (B, Tk) and the other masks' shapes written beside its fields.
 //
 // No include guard: core/kernels.h reads this file inside namespace ag::cpu (core/cpu/attention.cpp)
 // and inside ag::cuda (cuda/attention.cu: fused, FlashAttention-2 style), so each kernel is

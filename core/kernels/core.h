@@ -1,6 +1,15 @@
 // Kernels of the tensor core: copies and casts, fill, arange, random numbers; and the elementwise
 // engine map1/map2/map3 that runs the pointwise functors (core/kernels/pointwise.h).
-// dst is contiguous unless a Layout is given for it.
+//
+// Shapes, the one legend of both backends (dst is contiguous unless a Layout is given for it):
+//   cast_copy       dst (n) contiguous, src strided by its Layout
+//   strided_copy    dst, src strided, one shape
+//   fill            dst strided
+//   arange          dst (n)
+//   uniform/normal  dst (n); element i from Philox(seed, offset + i/4), lane i%4
+//   randint         dst (n); element i from Philox(seed, offset + i/2), lanes (0,1) or (2,3)
+//   map1/2/3        out (n) contiguous in the layouts' shape; a, b, c strided by la, lb, lc
+//                   (already expanded to that shape: a broadcast dim has stride 0)
 //
 // No include guard: core/kernels.h reads this file once inside namespace ag::cpu (defined in
 // core/cpu/core.cpp; the engine in core/cpu/loops.h) and once inside ag::cuda (cuda/core.cu; the
@@ -18,14 +27,14 @@ template <class To, class From> void cast_copy(To* dst, const From* src, const L
 template <class T> void strided_copy(T* dst, const Layout& dst_layout, const T* src, const Layout& src_layout);
 template <class T> void fill(T* dst, const Layout& dst_layout, T value);
 template <class T> void arange(T* dst, int64_t n, double start, double step);
-// Random fills of a contiguous buffer from Philox(seed, offset + i/4).
+// Random fills of a contiguous buffer from Philox(seed, offset) (which lanes: the legend above).
 template <class T> void uniform(T* dst, int64_t n, uint64_t seed, uint64_t offset, double low, double high);
 template <class T> void normal(T* dst, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
 void randint(int64_t* dst, int64_t n, uint64_t seed, uint64_t offset, int64_t low, int64_t high);
 
-// ---- the elementwise engine: out (contiguous, the layouts' shape) = f(inputs read through their
-// layouts), f a functor of core/kernels/pointwise.h. Instantiated for the (functor, dtype) pairs
-// the op fronts use (autograd/ops/elementwise.cpp), listed once in core/kernels/pointwise.h, by
+// ---- the elementwise engine: out = f(inputs read through their layouts), f a functor of
+// core/kernels/pointwise.h. Instantiated for the (functor, dtype) pairs the op fronts use
+// (autograd/ops/elementwise.cpp), listed once in core/kernels/pointwise.h, by
 // core/cpu/pointwise.cpp and cuda/pointwise.cu.
 template <class R, class A, class F>
 void map1(R* out, const A* a, const Layout& la, F f);

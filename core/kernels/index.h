@@ -1,4 +1,6 @@
 // index_select kernels (math in autograd/ops.h, index_select).
+//
+// Shapes, the one legend of both backends (core/cpu/index.cpp, cuda/index.cu):
 //   x, dx (B, N, D)   idx (L) with values in [0, N)   out, dout (B, L, D)
 // B is the product of the dims before the indexed one, N its size, D the product of the dims
 // after it; all buffers are contiguous. The op front has checked every index.

@@ -1,5 +1,10 @@
 // Matmul kernels: C = A B over the last two dims, batched (math in autograd/ops.h, matmul).
 //
+// Shapes, the one legend of both backends (core/cpu/matmul.cpp, cuda/matmul.cu):
+//   a (B, M, K), b (B, K, N), c and dout (B, M, N), da (B, M, K), db (B, K, N), bias (N)
+//   B = the product of the batch dims (1 without any); a and b are read through their Gemm
+//   description (trans flag, leading dim, batch strides), so they may be transposed or broadcast.
+//
 // Every operand is described as BLAS reads it (struct Gemm, core/kernels.h), so transposed views
 // need no copy: element (i, k) of a (M, K) operand x is at x[i * ld + k] when !trans, at
 // x[k * ld + i] when trans (x holds the transpose, a (K, M) row-major matrix). The batch is a Layout

@@ -1,16 +1,18 @@
 // Kernels of the normalisation & loss ops: softmax, log_softmax, layer_norm, embedding,
-// cross_entropy, dropout, and of rope (core/cpu/nn.cpp). Math in autograd/ops.h. Every buffer is
-// contiguous. Backward kernels add into their gradient buffers (+=); the front hands them zeroed
-// ones (except layer_norm's dx and rope, written with =, see below).
+// cross_entropy, dropout, and of rope (core/cpu/nn.cpp, cuda/nn.cu). Math: autograd/ops.h, under
+// each op's name. Every buffer is contiguous. Backward kernels add into their gradient buffers
+// (+=); the front hands them zeroed ones (except layer_norm's dx and rope, written with =, see
+// below).
 //
-// Shapes (R = rows, i.e. the product of the leading dims):
+// Shapes, the one legend of both backends (R = rows, i.e. the product of the leading dims):
 //   softmax, log_softmax   x, y, dy, dx (outer, C, inner): normalised over C, the middle dim
 //   layer_norm             x, y, dy, dx (R, N); mean, rstd (R); w, b, dw, db (N) or null
-//   embedding              w, dw (V, D); idx (R); y, dy (R, D)
+//   embedding              w, dw (V, D); idx (R), each in [0, V); y, dy (R, D)
 //   cross_entropy          logits, logp, dlogits (N, C); target (N); loss (N);
 //                          dloss (N) read with stride dloss_stride (0: one scalar for every row)
 //   dropout                x, y, dy, dx (n)
-//   rope                   x, y (R, T, D)
+//   rope                   x, y (R, T, D), D even: R slices of T positions
+//   *_naive                the shapes of the kernel they are the reference of
 //
 // No include guard: core/kernels.h reads this file inside namespace ag::cpu (core/cpu/nn.cpp) and
 // inside ag::cuda (cuda/nn.cu), so each kernel is declared once for both backends. The GPU's have
@@ -51,16 +53,15 @@ template <class T>
 void cross_entropy_backward(T* dlogits, const T* dloss, int64_t dloss_stride, const T* logp, const int64_t* target,
                             int64_t N, int64_t C, int64_t ignore_index, double smoothing, double scale);
 
-// ---- dropout: element i is kept when uniform01(Philox(seed, offset + i/4)[i%4]) >= p ---------
+// ---- dropout: the mask and factor of core/kernels/dropout_mask.h, drawn from (seed, offset) ---
 template <class T> void dropout_forward(T* y, const T* x, int64_t n, double p, uint64_t seed, uint64_t offset);
 template <class T> void dropout_backward(T* dx, const T* dy, int64_t n, double p, uint64_t seed, uint64_t offset);
 
 // ---- rope: rotary position embedding over rows of D (autograd/ops.h) --------------------------
-// x, y (R, T, D), D even, contiguous: row t of each of the R slices stands at position offset + t,
-// and pair k (k < D/2) of it, (x[k], x[k + D/2]) or with interleaved (x[2k], x[2k+1]), turns by the
-// angle a = rope_angle(offset + t, k, D, base) (core/kernels.h), or by -a with inverse (the
-// backward: the transpose of a rotation is its inverse). y is written (=), not added into; y == x
-// (in place) is allowed.
+// Row t of each of the R slices stands at position offset + t, and pair k (k < D/2) of it,
+// (x[k], x[k + D/2]) or with interleaved (x[2k], x[2k+1]), turns by the angle
+// a = rope_angle(offset + t, k, D, base) (core/kernels.h), or by -a with inverse (rope's
+// backward). y is written (=), not added into; y == x (in place) is allowed.
 template <class T>
 void rope_forward(T* y, const T* x, int64_t R, int64_t Tn, int64_t D, int64_t offset, double base, bool interleaved,
                   bool inverse);

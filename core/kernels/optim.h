@@ -4,10 +4,10 @@
 // few dozen tensors and 320 chunks of 64K elements as its kernel parameter), not one per tensor: a
 // toy model's step has ~50 small tensors and would otherwise be bound by launch latency. On the
 // CPU the list is one parallel loop over all its elements, not one OpenMP region per tensor.
-// The update rules are written in math above each optimizer (optim/sgd.h, optim/adam.h) and again
-// above each kernel (core/cpu/optim.cpp). Every pointer is a contiguous buffer of n elements, the
-// shape of its parameter; scalars are the optimizer's hyper-parameters (double, cast to T as
-// PyTorch casts a Python float for the tensor).
+// The update rules are written in math above each optimizer (optim/sgd.h, optim/adam.h) and above
+// clipping (optim/clip.h); the kernels point there. Every pointer is a contiguous buffer of n
+// elements, the shape of its parameter; scalars are the optimizer's hyper-parameters (double,
+// cast to T as PyTorch casts a Python float for the tensor).
 // The parameter lists are SgdTensor, AdamTensor, TensorSpan (core/kernels.h).
 //
 // No include guard: core/kernels.h reads this file inside namespace ag::cpu (core/cpu/optim.cpp)

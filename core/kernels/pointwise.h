@@ -60,7 +60,7 @@ struct Add { template <class T> AG_HD T operator()(T a, T b) const { return a + 
 struct Sub { template <class T> AG_HD T operator()(T a, T b) const { return a - b; } };
 struct Mul { template <class T> AG_HD T operator()(T a, T b) const { return a * b; } };
 struct Div { template <class T> AG_HD T operator()(T a, T b) const { return a / b; } };
-// d/db (a / b) = -a / b^2, times g
+// div's gradient of b (autograd/ops.h, div)
 struct DivBackwardB { template <class T> AG_HD T operator()(T a, T b, T g) const { return -g * a / (b * b); } };
 // in-place updates: x + alpha * o, x * v
 struct AddScaled {
@@ -78,17 +78,17 @@ struct PowScalar {
   double p;
   template <class T> AG_HD T operator()(T x) const { return std::pow(x, T(p)); }
 };
-// g * p * x^(p-1)
+// pow(x, p)'s gradient (autograd/ops.h, pow)
 struct PowScalarBackward {
   double p;
   template <class T> AG_HD T operator()(T x, T g) const { return p == 0 ? T(0) : g * T(p) * std::pow(x, T(p - 1)); }
 };
 struct Pow { template <class T> AG_HD T operator()(T x, T t) const { return std::pow(x, t); } };
-// dx = g * t * x^(t-1)
+// pow(x, t)'s gradient of x
 struct PowBackwardX {
   template <class T> AG_HD T operator()(T x, T t, T g) const { return t == 0 ? T(0) : g * t * std::pow(x, t - 1); }
 };
-// dt = g * x^t * ln x, 0 where x == 0 (and t >= 0), as PyTorch
+// pow(x, t)'s gradient of t: 0 where x == 0 (and t >= 0), as PyTorch
 struct PowBackwardT {
   template <class T> AG_HD T operator()(T x, T t, T g) const {
     return (x == 0 && t >= 0) ? T(0) : g * std::pow(x, t) * std::log(x);
@@ -143,7 +143,7 @@ struct GeluTanhBackward {
 };
 // snippet-end: gelu-tanh
 struct Silu { template <class T> AG_HD T operator()(T x) const { return x / (T(1) + pw::exp(-x)); } };
-// s (1 + x (1 - s))
+// silu's gradient (autograd/ops.h, silu)
 struct SiluBackward {
   template <class T> AG_HD T operator()(T x, T g) const {
     T s = T(1) / (T(1) + pw::exp(-x));

@@ -1,9 +1,10 @@
-// Reduction kernels. The input is contiguous and seen as [outer, R, inner]: the reduced dims
-// are the middle run of length R (the op front permutes/copies other layouts into this form).
-// out is [outer, inner]. Results do not depend on the thread count: each output is reduced by
-// one thread in a fixed order, and a full reduction (outer*inner == 1) sums fixed-size blocks.
-// On the GPU (cuda/reduce.cu): a fixed tree order per output, no atomics, so results are the same
-// run to run (they may differ from the CPU's sums by rounding).
+// Reduction kernels (math in autograd/ops.h: sum, max, argmax).
+//
+// Shapes, the one legend of both backends (core/cpu/reduce.cpp, cuda/reduce.cu):
+//   in (outer, R, inner) contiguous   out (outer, inner)
+// The reduced dims are the middle run of length R (the op front permutes/copies other layouts
+// into this form). Each backend sums in an order fixed by the shapes, so its results are the same
+// run to run and at any thread count; the two backends' sums may differ by rounding.
 //
 // No include guard: core/kernels.h reads this file inside namespace ag::cpu (core/cpu/reduce.cpp)
 // and inside ag::cuda (cuda/reduce.cu), so each kernel is declared once for both backends.
