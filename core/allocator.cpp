@@ -1,11 +1,12 @@
 #include "core/allocator.h"
 
 #include <atomic>
-#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -20,6 +21,35 @@ size_t alloc_size_class(size_t bytes) {
   size_t p = size_t(1) << (63 - __builtin_clzll(bytes));  // largest power of two <= bytes
   size_t step = p / 4;
   return (bytes + step - 1) / step * step;
+}
+
+uint64_t parse_meminfo_available(std::string_view text) {
+  // each line "Name:<spaces>count<spaces>kB"; the first well-formed MemAvailable line counts
+  constexpr std::string_view key = "MemAvailable:";
+  auto space = [](char c) { return c == ' ' || c == '\t'; };
+  while (!text.empty()) {
+    const size_t eol = text.find('\n');
+    std::string_view line = text.substr(0, eol);
+    text = eol == std::string_view::npos ? std::string_view() : text.substr(eol + 1);
+    if (line.substr(0, key.size()) != key) continue;
+    size_t i = key.size();
+    while (i < line.size() && space(line[i])) ++i;
+    const size_t digits = i;
+    uint64_t kib = 0;
+    bool overflow = false;
+    for (; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i) {
+      const uint64_t d = uint64_t(line[i] - '0');
+      overflow = overflow || kib > (UINT64_MAX - d) / 10;
+      kib = kib * 10 + d;
+    }
+    if (i == digits || i == line.size() || !space(line[i])) continue;  // no count, or no space before the unit
+    while (i < line.size() && space(line[i])) ++i;
+    if (line.substr(i, 2) != "kB") continue;
+    for (i += 2; i < line.size() && space(line[i]);) ++i;
+    if (i != line.size()) continue;
+    return overflow || kib > UINT64_MAX / 1024 ? UINT64_MAX : kib * 1024;
+  }
+  return UINT64_MAX;
 }
 
 namespace {
@@ -41,13 +71,11 @@ std::atomic<uint64_t (*)()> g_available_probe{nullptr};
 uint64_t meminfo_available() {
   FILE* f = std::fopen("/proc/meminfo", "r");
   if (!f) return UINT64_MAX;
-  char line[256];
-  uint64_t kib = 0;
-  bool found = false;
-  while (!found && std::fgets(line, sizeof line, f))
-    found = std::sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1;
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
   std::fclose(f);
-  return found ? kib * 1024 : UINT64_MAX;
+  return parse_meminfo_available(text);
 }
 uint64_t available_memory() {
   const auto probe = g_available_probe.load(std::memory_order_relaxed);

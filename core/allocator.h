@@ -5,6 +5,7 @@
 // after the first step a steady-state step makes no system allocation and touches no fresh page.
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "core/alloc_stats.h"
 #include "core/dtype.h"
@@ -34,6 +35,10 @@ void empty_cache(Device device = Device::cpu());
 // For tests: what the CPU allocator takes as the memory the system has available (bytes); null
 // restores /proc/meminfo's MemAvailable.
 void set_available_memory_probe(uint64_t (*probe)());
+// The MemAvailable line of a /proc/meminfo text in bytes ("MemAvailable:   123 kB" -> 123 * 1024),
+// what the CPU allocator reads; UINT64_MAX (unknown, so no limit) when no such line is well formed,
+// and for a count beyond 2^64 bytes.
+uint64_t parse_meminfo_available(std::string_view text);
 // Waits until `device` has finished all the work queued on it (kernels run asynchronously on a
 // GPU); a no-op on the CPU, whose kernels have finished when they return. For timing.
 void synchronize(Device device = Device::cpu());

@@ -65,6 +65,10 @@ namespace detail {
 
 extern std::atomic<bool> g_kernel_profiling;
 
+// For tests: the clock (nanoseconds) that times CPU kernel calls and the profiler's wall time;
+// null restores the steady clock.
+void set_profile_clock(int64_t (*now_ns)());
+
 // Opened by KERNEL() around each kernel call; does nothing unless a profiler is alive. `last` is
 // the type of the call's last argument (the per-element function of map1/map2/map3).
 class KernelScope {

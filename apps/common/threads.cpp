@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -13,16 +12,11 @@
 
 #include <fmt/core.h>
 
+#include "apps/common/clock.h"
 #include "core/error.h"
 #include "core/parallel.h"
 
 namespace ag::apps {
-
-namespace {
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 CpuJiffies parse_proc_stat(std::string_view text, const std::vector<bool>& cpus) {
   CpuJiffies j;
@@ -64,7 +58,13 @@ int next_thread_count(int have, int want, bool first, int& pending_up) {
   return want;
 }
 
+double AutoThreads::clock() const { return source_.clock ? source_.clock() : now_seconds(); }
+
 std::optional<AutoThreads::Sample> AutoThreads::sample() const {
+  return source_.sample ? source_.sample() : system_sample();
+}
+
+std::optional<AutoThreads::Sample> AutoThreads::system_sample() const {
   std::ifstream f("/proc/stat");
   if (!f) return std::nullopt;
   std::stringstream text;
@@ -102,7 +102,7 @@ void AutoThreads::start(double interval_s) {
 
 std::optional<std::string> AutoThreads::settle(double min_s) {
   if (!active_) return std::nullopt;
-  const double waited = now_seconds() - last_.wall;
+  const double waited = clock() - last_.wall;
   if (waited < min_s) std::this_thread::sleep_for(std::chrono::duration<double>(min_s - waited));
   const std::optional<Sample> s = sample();
   return s ? update(*s, true) : std::nullopt;
@@ -110,7 +110,7 @@ std::optional<std::string> AutoThreads::settle(double min_s) {
 
 std::optional<std::string> AutoThreads::poll() {
   if (!active_) return std::nullopt;
-  if (now_seconds() - last_.wall < interval_) return std::nullopt;
+  if (clock() - last_.wall < interval_) return std::nullopt;
   const std::optional<Sample> s = sample();
   if (!s) return std::nullopt;
   return update(*s, false);

@@ -19,9 +19,11 @@
 // Fewer threads are taken at once (a core shared costs far more than a core unused); more only when
 // two samples in a row agree, so that a build that pauses a moment does not make the count flap.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ag::apps {
@@ -48,6 +50,20 @@ int next_thread_count(int have, int want, bool first, int& pending_up);
 // changes) until start(), and where /proc/stat cannot be read.
 class AutoThreads {
  public:
+  // One reading, in seconds: the wall clock, this process's own CPU time (getrusage) and the busy
+  // time of the CPUs it may run on (/proc/stat).
+  struct Sample {
+    double wall = 0, self = 0, busy = 0;
+  };
+  // Where the readings come from. Empty functions read the system (the steady clock, /proc/stat
+  // and getrusage); tests give their own, to feed the governor known loads.
+  struct Source {
+    std::function<double()> clock;                  // wall seconds: poll() reads it before sampling
+    std::function<std::optional<Sample>()> sample;  // nullopt: nothing readable
+  };
+  AutoThreads() = default;
+  explicit AutoThreads(Source source) : source_(std::move(source)) {}
+
   void start(double interval_s = 5);
   std::optional<std::string> settle(double min_s = 0.1);
   std::optional<std::string> poll();
@@ -57,12 +73,12 @@ class AutoThreads {
   double last_others() const { return others_; }  // cores used by other processes at the last sample
 
  private:
-  struct Sample {
-    double wall = 0, self = 0, busy = 0;  // seconds
-  };
+  double clock() const;
   std::optional<Sample> sample() const;
+  std::optional<Sample> system_sample() const;
   std::optional<std::string> update(const Sample& now, bool first);
 
+  Source source_;
   bool active_ = false;
   int cores_ = 1;
   double interval_ = 5, others_ = 0;

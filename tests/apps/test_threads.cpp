@@ -2,9 +2,12 @@
 #include <signal.h>
 
 #include <chrono>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include <doctest/doctest.h>
+#include <fmt/core.h>
 
 #include "apps/common/threads.h"
 #include "core/error.h"
@@ -89,5 +92,87 @@ TEST_CASE("threads: a busy process beside this one is measured and its core left
   }
   a.stop();
   CHECK_FALSE(a.poll().has_value());
+  set_num_threads(before);
+}
+
+TEST_CASE("threads: poll re-measures once an interval has passed: fewer threads at once, more when two samples agree") {
+  const int before = num_threads();
+  set_num_threads(4);  // the most the governor takes: 4 cores
+  // the readings the governor gets (AutoThreads::Source): the test sets the clock and the CPU
+  // seconds; others = (d busy - d self) / d wall
+  double wall = 0, self = 0, busy = 0;
+  bool readable = true;
+  int samples = 0;
+  AutoThreads a(AutoThreads::Source{[&] { return wall; }, [&]() -> std::optional<AutoThreads::Sample> {
+                                      if (!readable) return std::nullopt;
+                                      ++samples;
+                                      return AutoThreads::Sample{wall, self, busy};
+                                    }});
+  // every second our threads use as many CPU seconds as there are threads, the others `load`
+  auto advance = [&](double seconds, double load) {
+    wall += seconds;
+    self += seconds * num_threads();
+    busy += seconds * (num_threads() + load);
+  };
+  auto line = [](int threads, const char* others) {
+    return fmt::format("threads: {} of 4 cores (other processes use {} of them; --threads N fixes the count)", threads,
+                       others);
+  };
+  CHECK_FALSE(a.poll().has_value());  // not started: nothing read
+  CHECK(samples == 0);
+  a.start(5);  // at 0 s
+  REQUIRE(a.active());
+  CHECK(a.cores() == 4);
+  advance(1, 1.0);  // one other process on a core: 4 - 1 = 3 threads, at once
+  CHECK(a.settle(0) == line(3, "1.0"));
+  CHECK(num_threads() == 3);
+  CHECK(a.last_others() == doctest::Approx(1.0).epsilon(1e-12));
+  advance(3, 0.0);  // 3 s after the last sample, under the 5 s interval: not even sampled
+  CHECK_FALSE(a.poll().has_value());
+  CHECK(samples == 2);
+  CHECK(num_threads() == 3);
+  advance(2, 0.0);  // 5 s: sampled; the core is free again over those 5 s, but one sample waits
+  CHECK_FALSE(a.poll().has_value());
+  CHECK(samples == 3);
+  CHECK(a.last_others() == doctest::Approx(0.0).epsilon(1e-12));
+  CHECK(num_threads() == 3);
+  advance(5, 0.0);  // the second sample agrees: 4
+  CHECK(a.poll() == line(4, "0.0"));
+  CHECK(num_threads() == 4);
+  advance(5, 2.6);  // 2.6 cores taken: round(4 - 2.6) = 1, at once
+  CHECK(a.poll() == line(1, "2.6"));
+  CHECK(num_threads() == 1);
+  advance(5, 0.0);  // /proc/stat unreadable at this poll: nothing changes, the last sample stays
+  readable = false;
+  CHECK_FALSE(a.poll().has_value());
+  CHECK(num_threads() == 1);
+  CHECK(a.last_others() == doctest::Approx(2.6).epsilon(1e-12));
+  readable = true;
+  advance(5, 0.8);  // measured over the 10 s since the last sample: (0 + 0.8) 5 / 10 = 0.4 -> round(3.6) = 4, waits
+  CHECK_FALSE(a.poll().has_value());
+  CHECK(a.last_others() == doctest::Approx(0.4).epsilon(1e-12));
+  CHECK(num_threads() == 1);
+  advance(5, 0.4);  // agrees: 4
+  CHECK(a.poll() == line(4, "0.4"));
+  CHECK(num_threads() == 4);
+  wall += 5, self += 30, busy += 20;  // this process's own seconds outgrew the busy ones (rounding of
+                                       // the counters): no load below zero, the count stays
+  CHECK_FALSE(a.poll().has_value());
+  CHECK(a.last_others() == 0);
+  CHECK(num_threads() == 4);
+  const int sampled = samples;
+  a.stop();
+  advance(50, 3.0);
+  CHECK_FALSE(a.poll().has_value());  // stopped: not read
+  CHECK(samples == sampled);
+  CHECK(num_threads() == 4);
+
+  AutoThreads unreadable(AutoThreads::Source{[&] { return wall; }, [] { return std::optional<AutoThreads::Sample>(); }});
+  unreadable.start(5);  // no /proc/stat: inactive, and the count is left alone
+  CHECK_FALSE(unreadable.active());
+  advance(10, 3.0);
+  CHECK_FALSE(unreadable.settle(0).has_value());
+  CHECK_FALSE(unreadable.poll().has_value());
+  CHECK(num_threads() == 4);
   set_num_threads(before);
 }

@@ -124,7 +124,7 @@ TEST_CASE("testing: gradcheck errors name what is wrong") {
   AG_CHECK_ERROR(testing::gradcheck(id, {x}, {.eps = 0}), "gradcheck", "eps must be > 0");
 }
 
-TEST_CASE("testing: compare_devices without a GPU reports skipped, and a true result") {
+TEST_CASE("testing: compare_devices on a GPU no machine has reports skipped, and a true result") {
   Tensor x = leaf64({2, 3}, 1);
   auto fn = [](const std::vector<Tensor>& in) { return tanh(in[0]); };
   // a GPU index no machine here has: skipped on every machine, with the reason
@@ -134,7 +134,15 @@ TEST_CASE("testing: compare_devices without a GPU reports skipped, and a true re
   CHECK(far);  // a skip does not fail REQUIRE(compare_devices(...))
   CHECK(far.message.find("skipped: no CUDA device") != std::string::npos);
   CHECK(printed(far) == far.message);
-  if (cuda::available()) return;  // the default device is there: "cpu == cuda on a GPU" below
+}
+
+TEST_CASE("testing: compare_devices on the default device reports skipped where no GPU is usable") {
+  if (cuda::available()) {  // the default device is there: "cpu == cuda on a GPU" below runs on it
+    MESSAGE("[skipped: no missing GPU to report: cuda:0 is usable]");
+    return;
+  }
+  Tensor x = leaf64({2, 3}, 1);
+  auto fn = [](const std::vector<Tensor>& in) { return tanh(in[0]); };
   testing::CompareResult r = testing::compare_devices(fn, {x});
   CHECK(r.skipped);
   CHECK_FALSE(r.passed);

@@ -106,6 +106,45 @@ TEST_CASE("allocator: a block larger than the available memory gives the cache b
   set_available_memory_probe(nullptr);
 }
 
+TEST_CASE("allocator: MemAvailable of /proc/meminfo in bytes, unknown (no limit) when missing or malformed") {
+  // the layout of Linux's /proc/meminfo: "Name:", spaces to column 16, the count, " kB"
+  const std::string real =
+      "MemTotal:       24609216 kB\n"
+      "MemFree:         1234567 kB\n"
+      "MemAvailable:   20135340 kB\n"
+      "Buffers:          345678 kB\n"
+      "HugePages_Total:       0\n"
+      "Hugepagesize:       2048 kB\n";
+  CHECK(parse_meminfo_available(real) == uint64_t(20135340) * 1024);
+  // the last line without its newline, a tab as separator, and the smallest count
+  CHECK(parse_meminfo_available("MemFree: 1 kB\nMemAvailable:\t7 kB") == 7 * 1024);
+  CHECK(parse_meminfo_available("MemAvailable: 0 kB\n") == 0);
+  // missing: kernels before 3.14 have no MemAvailable line; an empty text; a name that only starts alike
+  const uint64_t unknown = UINT64_MAX;
+  CHECK(parse_meminfo_available("MemTotal:       24609216 kB\nMemFree:         1234567 kB\n") == unknown);
+  CHECK(parse_meminfo_available("") == unknown);
+  CHECK(parse_meminfo_available("MemAvailableSoon: 5 kB\n") == unknown);
+  CHECK(parse_meminfo_available(" MemAvailable: 5 kB\n") == unknown);
+  // malformed counts and units are not read as numbers, and a later well-formed line still counts
+  for (const char* bad : {"MemAvailable: lots kB\n", "MemAvailable:\n", "MemAvailable: -5 kB\n", "MemAvailable: 5\n",
+                          "MemAvailable: 5 MB\n", "MemAvailable: 5kB\n", "MemAvailable: 5 kB extra\n",
+                          "MemAvailable: 5.5 kB\n", "MemAvailable: \x01\xff kB\n"}) {
+    CAPTURE(bad);
+    CHECK(parse_meminfo_available(bad) == unknown);
+    CHECK(parse_meminfo_available(std::string(bad) + "MemAvailable: 3 kB\n") == 3 * 1024);
+  }
+  // the largest count whose bytes fit in 64 bits, and the next, which does not (nor 2^64 kB itself)
+  const uint64_t most = UINT64_MAX / 1024;
+  CHECK(parse_meminfo_available(fmt::format("MemAvailable: {} kB\n", most)) == most * 1024);
+  CHECK(parse_meminfo_available(fmt::format("MemAvailable: {} kB\n", most + 1)) == unknown);
+  CHECK(parse_meminfo_available("MemAvailable: 18446744073709551616 kB\n") == unknown);
+  // this machine's own file: a count, and no more than the memory it has
+  const std::string own = read_bytes("/proc/meminfo");
+  const uint64_t avail = parse_meminfo_available(own);
+  CHECK(avail != unknown);
+  CHECK(avail <= uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE)));
+}
+
 TEST_CASE("allocator: impossible sizes raise ag::Error") {
   AG_CHECK_ERROR(empty({int64_t(1) << 40, int64_t(1) << 40}), "empty", "too large");
   AG_CHECK_ERROR(empty({int64_t(1) << 50}, DType::f32), "allocator", "out of memory");

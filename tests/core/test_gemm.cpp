@@ -529,11 +529,14 @@ TEST_CASE("sbgemm_a16: a bf16 a gives the bits of sbgemm on its widened values, 
                 check_16bit_operand(true, t & 1, t & 2, M, N, K, pad, skew, cases++, rng);
 }
 
-TEST_CASE("matmul_forward_a16, _b16: linear's forward and dW from its bf16 input, the bits of the widened products, native or not") {
-  // under bf16 autocast linear keeps its input x as a bf16 tensor; its forward x W^T and its
-  // dW = g^T x read it as it is where the CPU has AVX512-BF16 (else widened): either way the bits
-  // of matmul_forward on the widened values, whose products round x to what it already is.
-  // in = 38: the forward reads x's rows in place; dW's x has 301 rows, an odd count of pairs
+namespace {
+
+// matmul_forward_a16 / _b16 against matmul_forward on the widened values, with native bf16
+// products or the emulation: under bf16 autocast linear keeps its input x as a bf16 tensor; its
+// forward x W^T and its dW = g^T x read it as it is where the CPU has AVX512-BF16 (else widened):
+// either way the bits of matmul_forward on the widened values, whose products round x to what it
+// already is. in = 38: the forward reads x's rows in place; dW's x has 301 rows, an odd count of pairs
+void check_a16_b16(bool native) {
   std::mt19937 rng(37);
   std::normal_distribution<float> normal;
   const int64_t rows = 301, in = 38, out = 70;
@@ -546,20 +549,28 @@ TEST_CASE("matmul_forward_a16, _b16: linear's forward and dW from its bf16 input
   const ag::Gemm fwd{rows, out, in, false, true, in, in, nullptr, nullptr, ag::Precision::bf16};
   const ag::Gemm dw{out, in, rows, true, false, out, in, nullptr, nullptr, ag::Precision::bf16};
   const bool before = ag::cpu::sbgemm_native();
-  for (bool native : {true, false}) {
-    if (native && !ag::cpu::sbgemm_supported()) continue;
-    CAPTURE(native);
-    ag::cpu::set_sbgemm_native(native);
-    std::vector<float> want(size_t(rows * out)), got(want.size(), std::numeric_limits<float>::quiet_NaN());
-    ag::cpu::matmul_forward(want.data(), xw.data(), w.data(), fwd, bias.data());
-    ag::cpu::matmul_forward_a16(got.data(), x.data(), w.data(), fwd, bias.data());
-    CHECK(got == want);
-    std::vector<float> want_dw(size_t(out * in)), got_dw(want_dw.size(), std::numeric_limits<float>::quiet_NaN());
-    ag::cpu::matmul_forward(want_dw.data(), g.data(), xw.data(), dw);
-    ag::cpu::matmul_forward_b16(got_dw.data(), g.data(), x.data(), dw);
-    CHECK(got_dw == want_dw);
-  }
-  if (ag::cpu::sbgemm_supported()) ag::cpu::set_sbgemm_native(before);
+  ag::cpu::set_sbgemm_native(native);  // false is accepted everywhere; true only with AVX512-BF16
+  REQUIRE(ag::cpu::sbgemm_native() == native);
+  std::vector<float> want(size_t(rows * out)), got(want.size(), std::numeric_limits<float>::quiet_NaN());
+  ag::cpu::matmul_forward(want.data(), xw.data(), w.data(), fwd, bias.data());
+  ag::cpu::matmul_forward_a16(got.data(), x.data(), w.data(), fwd, bias.data());
+  CHECK(got == want);
+  std::vector<float> want_dw(size_t(out * in)), got_dw(want_dw.size(), std::numeric_limits<float>::quiet_NaN());
+  ag::cpu::matmul_forward(want_dw.data(), g.data(), xw.data(), dw);
+  ag::cpu::matmul_forward_b16(got_dw.data(), g.data(), x.data(), dw);
+  CHECK(got_dw == want_dw);
+  ag::cpu::set_sbgemm_native(before);
+}
+
+}  // namespace
+
+TEST_CASE("matmul_forward_a16, _b16: linear's forward and dW from its bf16 input, the bits of the widened products, emulated") {
+  check_a16_b16(false);
+}
+
+TEST_CASE("matmul_forward_a16, _b16: linear's forward and dW from its bf16 input, the bits of the widened products, on VDPBF16PS") {
+  if (!have_bf16()) return;
+  check_a16_b16(true);
 }
 
 TEST_CASE("sbgemm: known values, a bias, and K = 0") {
