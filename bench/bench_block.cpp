@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   for (bool causal : {false, true}) {
-    nn::TransformerBlock block(d, H, 4 * d, 0.0, causal, false, DType::f32, &gen);
+    nn::TransformerBlock block(d, H, {.mlp_hidden = 4 * d, .causal = causal, .generator = &gen});
     auto step = [&] {
       block.zero_grad();
       x.set_grad(Tensor());

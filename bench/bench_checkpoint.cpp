@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
   for (int64_t L : layer_counts) {
     std::vector<std::shared_ptr<nn::TransformerBlock>> blocks;
     for (int64_t i = 0; i < L; ++i)
-      blocks.push_back(std::make_shared<nn::TransformerBlock>(d, H, m, 0.0, true, false, DType::f32, &gen));
+      blocks.push_back(std::make_shared<nn::TransformerBlock>(
+          d, H, nn::TransformerBlock::Options{.mlp_hidden = m, .causal = true, .generator = &gen}));
     check(double(blocks[0]->num_parameters()) * 4 == P, "bench_checkpoint: a block has {} parameters, the count {}",
           blocks[0]->num_parameters(), P / 4);
     uint64_t base = 0, held = 0;

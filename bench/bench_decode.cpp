@@ -63,11 +63,9 @@ struct Gpt {
       int64_t kv_heads = 0)
       : tok(vocab, d, std::nullopt, DType::f32, g), pos(max_t, d, std::nullopt, DType::f32, g), ln_f(Shape{d}),
         head(d, vocab, true, DType::f32, g) {
-    nn::BlockConfig config;  // field by field: a nested designated initializer trips GCC 12's
-    config.attention.kv_heads = kv_heads;  // -Wmaybe-uninitialized on the inner std::string
-    for (int64_t l = 0; l < layers; ++l)
-      blocks.push_back(
-          std::make_shared<nn::TransformerBlock>(d, heads, mlp, 0.0, true, false, DType::f32, g, config));
+    const nn::TransformerBlock::Options block{
+        .mlp_hidden = mlp, .causal = true, .attention = {.kv_heads = kv_heads}, .generator = g};
+    for (int64_t l = 0; l < layers; ++l) blocks.push_back(std::make_shared<nn::TransformerBlock>(d, heads, block));
     ln_f.eval();
     for (auto& b : blocks) b->eval();
   }

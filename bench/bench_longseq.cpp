@@ -92,22 +92,24 @@ Layer make_layer(const std::string& method, const LayerShape& s, Generator* gen)
   const apps::longseq::LongSeqConfig cfg;  // the app's default settings
   Layer l;
   if (method == "linformer") {
-    auto m = std::make_shared<nn::LinformerAttention>(s.d, s.H, s.T, cfg.k, 0.0, true, DType::f32, gen);
+    auto m = std::make_shared<nn::LinformerAttention>(s.d, s.H, s.T, cfg.k,
+                                                      nn::LinformerAttention::Options{.generator = gen});
     l = {m, [m](const Tensor& x) { return m->forward(x).out; }, fmt::format("k {}", cfg.k),
          {"--k", std::to_string(cfg.k)}};
   } else if (method == "compressed" || method == "compressed-128") {
     const int64_t stride = method == "compressed" ? cfg.stride : std::max<int64_t>(1, s.T / 128);
-    auto m = std::make_shared<nn::MemoryCompressedAttention>(s.d, s.H, stride, 0.0, true, DType::f32, gen);
+    auto m = std::make_shared<nn::MemoryCompressedAttention>(s.d, s.H, stride,
+                                                             nn::MemoryCompressedAttention::Options{.generator = gen});
     l = {m, [m](const Tensor& x) { return m->forward(x).out; }, fmt::format("stride {}", stride),
          {"--stride", std::to_string(stride)}};
   } else if (method == "axial") {
     const auto [h, w] = axial_grid(s.T);
     check(h > 0, "bench_longseq: axial needs T = w^2 or 2 w^2, got T {}", s.T);
-    auto m = std::make_shared<nn::AxialAttention>(s.d, s.H, h, w, false, 0.0, true, DType::f32, gen);
+    auto m = std::make_shared<nn::AxialAttention>(s.d, s.H, h, w, nn::AxialAttention::Options{.generator = gen});
     l = {m, [m](const Tensor& x) { return m->forward(x); }, fmt::format("grid {} x {}", h, w),
          {"--grid", fmt::format("{},{}", h, w)}};
   } else {
-    auto m = std::make_shared<nn::MultiHeadAttention>(s.d, s.H, 0.0, true, DType::f32, gen);
+    auto m = std::make_shared<nn::MultiHeadAttention>(s.d, s.H, nn::MultiHeadAttention::Options{.generator = gen});
     nn::AttentionOptions o;
     if (method == "window") {
       o.window = cfg.window;

@@ -107,7 +107,8 @@ struct Layer {
 
 Layer make_layer(const std::string& kind, const Shapes& s, int64_t index, Generator* g) {
   if (kind == "attention") {
-    auto m = std::make_shared<nn::MultiHeadAttention>(s.d, s.heads, 0.0, true, DType::f32, g);
+    auto m =
+        std::make_shared<nn::MultiHeadAttention>(s.d, s.heads, nn::MultiHeadAttention::Options{.generator = g});
     return {m, [m](const Tensor& x) { return m->forward(x).out; }};
   }
   if (kind == "recurrent") {

@@ -70,24 +70,26 @@ thread_local constinit AttentionCapture* detail::t_attention_capture = nullptr;
 AttentionCapture::AttentionCapture() : prev_(detail::t_attention_capture) { detail::t_attention_capture = this; }
 AttentionCapture::~AttentionCapture() { detail::t_attention_capture = prev_; }
 
-MultiHeadAttention::MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout, bool bias, DType dtype,
-                                       Generator* gen, const AttentionConfig& config)
+MultiHeadAttention::MultiHeadAttention(int64_t d_model, int64_t n_heads, const Options& options)
     : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0),
-      kv_heads(config.kv_heads == 0 ? n_heads : config.kv_heads), dropout(dropout), gen(gen), config(config) {
+      kv_heads(options.kv_heads == 0 ? n_heads : options.kv_heads), options(options) {
   check(d_model > 0 && n_heads > 0 && d_model % n_heads == 0,
         "MultiHeadAttention: d_model {} must be a positive multiple of n_heads {}", d_model, n_heads);
   check(kv_heads > 0 && n_heads % kv_heads == 0,
-        "MultiHeadAttention: kv_heads {} must divide n_heads {} (0: n_heads)", config.kv_heads, n_heads);
-  check(dropout >= 0 && dropout < 1, "MultiHeadAttention: dropout must be in [0, 1), got {}", dropout);
-  check(config.positions == "none" || config.positions == "rope" || config.positions == "alibi",
-        "MultiHeadAttention: positions '{}': expected none, rope or alibi", config.positions);
-  check(config.positions != "rope" || head_size % 2 == 0,
+        "MultiHeadAttention: kv_heads {} must divide n_heads {} (0: n_heads)", options.kv_heads, n_heads);
+  check(options.dropout >= 0 && options.dropout < 1, "MultiHeadAttention: dropout must be in [0, 1), got {}",
+        options.dropout);
+  check(options.positions == "none" || options.positions == "rope" || options.positions == "alibi",
+        "MultiHeadAttention: positions '{}': expected none, rope or alibi", options.positions);
+  check(options.positions != "rope" || head_size % 2 == 0,
         "MultiHeadAttention: rope turns pairs of a head's dims, so the head size must be even, got {}", head_size);
-  check(config.rope_base > 1, "MultiHeadAttention: rope_base must be > 1, got {}", config.rope_base);
-  this->config.kv_heads = kv_heads;
-  if (config.positions == "alibi") alibi = alibi_slopes(n_heads);
-  qkv = register_module("qkv", std::make_shared<Linear>(d_model, d_model + 2 * kv_heads * head_size, bias, dtype, gen));
-  proj = register_module("proj", std::make_shared<Linear>(d_model, d_model, bias, dtype, gen));
+  check(options.rope_base > 1, "MultiHeadAttention: rope_base must be > 1, got {}", options.rope_base);
+  this->options.kv_heads = kv_heads;
+  if (options.positions == "alibi") alibi = alibi_slopes(n_heads);
+  qkv = register_module("qkv", std::make_shared<Linear>(d_model, d_model + 2 * kv_heads * head_size, options.bias,
+                                                        options.dtype, options.generator));
+  proj = register_module("proj",
+                         std::make_shared<Linear>(d_model, d_model, options.bias, options.dtype, options.generator));
 }
 
 Tensor MultiHeadAttention::split_heads(const Tensor& t, int64_t first, int64_t heads) const {
@@ -95,31 +97,31 @@ Tensor MultiHeadAttention::split_heads(const Tensor& t, int64_t first, int64_t h
 }
 
 AttentionResult MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const AttentionOptions& options) {
+                                           const AttentionOptions& call) {
   SdpaOptions o;
-  o.causal = options.causal;
-  o.key_padding_lengths = options.key_padding_lengths;
-  o.key_padding_mask = options.key_padding_mask;
-  o.window = options.window;
-  o.block_mask = options.block_mask, o.block_size = options.block_size;
-  o.dropout = is_training() ? dropout : 0.0;
+  o.causal = call.causal;
+  o.key_padding_lengths = call.key_padding_lengths;
+  o.key_padding_mask = call.key_padding_mask;
+  o.window = call.window;
+  o.block_mask = call.block_mask, o.block_size = call.block_size;
+  o.dropout = is_training() ? options.dropout : 0.0;
   o.enable_gqa = kv_heads != n_heads;
   o.alibi_slopes = alibi;
-  o.generator = options.generator ? options.generator : gen;
+  o.generator = call.generator ? call.generator : options.generator;
   AttentionCapture* capture = detail::t_attention_capture;
-  o.return_weights = options.need_weights || capture != nullptr;
+  o.return_weights = call.need_weights || capture != nullptr;
   SdpaResult r = scaled_dot_product_attention(q, k, v, o);  // (B, H, Tq, hs)
   if (capture)
     capture->add({this, r.weights.detach(),
-                  {options.causal, options.window, options.key_padding_lengths, options.key_padding_mask,
-                   options.block_mask, options.block_size}});
+                  {call.causal, call.window, call.key_padding_lengths, call.key_padding_mask,
+                   call.block_mask, call.block_size}});
   // (B, H, Tq, hs) -> (B, Tq, H, hs) -> (B, Tq, d): the heads side by side, then the output projection
   const int64_t B = r.out.size(0), Tq = r.out.size(2);
   Tensor y = r.out.transpose(1, 2).reshape({B, Tq, d_model});
-  return {proj->forward(y), options.need_weights ? r.weights : Tensor()};
+  return {proj->forward(y), call.need_weights ? r.weights : Tensor()};
 }
 
-AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionOptions& options) {
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionOptions& call) {
   ModuleScope scope(this);
   check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, T, {}], got {}",
         d_model, x.shape());
@@ -128,22 +130,22 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const AttentionOpti
   const int64_t kvd = kv_heads * head_size;
   Tensor q = split_heads(p, 0, n_heads), k = split_heads(p, d_model, kv_heads),
          v = split_heads(p, d_model + kvd, kv_heads);
-  if (config.positions == "rope") {  // the new rows stand after what the cache holds
-    const int64_t offset = options.cache ? options.cache->length() : 0;
-    q = rope(q, offset, config.rope_interleaved, config.rope_base);
-    k = rope(k, offset, config.rope_interleaved, config.rope_base);
+  if (options.positions == "rope") {  // the new rows stand after what the cache holds
+    const int64_t offset = call.cache ? call.cache->length() : 0;
+    q = rope(q, offset, options.rope_interleaved, options.rope_base);
+    k = rope(k, offset, options.rope_interleaved, options.rope_base);
   }
-  if (options.cache != nullptr) std::tie(k, v) = options.cache->append(k, v);
-  return attend(q, k, v, options);
+  if (call.cache != nullptr) std::tie(k, v) = call.cache->append(k, v);
+  return attend(q, k, v, call);
 }
 
-AttentionResult MultiHeadAttention::forward(const Tensor& x, const Tensor& context, const AttentionOptions& options) {
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const Tensor& context, const AttentionOptions& call) {
   ModuleScope scope(this);
   check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, Tq, {}], got {}",
         d_model, x.shape());
   check(context.ndim() == 3 && context.size(2) == d_model && context.size(0) == x.size(0),
         "MultiHeadAttention: expected context of shape [{}, Tk, {}], got {}", x.size(0), d_model, context.shape());
-  return forward(x, context_kv(context), options);  // the context's k, v, then the queries over them
+  return forward(x, context_kv(context), call);  // the context's k, v, then the queries over them
 }
 
 ContextKV MultiHeadAttention::context_kv(const Tensor& context) {
@@ -158,7 +160,7 @@ ContextKV MultiHeadAttention::context_kv(const Tensor& context) {
   return {split_heads(kv, 0, kv_heads), split_heads(kv, kvd, kv_heads)};  // (B, Hkv, Tk, hs) each, views
 }
 
-AttentionResult MultiHeadAttention::forward(const Tensor& x, const ContextKV& context, const AttentionOptions& options) {
+AttentionResult MultiHeadAttention::forward(const Tensor& x, const ContextKV& context, const AttentionOptions& call) {
   ModuleScope scope(this);
   check(x.ndim() == 3 && x.size(2) == d_model, "MultiHeadAttention: expected x of shape [B, Tq, {}], got {}",
         d_model, x.shape());
@@ -167,15 +169,15 @@ AttentionResult MultiHeadAttention::forward(const Tensor& x, const ContextKV& co
             k.size(1) == kv_heads && k.size(3) == head_size,
         "MultiHeadAttention: expected context keys and values of shape [{}, {}, Tk, {}], got {} and {}", x.size(0),
         kv_heads, head_size, k.defined() ? k.shape() : Shape{}, v.defined() ? v.shape() : Shape{});
-  check(options.cache == nullptr, "MultiHeadAttention: a KV cache is for self-attention, not cross-attention");
-  check(config.positions == "none",
+  check(call.cache == nullptr, "MultiHeadAttention: a KV cache is for self-attention, not cross-attention");
+  check(options.positions == "none",
         "MultiHeadAttention: positions '{}' are for self-attention; queries and a context have no shared positions",
-        config.positions);
+        options.positions);
   // q uses rows [0, d) of the fused weight
   const Tensor& W = qkv->weight;
   const Tensor& b = qkv->bias;
   Tensor q = linear(x, W.narrow(0, 0, d_model), b.defined() ? b.narrow(0, 0, d_model) : Tensor());
-  return attend(split_heads(q, 0, n_heads), k, v, options);
+  return attend(split_heads(q, 0, n_heads), k, v, call);
 }
 
 }  // namespace ag::nn

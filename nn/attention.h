@@ -1,6 +1,8 @@
 #pragma once
 // Multi-head attention, as torch.nn.MultiheadAttention(batch_first=True), with grouped-query
-// attention as an option (AttentionConfig::kv_heads).
+// attention as an option (MultiHeadAttention::Options::kv_heads).
+//
+//   nn::MultiHeadAttention attn(64, 4, {.dropout = 0.1, .kv_heads = 2, .positions = "rope"});
 //
 //   x (B, Tq, d) [, context (B, Tk, d)]  ->  y (B, Tq, d),   H heads of size hs = d / H
 //   [q | k | v] = x Wqkv^T + bqkv         qkv:  Linear(d, d + 2 Hkv hs), one fused projection
@@ -74,6 +76,8 @@ struct KVCache {
   void ensure_capacity(const Tensor& like, DType dtype, int64_t needed);
 };
 
+// What one forward call asks of an attention layer (masks, a KV cache, need_weights). What the
+// layer is (dropout, bias, heads, positions) is fixed at construction by its own Options.
 struct AttentionOptions {
   bool causal = false;
   Tensor key_padding_lengths;  // i64 (B): valid keys per sequence
@@ -112,48 +116,52 @@ struct AttentionResult {
   Tensor weights;  // (B, H, Tq, Tk), only with need_weights
 };
 
-// How a MultiHeadAttention is built, beyond its width and heads.
-struct AttentionConfig {
-  int64_t kv_heads = 0;  // key/value heads Hkv, dividing n_heads (0: n_heads, plain multi-head)
-  // Positions inside self-attention: "rope" turns q and k by their positions (the op rope, at the
-  // offset of the positions a KV cache holds), "alibi" adds ALiBi's biases -m_h |i - j| to the
-  // scores (nn/positional.h alibi_slopes), "none": the model adds positions to its inputs, or has
-  // none. Either of the first two is relative: the scores depend on i - j only. Cross-attention
-  // has no shared position axis and refuses them.
-  std::string positions = "none";
-  bool rope_interleaved = false;  // rope's pairs (x[2k], x[2k+1]) instead of (x[k], x[k + hs/2])
-  double rope_base = 10000;
-};
-
 struct MultiHeadAttention : Module {
-  int64_t d_model, n_heads, head_size, kv_heads;
-  double dropout;
+  // How a MultiHeadAttention is built, beyond its width and heads. Per-call choices (masks, a KV
+  // cache, need_weights) are AttentionOptions, given to forward.
+  struct Options {
+    double dropout = 0.0;  // on the attention weights, in training only
+    bool bias = true;      // qkv and proj have biases (PyTorch's bias)
+    int64_t kv_heads = 0;  // key/value heads Hkv, dividing n_heads (0: n_heads, plain multi-head)
+    // Positions inside self-attention: "rope" turns q and k by their positions (the op rope, at the
+    // offset of the positions a KV cache holds), "alibi" adds ALiBi's biases -m_h |i - j| to the
+    // scores (nn/positional.h alibi_slopes), "none": the model adds positions to its inputs, or has
+    // none. Either of the first two is relative: the scores depend on i - j only. Cross-attention
+    // has no shared position axis and refuses them.
+    std::string positions = "none";
+    bool rope_interleaved = false;  // rope's pairs (x[2k], x[2k+1]) instead of (x[k], x[k + hs/2])
+    double rope_base = 10000;
+    DType dtype = DType::f32;        // of the parameters
+    Generator* generator = nullptr;  // init and attention dropout (null: the default generator); a
+                                     // call's AttentionOptions::generator takes over the dropout
+  };
+
+  int64_t d_model, n_heads, head_size, kv_heads;  // kv_heads resolved (never 0)
+  Options options;               // as given, with kv_heads resolved
   std::shared_ptr<Linear> qkv;   // d -> d + 2 kv_heads head_size (3d with kv_heads = n_heads)
   std::shared_ptr<Linear> proj;  // d -> d
-  Generator* gen;                // attention dropout draws from it (null: the default generator),
-                                 // as nn::Dropout does, unless AttentionOptions::generator is set
-  AttentionConfig config;        // kv_heads resolved (never 0)
   Tensor alibi;                  // f32 (H) slopes with positions "alibi", on the cpu (not a parameter)
 
-  MultiHeadAttention(int64_t d_model, int64_t n_heads, double dropout = 0.0, bool bias = true,
-                     DType dtype = DType::f32, Generator* gen = nullptr, const AttentionConfig& config = {});
+  MultiHeadAttention(int64_t d_model, int64_t n_heads, const Options& options);
+  MultiHeadAttention(int64_t d_model, int64_t n_heads) : MultiHeadAttention(d_model, n_heads, Options{}) {}
 
   // Self-attention: queries, keys and values all from x (B, T, d).
-  AttentionResult forward(const Tensor& x, const AttentionOptions& options = {});
+  // `call`: this call's masks, cache and need_weights.
+  AttentionResult forward(const Tensor& x, const AttentionOptions& call = {});
   // Cross-attention: queries from x (B, Tq, d), keys and values from context (B, Tk, d).
-  AttentionResult forward(const Tensor& x, const Tensor& context, const AttentionOptions& options = {});
+  AttentionResult forward(const Tensor& x, const Tensor& context, const AttentionOptions& call = {});
   // The context's keys and values, context (B, Tk, d) -> k, v (B, Hkv, Tk, hs): rows [d, d + Hkv hs)
   // and [d + Hkv hs, d + 2 Hkv hs) of the fused weight, as forward(x, context) computes them.
   ContextKV context_kv(const Tensor& context);
   // Cross-attention over keys and values projected beforehand: forward(x, context) is exactly
   // forward(x, context_kv(context)). The batch of x must equal that of k, v (an expand() of one
   // context's k, v to B rows is a view: many queries over one image cost no copy of it).
-  AttentionResult forward(const Tensor& x, const ContextKV& context, const AttentionOptions& options = {});
+  AttentionResult forward(const Tensor& x, const ContextKV& context, const AttentionOptions& call = {});
 
  private:
   // columns [first, first + heads hs) of t (B, T, *) -> (B, heads, T, hs), a view
   Tensor split_heads(const Tensor& t, int64_t first, int64_t heads) const;
-  AttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options);
+  AttentionResult attend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& call);
 };
 
 // AttentionCapture: while one is alive on this thread, every MultiHeadAttention forward also

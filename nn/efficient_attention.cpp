@@ -59,11 +59,12 @@ Tensor zero_padded(const Tensor& t, const Tensor& pad) {
   return masked_fill(t, gt(pad, 0.5).unsqueeze(2), 0.0);
 }
 
-SdpaOptions sdpa_options(const Module& m, double dropout, Generator* gen, const AttentionOptions& o) {
+// dropout in training only; the call's generator, else the layer's
+SdpaOptions sdpa_options(const Module& m, double dropout, Generator* gen, const AttentionOptions& call) {
   SdpaOptions s;
   s.dropout = m.is_training() ? dropout : 0.0;
-  s.generator = o.generator ? o.generator : gen;
-  s.return_weights = o.need_weights;
+  s.generator = call.generator ? call.generator : gen;
+  s.return_weights = call.need_weights;
   return s;
 }
 
@@ -81,12 +82,15 @@ Tensor merge_heads(const Tensor& t) {
 // ============================== LinformerAttention ============================================
 
 LinformerAttention::LinformerAttention(int64_t d_model, int64_t n_heads, int64_t max_len, int64_t k,
-                                       double dropout, bool bias, DType dtype, Generator* gen)
+                                       const Options& options)
     : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0), max_len(max_len),
-      k(k), dropout(dropout), gen(gen) {
-  check_dims("LinformerAttention", d_model, n_heads, dropout);
+      k(k), options(options) {
+  check_dims("LinformerAttention", d_model, n_heads, options.dropout);
   check(max_len > 0, "LinformerAttention: max_len must be positive, got {}", max_len);
   check(k > 0, "LinformerAttention: k (the projected length) must be positive, got {}", k);
+  const bool bias = options.bias;
+  const DType dtype = options.dtype;
+  Generator* gen = options.generator;
   qkv = register_module("qkv", std::make_shared<Linear>(d_model, 3 * d_model, bias, dtype, gen));
   proj = register_module("proj", std::make_shared<Linear>(d_model, d_model, bias, dtype, gen));
   // nn.Linear's weight init for a (k, max_len) weight: U(-1/sqrt(max_len), 1/sqrt(max_len))
@@ -95,18 +99,18 @@ LinformerAttention::LinformerAttention(int64_t d_model, int64_t n_heads, int64_t
   F = register_parameter("F", init::uniform({k, max_len}, -bound, bound, dtype, gen));
 }
 
-AttentionResult LinformerAttention::forward(const Tensor& x, const AttentionOptions& options) {
+AttentionResult LinformerAttention::forward(const Tensor& x, const AttentionOptions& call) {
   ModuleScope scope(this);
   const char* layer = "LinformerAttention";
   check_input(layer, x, d_model);
-  check(!options.causal,
+  check(!call.causal,
         "LinformerAttention: causal = true is refused: Linformer is not causal by construction (each projected "
         "key mixes every position)");
-  refuse_cache_window(layer, options);
+  refuse_cache_window(layer, call);
   const int64_t T = x.size(1);
   check(T <= max_len, "LinformerAttention: sequence length T = {} exceeds max_len = {}", T, max_len);
   check(T > 0, "LinformerAttention: expected a non-empty sequence, got x of shape {}", x.shape());
-  Tensor pad = padded_positions(layer, options, x);
+  Tensor pad = padded_positions(layer, call, x);
 
   // (B, T, 3d) -> q, k, v (B, T, d)
   Tensor qkv_out = qkv->forward(x);
@@ -116,37 +120,41 @@ AttentionResult LinformerAttention::forward(const Tensor& x, const AttentionOpti
   // along the sequence: (k, T) @ (B, T, d) -> (B, k, d); the same E, F for every head
   Tensor kp = matmul(E.narrow(1, 0, T), kk);
   Tensor vp = matmul(F.narrow(1, 0, T), vv);
+  // per head, over the k projected keys: r.out (B, H, T, hs)
   SdpaResult r = scaled_dot_product_attention(split_heads(q, n_heads, head_size), split_heads(kp, n_heads, head_size),
                                               split_heads(vp, n_heads, head_size),
-                                              sdpa_options(*this, dropout, gen, options));  // (B, H, T, hs)
+                                              sdpa_options(*this, options.dropout, options.generator, call));
   return {proj->forward(merge_heads(r.out)), r.weights};
 }
 
 // ============================ MemoryCompressedAttention =======================================
 
 MemoryCompressedAttention::MemoryCompressedAttention(int64_t d_model, int64_t n_heads, int64_t stride,
-                                                     double dropout, bool bias, DType dtype, Generator* gen)
+                                                     const Options& options)
     : d_model(d_model), n_heads(n_heads), head_size(n_heads > 0 ? d_model / n_heads : 0), stride(stride),
-      dropout(dropout), gen(gen) {
-  check_dims("MemoryCompressedAttention", d_model, n_heads, dropout);
+      options(options) {
+  check_dims("MemoryCompressedAttention", d_model, n_heads, options.dropout);
   check(stride > 0, "MemoryCompressedAttention: stride must be positive, got {}", stride);
+  const bool bias = options.bias;
+  const DType dtype = options.dtype;
+  Generator* gen = options.generator;
   qkv = register_module("qkv", std::make_shared<Linear>(d_model, 3 * d_model, bias, dtype, gen));
   compress_k = register_module("compress_k", std::make_shared<Linear>(stride * d_model, d_model, bias, dtype, gen));
   compress_v = register_module("compress_v", std::make_shared<Linear>(stride * d_model, d_model, bias, dtype, gen));
   proj = register_module("proj", std::make_shared<Linear>(d_model, d_model, bias, dtype, gen));
 }
 
-AttentionResult MemoryCompressedAttention::forward(const Tensor& x, const AttentionOptions& options) {
+AttentionResult MemoryCompressedAttention::forward(const Tensor& x, const AttentionOptions& call) {
   ModuleScope scope(this);
   const char* layer = "MemoryCompressedAttention";
   check_input(layer, x, d_model);
-  refuse_cache_window(layer, options);
+  refuse_cache_window(layer, call);
   const int64_t B = x.size(0), T = x.size(1), s = stride, H = n_heads, hs = head_size;
   check(T > 0, "MemoryCompressedAttention: expected a non-empty sequence, got x of shape {}", x.shape());
   const int64_t Tc = (T + s - 1) / s, end_pad = Tc * s - T;  // compressed length, zero positions at the end
   const Device dev = x.device();
   const DType dt = x.dtype();
-  Tensor pad = padded_positions(layer, options, x);  // (B, T) 1 = padded, or undefined
+  Tensor pad = padded_positions(layer, call, x);  // (B, T) 1 = padded, or undefined
 
   Tensor qkv_out = qkv->forward(x);
   Tensor q = qkv_out.narrow(2, 0, d_model);
@@ -168,8 +176,8 @@ AttentionResult MemoryCompressedAttention::forward(const Tensor& x, const Attent
     block_hidden = eq(sum(keep.reshape({B, Tc, s}), {2}), 0.0).to(dt);
   }
 
-  SdpaOptions o = sdpa_options(*this, dropout, gen, options);
-  if (!options.causal) {
+  SdpaOptions o = sdpa_options(*this, options.dropout, options.generator, call);
+  if (!call.causal) {
     if (block_hidden.defined()) o.key_padding_mask = gt(block_hidden, 0.5);
     SdpaResult r = scaled_dot_product_attention(split_heads(q, H, hs), kc, vc, o);  // (B, H, T, hs)
     return {proj->forward(merge_heads(r.out)), r.weights};
@@ -205,14 +213,16 @@ AttentionResult MemoryCompressedAttention::forward(const Tensor& x, const Attent
 
 // ================================== AxialAttention ============================================
 
-AxialAttention::AxialAttention(int64_t d_model, int64_t n_heads, int64_t height, int64_t width, bool causal,
-                               double dropout, bool bias, DType dtype, Generator* gen)
-    : d_model(d_model), n_heads(n_heads), height(height), width(width), causal(causal) {
-  check_dims("AxialAttention", d_model, n_heads, dropout);
+AxialAttention::AxialAttention(int64_t d_model, int64_t n_heads, int64_t height, int64_t width,
+                               const Options& options)
+    : d_model(d_model), n_heads(n_heads), height(height), width(width), options(options) {
+  check_dims("AxialAttention", d_model, n_heads, options.dropout);
   check(height > 0 && width > 0, "AxialAttention: the grid height and width must be positive, got height {} width {}",
         height, width);
-  row = register_module("row", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, bias, dtype, gen));
-  col = register_module("col", std::make_shared<MultiHeadAttention>(d_model, n_heads, dropout, bias, dtype, gen));
+  const MultiHeadAttention::Options axis{
+      .dropout = options.dropout, .bias = options.bias, .dtype = options.dtype, .generator = options.generator};
+  row = register_module("row", std::make_shared<MultiHeadAttention>(d_model, n_heads, axis));
+  col = register_module("col", std::make_shared<MultiHeadAttention>(d_model, n_heads, axis));
 }
 
 Tensor AxialAttention::forward(const Tensor& x) {
@@ -222,7 +232,7 @@ Tensor AxialAttention::forward(const Tensor& x) {
         height * width, d_model, x.shape());
   const int64_t B = x.size(0), Hh = height, Ww = width, d = d_model;
   AttentionOptions o;
-  o.causal = causal;
+  o.causal = options.causal;
   // rows: token (r, c) is x[:, r Ww + c]: (B, Hh Ww, d) -> (B Hh, Ww, d), a view
   Tensor z = row->forward(x.reshape({B * Hh, Ww, d}), o).out;
   // columns: (B Hh, Ww, d) -> (B, Hh, Ww, d) -> (B, Ww, Hh, d) -> (B Ww, Hh, d)

@@ -6,6 +6,10 @@
 // proj Linear(d, d) as out_proj, H heads of size hs = d / H, dropout on the attention weights in
 // training only. Walkthrough and when to use which: docs/math/long-sequences.md.
 // Shapes: B batch, T sequence length, d width, H heads, hs = d / H.
+// Each takes its sizes in order and the rest in its Options, as MultiHeadAttention does:
+//   nn::LinformerAttention(64, 4, /*max_len=*/1024, /*k=*/64, {.dropout = 0.1})
+//   nn::MemoryCompressedAttention(64, 4, /*stride=*/4, {.bias = false})
+//   nn::AxialAttention(64, 4, /*height=*/32, /*width=*/32, {.causal = true})
 //
 // ---- LinformerAttention (Wang et al. 2020, "Linformer") ---------------------------------------
 //   [q | k | v] = x Wqkv^T + bqkv                        x (B, T, d), T <= max_len
@@ -67,48 +71,73 @@
 namespace ag::nn {
 
 struct LinformerAttention : Module {
+  struct Options {
+    double dropout = 0.0;  // on the attention weights, in training only
+    bool bias = true;      // qkv and proj have biases
+    DType dtype = DType::f32;
+    Generator* generator = nullptr;  // init and attention dropout (null: the default generator)
+  };
+
   int64_t d_model, n_heads, head_size, max_len, k;
-  double dropout;
+  Options options;
   std::shared_ptr<Linear> qkv;   // d -> 3d, PyTorch's in_proj
   std::shared_ptr<Linear> proj;  // d -> d, out_proj
   Tensor E, F;                   // (k, max_len): projections of the keys and of the values
-  Generator* gen;                // init and attention dropout (null: the default generator)
 
-  LinformerAttention(int64_t d_model, int64_t n_heads, int64_t max_len, int64_t k, double dropout = 0.0,
-                     bool bias = true, DType dtype = DType::f32, Generator* gen = nullptr);
+  // k: the projected length, the number of key and value mixtures each query attends over.
+  LinformerAttention(int64_t d_model, int64_t n_heads, int64_t max_len, int64_t k, const Options& options);
+  LinformerAttention(int64_t d_model, int64_t n_heads, int64_t max_len, int64_t k)
+      : LinformerAttention(d_model, n_heads, max_len, k, Options{}) {}
 
   // x (B, T, d), T <= max_len -> out (B, T, d); weights (B, H, T, k) with need_weights.
-  // Options: key_padding_lengths or key_padding_mask, need_weights, generator. causal, window and
+  // `call`: key_padding_lengths or key_padding_mask, need_weights, generator. causal, window and
   // cache are refused.
-  AttentionResult forward(const Tensor& x, const AttentionOptions& options = {});
+  AttentionResult forward(const Tensor& x, const AttentionOptions& call = {});
 };
 
 struct MemoryCompressedAttention : Module {
+  struct Options {
+    double dropout = 0.0;  // on the attention weights, in training only
+    bool bias = true;      // qkv, compress_k, compress_v and proj have biases
+    DType dtype = DType::f32;
+    Generator* generator = nullptr;  // init and attention dropout (null: the default generator)
+  };
+
   int64_t d_model, n_heads, head_size, stride;
-  double dropout;
+  Options options;
   std::shared_ptr<Linear> qkv;         // d -> 3d
   std::shared_ptr<Linear> compress_k;  // s d -> d, one block of s keys -> one key
   std::shared_ptr<Linear> compress_v;  // s d -> d
   std::shared_ptr<Linear> proj;        // d -> d
-  Generator* gen;
 
-  MemoryCompressedAttention(int64_t d_model, int64_t n_heads, int64_t stride, double dropout = 0.0,
-                            bool bias = true, DType dtype = DType::f32, Generator* gen = nullptr);
+  // stride s: the positions each compressed key and value summarises.
+  MemoryCompressedAttention(int64_t d_model, int64_t n_heads, int64_t stride, const Options& options);
+  MemoryCompressedAttention(int64_t d_model, int64_t n_heads, int64_t stride)
+      : MemoryCompressedAttention(d_model, n_heads, stride, Options{}) {}
 
   // x (B, T, d) -> out (B, T, d); weights (B, H, T, ceil(T / s)) with need_weights.
-  // Options: causal, key_padding_lengths or key_padding_mask (over the T positions), need_weights,
+  // `call`: causal, key_padding_lengths or key_padding_mask (over the T positions), need_weights,
   // generator. window and cache are refused.
-  AttentionResult forward(const Tensor& x, const AttentionOptions& options = {});
+  AttentionResult forward(const Tensor& x, const AttentionOptions& call = {});
 };
 
 struct AxialAttention : Module {
+  struct Options {
+    double dropout = 0.0;  // on each axis' attention weights, in training only
+    bool causal = false;   // no token sees a later one along its row, nor along its column
+    bool bias = true;      // the projections of row and col have biases
+    DType dtype = DType::f32;
+    Generator* generator = nullptr;  // init and attention dropout (null: the default generator)
+  };
+
   int64_t d_model, n_heads, height, width;
-  bool causal;
+  Options options;
   std::shared_ptr<MultiHeadAttention> row;  // along each row: sequences of width tokens
   std::shared_ptr<MultiHeadAttention> col;  // along each column: sequences of height tokens
 
-  AxialAttention(int64_t d_model, int64_t n_heads, int64_t height, int64_t width, bool causal = false,
-                 double dropout = 0.0, bool bias = true, DType dtype = DType::f32, Generator* gen = nullptr);
+  AxialAttention(int64_t d_model, int64_t n_heads, int64_t height, int64_t width, const Options& options);
+  AxialAttention(int64_t d_model, int64_t n_heads, int64_t height, int64_t width)
+      : AxialAttention(d_model, n_heads, height, width, Options{}) {}
 
   // x (B, height * width, d), raster order -> (B, height * width, d)
   Tensor forward(const Tensor& x);

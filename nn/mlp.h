@@ -18,17 +18,25 @@
 namespace ag::nn {
 
 struct MLP : UnaryModule {
+  struct Options {
+    double dropout = 0.0;  // on the output, in training only
+    DType dtype = DType::f32;
+    Generator* generator = nullptr;  // init and dropout (null: the default generator)
+  };
+
+  Options options;
   std::shared_ptr<Linear> fc1;
   std::shared_ptr<GELU> act;
   std::shared_ptr<Linear> fc2;
   std::shared_ptr<Dropout> drop;
 
-  MLP(int64_t d, int64_t hidden, double dropout = 0.0, DType dtype = DType::f32, Generator* gen = nullptr) {
-    fc1 = register_module("fc1", std::make_shared<Linear>(d, hidden, true, dtype, gen));
+  MLP(int64_t d, int64_t hidden, const Options& options) : options(options) {
+    fc1 = register_module("fc1", std::make_shared<Linear>(d, hidden, /*bias=*/true, options.dtype, options.generator));
     act = register_module("act", std::make_shared<GELU>());
-    fc2 = register_module("fc2", std::make_shared<Linear>(hidden, d, true, dtype, gen));
-    drop = register_module("drop", std::make_shared<Dropout>(dropout, gen));
+    fc2 = register_module("fc2", std::make_shared<Linear>(hidden, d, /*bias=*/true, options.dtype, options.generator));
+    drop = register_module("drop", std::make_shared<Dropout>(options.dropout, options.generator));
   }
+  MLP(int64_t d, int64_t hidden) : MLP(d, hidden, Options{}) {}
   Tensor forward(const Tensor& x) override {
     ModuleScope scope(this);
     return drop->forward(fc2->forward(act->forward(fc1->forward(x))));
@@ -36,16 +44,25 @@ struct MLP : UnaryModule {
 };
 
 struct SwiGLU : UnaryModule {
+  struct Options {
+    double dropout = 0.0;  // on the output, in training only
+    bool bias = false;     // w1, w2, w3 have biases (LLaMA's have none)
+    DType dtype = DType::f32;
+    Generator* generator = nullptr;  // init and dropout (null: the default generator)
+  };
+
+  Options options;
   std::shared_ptr<Linear> w1, w2, w3;
   std::shared_ptr<Dropout> drop;
 
-  SwiGLU(int64_t d, int64_t hidden, double dropout = 0.0, bool bias = false, DType dtype = DType::f32,
-         Generator* gen = nullptr) {
-    w1 = register_module("w1", std::make_shared<Linear>(d, hidden, bias, dtype, gen));
-    w2 = register_module("w2", std::make_shared<Linear>(hidden, d, bias, dtype, gen));
-    w3 = register_module("w3", std::make_shared<Linear>(d, hidden, bias, dtype, gen));
-    drop = register_module("drop", std::make_shared<Dropout>(dropout, gen));
+  SwiGLU(int64_t d, int64_t hidden, const Options& options) : options(options) {
+    const bool bias = options.bias;
+    w1 = register_module("w1", std::make_shared<Linear>(d, hidden, bias, options.dtype, options.generator));
+    w2 = register_module("w2", std::make_shared<Linear>(hidden, d, bias, options.dtype, options.generator));
+    w3 = register_module("w3", std::make_shared<Linear>(d, hidden, bias, options.dtype, options.generator));
+    drop = register_module("drop", std::make_shared<Dropout>(options.dropout, options.generator));
   }
+  SwiGLU(int64_t d, int64_t hidden) : SwiGLU(d, hidden, Options{}) {}
   Tensor forward(const Tensor& x) override {
     ModuleScope scope(this);
     return drop->forward(w2->forward(silu(w1->forward(x)) * w3->forward(x)));

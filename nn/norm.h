@@ -36,7 +36,7 @@ struct RMSNorm : UnaryModule {
 };
 
 // make_norm(kind, dim): LayerNorm(dim) for "layernorm", RMSNorm(dim) for "rmsnorm" (their default
-// eps), the choice of TransformerBlock's BlockConfig::norm and of the apps' final norms; any other
+// eps), the choice of TransformerBlock::Options::norm and of the apps' final norms; any other
 // kind is an ag::Error naming it.
 std::shared_ptr<UnaryModule> make_norm(const std::string& kind, int64_t dim, DType dtype = DType::f32);
 

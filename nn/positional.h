@@ -17,7 +17,7 @@
 // of 2n for the remaining H - n heads.
 //
 // Rotary positions (RoPE) are the op rope (autograd/ops.h), applied to queries and keys by
-// MultiHeadAttention (nn/attention.h AttentionConfig::positions).
+// MultiHeadAttention (nn/attention.h, MultiHeadAttention::Options::positions).
 // Derived step by step: docs/math/positional.md
 #include "nn/module.h"
 

@@ -185,7 +185,7 @@ int64_t source_constant(const std::filesystem::path& file, const std::string& na
 std::string compressed_svg() {
   const int64_t T = 12, s = 3;
   Generator gen(3);
-  nn::MemoryCompressedAttention layer(8, 1, s, 0.0, true, DType::f64, &gen);
+  nn::MemoryCompressedAttention layer(8, 1, s, {.dtype = DType::f64, .generator = &gen});
   nn::AttentionOptions opt;
   opt.causal = true, opt.need_weights = true;
   const Tensor w = layer.forward(randn({1, T, 8}, DType::f64, &gen), opt).weights;  // (1, 1, T, Tc)
@@ -204,7 +204,7 @@ std::string compressed_svg() {
 // gradients of the layer (a token out of reach gets an exactly zero gradient).
 docpics::Cells axial_reach(const std::string& title, int64_t rows, int64_t cols, int64_t q, bool causal) {
   Generator gen(5);
-  nn::AxialAttention layer(8, 2, rows, cols, causal, 0.0, true, DType::f64, &gen);
+  nn::AxialAttention layer(8, 2, rows, cols, {.causal = causal, .dtype = DType::f64, .generator = &gen});
   const Tensor x = randn({1, rows * cols, 8}, DType::f64, &gen).set_requires_grad(true);
   sum(select(layer.forward(x), 1, q)).backward();
   const std::vector<double> g = sum(abs(x.grad()), {2}).reshape({rows * cols}).to_vector<double>();

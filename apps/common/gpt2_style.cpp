@@ -18,20 +18,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n, int64_t d, int64_t heads,
-                                                                  int64_t hidden, double dropout, bool causal,
-                                                                  Generator* gen, const nn::BlockConfig& config) {
+                                                                  const nn::TransformerBlock::Options& options) {
   auto list = std::make_shared<nn::ModuleList<nn::TransformerBlock>>();
-  for (int64_t i = 0; i < n; ++i)
-    list->push_back(
-        std::make_shared<nn::TransformerBlock>(d, heads, hidden, dropout, causal, false, DType::f32, gen, config));
+  for (int64_t i = 0; i < n; ++i) list->push_back(std::make_shared<nn::TransformerBlock>(d, heads, options));
   return list;
-}
-
-std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n, int64_t d, int64_t heads,
-                                                                  int64_t hidden, double dropout, bool causal,
-                                                                  Generator* gen) {
-  static const nn::BlockConfig defaults;
-  return make_blocks(n, d, heads, hidden, dropout, causal, gen, defaults);
 }
 
 // snippet-begin: block_forward

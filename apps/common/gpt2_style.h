@@ -1,6 +1,6 @@
 #pragma once
-// What the three sample models (apps/gpt, apps/vit, apps/textclf) share: a stack of pre-LN
-// transformer blocks, and GPT-2's initialisation of it.
+// What the transformer apps (apps/gpt, apps/vit, apps/textclf, apps/imagetext, apps/longseq)
+// share: a stack of pre-LN transformer blocks, and GPT-2's initialisation of it.
 //
 // Initialisation, as GPT-2 / timm: Linear and embedding weights ~ N(0, 0.02), biases zero,
 // LayerNorm (1, 0), and the two projections that write into the residual stream (attn.proj,
@@ -16,17 +16,10 @@
 
 namespace ag::apps {
 
-// n_layers blocks (children "0", "1", ...) of width d, `heads` heads, MLP d -> hidden -> d, f32;
-// `causal`: each position attends to itself and the positions before it only.
+// n_layers blocks (children "0", "1", ...) of width d and `heads` heads, each built with `options`
+// (mlp_hidden, dropout, causal, norm, ...: nn::TransformerBlock::Options).
 std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n_layers, int64_t d, int64_t heads,
-                                                                  int64_t hidden, double dropout, bool causal,
-                                                                  Generator* gen, const nn::BlockConfig& config);
-// The same with the default BlockConfig, one constant object rather than a default argument `= {}`:
-// a temporary BlockConfig destroyed where it was built makes GCC 12 at -O3 warn that its strings
-// "may be used uninitialized" (a false positive, seen once the app libraries compile as unity sources).
-std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> make_blocks(int64_t n_layers, int64_t d, int64_t heads,
-                                                                  int64_t hidden, double dropout, bool causal,
-                                                                  Generator* gen);
+                                                                  const nn::TransformerBlock::Options& options);
 
 // One block's forward y = f(x), or, with `recompute` (the apps' --grad-checkpointing), the same
 // through ag::checkpoint (autograd/recompute.h): between forward and backward only x and y are

@@ -28,12 +28,15 @@ GPT::GPT(const GPTConfig& c, Generator* gen) : cfg(c), dropout_gen(gen) {
   wte = register_module("wte", std::make_shared<nn::Embedding>(c.vocab, c.d_model, std::nullopt, DType::f32, gen));
   if (c.pos == "learned")
     wpe = register_module("wpe", std::make_shared<nn::LearnedPositions>(c.context, c.d_model, DType::f32, gen));
-  nn::BlockConfig block;
-  block.attention.kv_heads = c.kv_heads;
-  block.attention.positions = c.pos == "rope" || c.pos == "alibi" ? c.pos : "none";
-  block.norm = c.norm, block.mlp = c.mlp_kind;
-  blocks = register_module("blocks",
-                           make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, true, gen, block));
+  const nn::TransformerBlock::Options block{
+      .mlp_hidden = c.mlp_hidden,
+      .dropout = c.dropout,
+      .causal = true,
+      .norm = c.norm,
+      .mlp = c.mlp_kind,
+      .attention = {.kv_heads = c.kv_heads, .positions = c.pos == "rope" || c.pos == "alibi" ? c.pos : "none"},
+      .generator = gen};
+  blocks = register_module("blocks", make_blocks(c.n_layers, c.d_model, c.n_heads, block));
   ln_f = register_module("ln_f", nn::make_norm(c.norm, c.d_model));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, DType::f32, gen));
   init_gpt2_style(*this, c.n_layers, gen);

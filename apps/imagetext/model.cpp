@@ -16,15 +16,18 @@ ImageText::ImageText(const ImageTextConfig& c, Generator* gen) : cfg(c) {
   patch = register_module("patch", std::make_shared<nn::PatchEmbedding>(c.channels, c.patch, c.image_h, c.d_model,
                                                                         DType::f32, gen));
   enc_pos = register_parameter("enc_pos", zeros({1, c.patches() + 1, c.d_model}));
-  enc_blocks = register_module("enc_blocks",
-                               make_blocks(c.enc_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, false, gen));
+  enc_blocks = register_module(
+      "enc_blocks", make_blocks(c.enc_layers, c.d_model, c.n_heads,
+                                {.mlp_hidden = c.mlp_hidden, .dropout = c.dropout, .generator = gen}));
   enc_norm = register_module("enc_norm", std::make_shared<nn::LayerNorm>(c.d_model));
   wte = register_module("wte", std::make_shared<nn::Embedding>(c.vocab, c.d_model, std::nullopt, DType::f32, gen));
   wpe = register_module("wpe", std::make_shared<nn::LearnedPositions>(c.max_len, c.d_model, DType::f32, gen));
   dec_blocks = register_module("dec_blocks", std::make_shared<nn::ModuleList<nn::TransformerBlock>>());
   for (int64_t i = 0; i < c.dec_layers; ++i)
-    dec_blocks->push_back(std::make_shared<nn::TransformerBlock>(c.d_model, c.n_heads, c.mlp_hidden, c.dropout,
-                                                              /*causal=*/true, /*cross=*/true, DType::f32, gen));
+    dec_blocks->push_back(std::make_shared<nn::TransformerBlock>(
+        c.d_model, c.n_heads,
+        nn::TransformerBlock::Options{
+            .mlp_hidden = c.mlp_hidden, .dropout = c.dropout, .causal = true, .cross = true, .generator = gen}));
   ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, DType::f32, gen));
   init_gpt2_style(*this, c.enc_layers + c.dec_layers, gen);

@@ -58,7 +58,9 @@ TextClassifier::TextClassifier(const TextClassifierConfig& c, Generator* gen) : 
     ngram = register_module("ngram",
                             std::make_shared<nn::Embedding>(c.ngram_buckets + 1, c.d_model, 0, DType::f32, gen));
   pos = register_module("pos", std::make_shared<nn::LearnedPositions>(c.max_len, c.d_model, DType::f32, gen));
-  blocks = register_module("blocks", make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, false, gen));
+  blocks = register_module(
+      "blocks", make_blocks(c.n_layers, c.d_model, c.n_heads,
+                            {.mlp_hidden = c.mlp_hidden, .dropout = c.dropout, .generator = gen}));
   norm = register_module("norm", std::make_shared<nn::LayerNorm>(c.d_model));
   drop = register_module("drop", std::make_shared<nn::Dropout>(c.dropout, gen));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, DType::f32, gen));

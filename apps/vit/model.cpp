@@ -12,7 +12,9 @@ ViT::ViT(const ViTConfig& c, Generator* gen) : cfg(c) {
                           std::make_shared<nn::PatchEmbedding>(c.channels, c.patch, c.image_size, c.d_model, DType::f32,
                                                                gen));
   pos_embed = register_parameter("pos_embed", zeros({1, patch->num_patches + 1, c.d_model}));
-  blocks = register_module("blocks", make_blocks(c.n_layers, c.d_model, c.n_heads, c.mlp_hidden, c.dropout, false, gen));
+  blocks = register_module(
+      "blocks", make_blocks(c.n_layers, c.d_model, c.n_heads,
+                            {.mlp_hidden = c.mlp_hidden, .dropout = c.dropout, .generator = gen}));
   norm = register_module("norm", std::make_shared<nn::LayerNorm>(c.d_model));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, DType::f32, gen));
   init_gpt2_style(*this, c.n_layers, gen);

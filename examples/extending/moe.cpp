@@ -56,7 +56,7 @@ Routing route(const std::vector<double>& logits, int64_t N, int64_t E, int64_t k
 // snippet-begin: moe_cpp
 MoE::MoE(int64_t dim, int64_t hidden, int64_t num_experts, const MoEOptions& o)
     : dim(dim), hidden(hidden), num_experts(num_experts), top_k(o.top_k), renormalize(o.renormalize),
-      dropout(o.dropout), gen(o.gen) {
+      dropout(o.dropout), gen(o.generator) {
   ag::check(dim > 0 && hidden > 0, "[MoE] expected dim > 0 and hidden > 0, got dim = {}, hidden = {}", dim, hidden);
   ag::check(num_experts > 0 && o.top_k >= 1 && o.top_k <= num_experts,
             "[MoE] expected 1 <= top_k <= num_experts, got top_k = {}, num_experts = {}", o.top_k, num_experts);
@@ -64,11 +64,12 @@ MoE::MoE(int64_t dim, int64_t hidden, int64_t num_experts, const MoEOptions& o)
   // a parameter of the layer itself: its initial value here (as a bias-free nn::Linear(dim, E)
   // would draw it), then trained: register_parameter sets requires_grad
   router = register_parameter("router",
-                              ag::nn::init::kaiming_uniform({num_experts, dim}, std::sqrt(5.0), o.dtype, o.gen));
+                              ag::nn::init::kaiming_uniform({num_experts, dim}, std::sqrt(5.0), o.dtype, o.generator));
   // children: attograd's own SwiGLU, E times, named experts.0, experts.1, ... as torch.nn.ModuleList
   experts = register_module("experts", std::make_shared<ag::nn::ModuleList<ag::nn::SwiGLU>>());
   for (int64_t e = 0; e < num_experts; ++e)
-    experts->push_back(std::make_shared<ag::nn::SwiGLU>(dim, hidden, 0.0, false, o.dtype, o.gen));
+    experts->push_back(std::make_shared<ag::nn::SwiGLU>(
+        dim, hidden, ag::nn::SwiGLU::Options{.dtype = o.dtype, .generator = o.generator}));
   // a buffer: state that state_dict() saves and to() moves, but no optimizer sees
   load = register_buffer("load", ag::zeros({num_experts}, ag::DType::f64));
 }

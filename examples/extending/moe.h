@@ -35,7 +35,7 @@ struct MoEOptions {
   bool renormalize = true;
   double dropout = 0.0;
   ag::DType dtype = ag::DType::f32;
-  ag::Generator* gen = nullptr;  // draws the weights and the dropout masks; null: the default one
+  ag::Generator* generator = nullptr;  // draws the weights and the dropout masks; null: the default one
 };
 
 struct MoE : ag::nn::UnaryModule {

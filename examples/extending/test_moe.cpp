@@ -137,7 +137,7 @@ TEST_CASE("MoE: the sparse dispatch equals the dense mixture, values and gradien
     for (const bool renormalize : {true, false}) {
       INFO("top_k " << k << ", renormalize " << renormalize);
       Generator gen(uint64_t(20 + k));
-      MoE moe(6, 8, 5, {.top_k = k, .renormalize = renormalize, .dtype = DType::f64, .gen = &gen});
+      MoE moe(6, 8, 5, {.top_k = k, .renormalize = renormalize, .dtype = DType::f64, .generator = &gen});
       Tensor x = randn({2, 7, 6}, DType::f64, &gen).set_requires_grad(true);
       Tensor r = randn({2, 7, 6}, DType::f64, &gen);
       sum(moe(x) * r).backward();
@@ -159,7 +159,7 @@ TEST_CASE("MoE: the sparse dispatch equals the dense mixture, values and gradien
 
 TEST_CASE("MoE: an expert no token chooses runs on nothing and gets no gradient") {
   Generator gen(4);
-  MoE moe(4, 6, 3, {.top_k = 2, .dtype = DType::f64, .gen = &gen});
+  MoE moe(4, 6, 3, {.top_k = 2, .dtype = DType::f64, .generator = &gen});
   // expert 2's logit is -100 |x| below the others': every token picks experts 0 and 1
   moe.router = from_vector<double>({1, 0, 0, 0, 0, 1, 0, 0, -100, -100, -100, -100}, {3, 4});
   Tensor x = rand({5, 4}, DType::f64, &gen, 0.5, 1.0);
@@ -174,7 +174,7 @@ TEST_CASE("MoE: an expert no token chooses runs on nothing and gets no gradient"
 // snippet-begin: gradcheck
 TEST_CASE("MoE: gradcheck of the input and of every parameter, through the output and aux_loss") {
   Generator gen(3);
-  MoE moe(4, 3, 3, {.top_k = 2, .dtype = DType::f64, .gen = &gen});
+  MoE moe(4, 3, 3, {.top_k = 2, .dtype = DType::f64, .generator = &gen});
   // gradcheck perturbs copies of its inputs; the function puts them in the layer's members, so
   // the gradient of every parameter is checked through the module's own forward. The output
   // joins y and the aux loss, so both gradients are checked.
@@ -227,7 +227,7 @@ TEST_CASE("MoE: bad arguments and input name the layer and the value") {
 
 TEST_CASE("MoE: the load buffer counts routing slots in training only, is saved and is not trained") {
   Generator gen(5);
-  MoE moe(4, 6, 3, {.top_k = 2, .gen = &gen});
+  MoE moe(4, 6, 3, {.top_k = 2, .generator = &gen});
   CHECK_FALSE(moe.load.requires_grad());  // a buffer: no gradient, no optimizer step
   CHECK(moe.parameters().size() == 1 + 3 * 3);
   moe(randn({5, 4}, DType::f32, &gen));
@@ -248,7 +248,7 @@ TEST_CASE("MoE: the load buffer counts routing slots in training only, is saved 
 
 TEST_CASE("MoE: dropout only while training, the identity after eval()") {
   Generator gen(9);
-  MoE moe(8, 16, 4, {.dropout = 0.5, .dtype = DType::f64, .gen = &gen});
+  MoE moe(8, 16, 4, {.dropout = 0.5, .dtype = DType::f64, .generator = &gen});
   Tensor x = randn({4, 8}, DType::f64, &gen);
   moe.eval();
   const std::vector<double> e1 = moe(x).to_vector<double>(), e2 = moe(x).to_vector<double>();
@@ -262,7 +262,7 @@ TEST_CASE("MoE: dropout only while training, the identity after eval()") {
 // snippet-begin: training
 TEST_CASE("MoE: a regressor learns y = x^2 elementwise with every expert in use (loss / 100 in 150 steps)") {
   Generator gen(7);
-  MoE moe(4, 16, 4, {.top_k = 2, .gen = &gen});
+  MoE moe(4, 16, 4, {.top_k = 2, .generator = &gen});
   optim::AdamW opt(moe.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
   Tensor x = rand({128, 4}, DType::f32, &gen, -1.0, 1.0);
   Tensor target = mul(x, x);
@@ -287,9 +287,9 @@ TEST_CASE("MoE: a regressor learns y = x^2 elementwise with every expert in use 
 // snippet-begin: block
 TEST_CASE("MoE: the feed-forward of a TransformerBlock, trained and switched to eval with it") {
   Generator gen(13);
-  auto moe = std::make_shared<MoE>(16, 32, 4, MoEOptions{.top_k = 2, .dropout = 0.1, .gen = &gen});
+  auto moe = std::make_shared<MoE>(16, 32, 4, MoEOptions{.top_k = 2, .dropout = 0.1, .generator = &gen});
   // the block registers the module as its "mlp" in place of the built-in MLP
-  nn::TransformerBlock block(16, 4, moe, 0.0, /*causal=*/true, /*cross=*/false, DType::f32, &gen);
+  nn::TransformerBlock block(16, 4, moe, {.causal = true, .generator = &gen});
   const nn::NamedTensors params = block.named_parameters();
   CHECK(params[8].first == "mlp.router");
   CHECK(params[9].first == "mlp.experts.0.w1.weight");

@@ -39,7 +39,8 @@ struct Stack {
     NoGradGuard no_grad;
     const double std_resid = scale_residual ? 0.02 / std::sqrt(2.0 * L) : 0.02;
     for (int l = 0; l < L; ++l) {
-      blocks.push_back(std::make_shared<nn::TransformerBlock>(64, 4, 256, 0.0, false, false, DType::f32, &gen));
+      blocks.push_back(std::make_shared<nn::TransformerBlock>(
+          64, 4, nn::TransformerBlock::Options{.mlp_hidden = 256, .generator = &gen}));
       for (auto& [n, p] : blocks.back()->named_parameters()) {
         const bool resid = n == "attn.proj.weight" || n == "mlp.fc2.weight";
         if (p.ndim() == 2) p.copy_(randn(p.shape(), DType::f32, &gen, 0.0, resid ? std_resid : 0.02));

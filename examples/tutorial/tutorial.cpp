@@ -49,8 +49,9 @@ struct Sorter : nn::Module {
   Sorter(int64_t d, int64_t heads, Generator* gen) {
     tok = register_module("tok", std::make_shared<nn::Embedding>(V, d, std::nullopt, DType::f32, gen));
     pos = register_module("pos", std::make_shared<nn::LearnedPositions>(T, d, DType::f32, gen));
-    block = register_module("block", std::make_shared<nn::TransformerBlock>(d, heads, 4 * d, /*dropout=*/0.0,
-                                                                            /*causal=*/false, false, DType::f32, gen));
+    // not causal: to sort, every position needs to see the whole sequence
+    const nn::TransformerBlock::Options block_options{.mlp_hidden = 4 * d, .causal = false, .generator = gen};
+    block = register_module("block", std::make_shared<nn::TransformerBlock>(d, heads, block_options));
     head = register_module("head", std::make_shared<nn::Linear>(d, V, true, DType::f32, gen));
   }
   Tensor forward(const Tensor& x) {

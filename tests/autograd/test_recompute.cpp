@@ -40,7 +40,7 @@ TEST_CASE("checkpoint: parameters get gradients when the input needs none") {
 }
 
 TEST_CASE("checkpoint: a TransformerBlock recomputed in backward, and the memory it saves") {
-  nn::TransformerBlock block(32, 4, 128, 0.1, true);
+  nn::TransformerBlock block(32, 4, {.mlp_hidden = 128, .dropout = 0.1, .causal = true});
   block.train();
   auto params = block.parameters();
   Generator data(5);

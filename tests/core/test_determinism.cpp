@@ -332,8 +332,8 @@ TEST_CASE("determinism: tiny transformer trained with AdamW, dropout and clippin
     constexpr int64_t V = 61, D = 32, H = 4, T = 48, B = 6;
     Generator g(2024);
     nn::Embedding tok(V, D, std::nullopt, DType::f32, &g), pos(T, D, std::nullopt, DType::f32, &g);
-    nn::TransformerBlock b1(D, H, 4 * D, 0.1, true, false, DType::f32, &g), b2(D, H, 4 * D, 0.1, true, false,
-                                                                                DType::f32, &g);
+    const nn::TransformerBlock::Options block{.mlp_hidden = 4 * D, .dropout = 0.1, .causal = true, .generator = &g};
+    nn::TransformerBlock b1(D, H, block), b2(D, H, block);
     nn::LayerNorm ln(D);
     nn::Linear head(D, V, true, DType::f32, &g);
     std::vector<Tensor> params;

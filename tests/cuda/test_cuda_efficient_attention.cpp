@@ -77,7 +77,7 @@ TEST_CASE("cuda: AxialAttention forward and gradients match the cpu (plain and c
   if (skip_without_gpu()) return;
   for (bool causal : {false, true}) {
     CAPTURE(causal);
-    nn::AxialAttention ax(16, 4, 5, 7, causal);
+    nn::AxialAttention ax(16, 4, 5, 7, {.causal = causal});
     expect_same(
         [&](const std::vector<Tensor>& in) {
           ax.row->qkv->weight = in[1], ax.row->qkv->bias = in[2], ax.row->proj->weight = in[3],

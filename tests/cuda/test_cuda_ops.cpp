@@ -525,7 +525,8 @@ TEST_CASE("cuda ops: multi-tensor optimizers over many tensors equal the cpu") {
 TEST_CASE("cuda layers: RMSNorm after a causal cross-attention transformer block equals the cpu") {
   if (skip_without_gpu()) return;
   Generator g1(3), g2(3);
-  nn::TransformerBlock bc(32, 4, 64, 0.0, true, true, DType::f32, &g1), bg(32, 4, 64, 0.0, true, true, DType::f32, &g2);
+  nn::TransformerBlock bc(32, 4, {.mlp_hidden = 64, .causal = true, .cross = true, .generator = &g1}),
+      bg(32, 4, {.mlp_hidden = 64, .causal = true, .cross = true, .generator = &g2});
   nn::RMSNorm rc(32), rg(32);
   bg.to(kGpu), rg.to(kGpu);
   const Tensor x = leaf({2, 9, 32}, 61), ctx = leaf({2, 5, 32}, 62);

@@ -118,7 +118,7 @@ TEST_CASE("MultiHeadAttention: cross-attention matches PyTorch, shapes, gradchec
   // with context = x, cross-attention is self-attention
   check_close(mha->forward(x, x).out, mha->forward(x).out, 1e-6, 1e-6);
 
-  nn::MultiHeadAttention m64(4, 2, 0.0, true, DType::f64);
+  nn::MultiHeadAttention m64(4, 2, {.dtype = DType::f64});
   expect_gradcheck(
       [&](const std::vector<Tensor>& in) {
         m64.qkv->weight = in[2], m64.qkv->bias = in[3], m64.proj->weight = in[4], m64.proj->bias = in[5];
@@ -130,7 +130,7 @@ TEST_CASE("MultiHeadAttention: cross-attention matches PyTorch, shapes, gradchec
 
 TEST_CASE("MultiHeadAttention: need_weights rows sum to 1 and respect the causal and window masks") {
   Generator g(3);
-  nn::MultiHeadAttention mha(8, 4, 0.0, true, DType::f32, &g);
+  nn::MultiHeadAttention mha(8, 4, {.generator = &g});
   nn::AttentionOptions o;
   o.causal = true;
   o.need_weights = true;
@@ -152,7 +152,7 @@ TEST_CASE("MultiHeadAttention: need_weights rows sum to 1 and respect the causal
 }
 
 TEST_CASE("MultiHeadAttention: gradcheck w.r.t. input and all parameters (plain and causal)") {
-  nn::MultiHeadAttention mha(4, 2, 0.0, true, DType::f64);
+  nn::MultiHeadAttention mha(4, 2, {.dtype = DType::f64});
   CHECK(names(mha) == std::vector<std::string>{"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"});
   for (bool causal : {false, true}) {
     CAPTURE(causal);
@@ -168,7 +168,7 @@ TEST_CASE("MultiHeadAttention: gradcheck w.r.t. input and all parameters (plain 
 
 TEST_CASE("MultiHeadAttention: dropout acts in training only, errors") {
   Generator g(7);
-  nn::MultiHeadAttention mha(8, 2, 0.5, true, DType::f32, &g);
+  nn::MultiHeadAttention mha(8, 2, {.dropout = 0.5, .generator = &g});
   Tensor x = randn({1, 4, 8}, DType::f32, &g);
   mha.eval();
   Tensor y_eval = mha.forward(x).out;
@@ -200,7 +200,7 @@ TEST_CASE("KVCache: decoding one token at a time and in chunks equals the causal
     CAPTURE(dt);
     const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
     Generator g(11);
-    nn::MultiHeadAttention mha(8, 2, 0.0, true, dt, &g);
+    nn::MultiHeadAttention mha(8, 2, {.dtype = dt, .generator = &g});
     Tensor x = randn({2, 6, 8}, dt, &g);
     NoGradGuard no_grad;
     nn::AttentionOptions full;
@@ -224,7 +224,7 @@ TEST_CASE("KVCache: decoding one token at a time and in chunks equals the causal
   }
   // the same through a causal TransformerBlock
   Generator g(12);
-  nn::TransformerBlock block(8, 2, 16, 0.0, true, false, DType::f64, &g);
+  nn::TransformerBlock block(8, 2, {.mlp_hidden = 16, .causal = true, .dtype = DType::f64, .generator = &g});
   Tensor x = randn({1, 5, 8}, DType::f64, &g);
   NoGradGuard no_grad;
   Tensor y = block.forward(x);
@@ -237,7 +237,7 @@ TEST_CASE("KVCache: decoding one token at a time and in chunks equals the causal
 }
 
 TEST_CASE("TransformerBlock: parameter names, residual structure, gradcheck") {
-  nn::TransformerBlock block(4, 2, 6, 0.0, true, false, DType::f64);
+  nn::TransformerBlock block(4, 2, {.mlp_hidden = 6, .causal = true, .dtype = DType::f64});
   CHECK(names(block) == std::vector<std::string>{"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias",
                                                  "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
                                                  "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"});
@@ -266,7 +266,7 @@ TEST_CASE("TransformerBlock: parameter names, residual structure, gradcheck") {
 }
 
 TEST_CASE("TransformerBlock: cross-attention block, names, gradcheck, context errors") {
-  nn::TransformerBlock block(4, 2, 6, 0.0, false, true, DType::f64);
+  nn::TransformerBlock block(4, 2, {.mlp_hidden = 6, .cross = true, .dtype = DType::f64});
   std::vector<std::string> n = names(block);
   REQUIRE(n.size() == 18);
   CHECK(n[6] == "ln_cross.weight");
@@ -275,7 +275,7 @@ TEST_CASE("TransformerBlock: cross-attention block, names, gradcheck, context er
   expect_gradcheck([&](const std::vector<Tensor>& in) { return block.forward(in[0], in[1]); },
                    {leaf64({1, 3, 4}, 1), leaf64({1, 2, 4}, 2)});
   AG_CHECK_ERROR(block.forward(leaf64({1, 3, 4}, 1)), "TransformerBlock", "needs a context");
-  nn::TransformerBlock plain(4, 2, 6, 0.0, false, false, DType::f64);
+  nn::TransformerBlock plain(4, 2, {.mlp_hidden = 6, .dtype = DType::f64});
   AG_CHECK_ERROR(plain.forward(leaf64({1, 3, 4}, 1), leaf64({1, 2, 4}, 2)), "TransformerBlock", "without cross");
 }
 
@@ -285,7 +285,7 @@ namespace {
 // key/value head g for each of the H / Hkv query heads of group g (what GQA means), the rest copied.
 std::shared_ptr<nn::MultiHeadAttention> repeated_heads_twin(const nn::MultiHeadAttention& gqa) {
   const int64_t d = gqa.d_model, H = gqa.n_heads, hs = gqa.head_size, G = H / gqa.kv_heads;
-  auto mha = std::make_shared<nn::MultiHeadAttention>(d, H, 0.0, true, DType::f64);
+  auto mha = std::make_shared<nn::MultiHeadAttention>(d, H, nn::MultiHeadAttention::Options{.dtype = DType::f64});
   std::vector<int64_t> rows;
   for (int64_t r = 0; r < d; ++r) rows.push_back(r);                  // q: all of it
   for (int64_t part = 0; part < 2; ++part)                            // k, then v
@@ -306,7 +306,7 @@ TEST_CASE("MultiHeadAttention: kv_heads (grouped-query) equals plain heads with 
   Generator g(21);
   for (int64_t kv : {1, 2}) {
     CAPTURE(kv);
-    nn::MultiHeadAttention gqa(8, 4, 0.0, true, DType::f64, &g, {.kv_heads = kv});
+    nn::MultiHeadAttention gqa(8, 4, {.kv_heads = kv, .dtype = DType::f64, .generator = &g});
     CHECK(gqa.kv_heads == kv);
     CHECK(gqa.qkv->weight.shape() == Shape{8 + 2 * kv * 2, 8});  // d + 2 Hkv hs rows, hs 2
     const auto twin = repeated_heads_twin(gqa);
@@ -325,17 +325,15 @@ TEST_CASE("MultiHeadAttention: kv_heads (grouped-query) equals plain heads with 
     check_close(gqa.forward(x, ctx).out, mha.forward(x, ctx).out, 1e-12, 1e-12);  // cross-attention
   }
   // kv_heads = n_heads is plain multi-head attention: PyTorch's in_proj layout, 3d rows
-  CHECK(nn::MultiHeadAttention(8, 4, 0.0, true, DType::f32, nullptr, {.kv_heads = 4}).qkv->weight.shape() ==
-        Shape{24, 8});
-  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, 0.0, true, DType::f32, nullptr, {.kv_heads = 3}), "kv_heads 3",
-                 "n_heads 4");
-  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, 0.0, true, DType::f32, nullptr, {.kv_heads = -1}), "kv_heads -1");
+  CHECK(nn::MultiHeadAttention(8, 4, {.kv_heads = 4}).qkv->weight.shape() == Shape{24, 8});
+  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, {.kv_heads = 3}), "kv_heads 3", "n_heads 4");
+  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, {.kv_heads = -1}), "kv_heads -1");
 }
 
 TEST_CASE("MultiHeadAttention: kv_heads gradcheck of every parameter, and a KV cache of kv_heads") {
   for (int64_t kv : {1, 2}) {
     CAPTURE(kv);
-    nn::MultiHeadAttention mha(8, 4, 0.0, true, DType::f64, nullptr, {.kv_heads = kv});
+    nn::MultiHeadAttention mha(8, 4, {.kv_heads = kv, .dtype = DType::f64});
     const int64_t rows = 8 + 4 * kv;
     for (bool causal : {false, true}) {
       CAPTURE(causal);
@@ -347,9 +345,8 @@ TEST_CASE("MultiHeadAttention: kv_heads gradcheck of every parameter, and a KV c
     }
     // decoding one token at a time caches (B, Hkv, T, hs) and equals the causal forward
     Generator g(3);
-    nn::BlockConfig config;  // set field by field: a nested designated initializer trips GCC 12's
-    config.attention.kv_heads = kv;  // -Wmaybe-uninitialized on the inner std::string (a false positive)
-    nn::TransformerBlock block(8, 4, 16, 0.0, true, false, DType::f64, &g, config);
+    nn::TransformerBlock block(
+        8, 4, {.mlp_hidden = 16, .causal = true, .attention = {.kv_heads = kv}, .dtype = DType::f64, .generator = &g});
     CHECK(block.attn->kv_heads == kv);
     const Tensor x = randn({2, 6, 8}, DType::f64, &g);
     NoGradGuard no_grad;
@@ -367,7 +364,7 @@ TEST_CASE("MultiHeadAttention: rope and alibi positions, by hand, through a KV c
   const Tensor x = randn({2, 6, 8}, DType::f64, &g);
   for (const char* positions : {"rope", "alibi"}) {
     CAPTURE(positions);
-    nn::MultiHeadAttention mha(8, 4, 0.0, true, DType::f64, &g, {.kv_heads = 2, .positions = positions});
+    nn::MultiHeadAttention mha(8, 4, {.kv_heads = 2, .positions = positions, .dtype = DType::f64, .generator = &g});
     nn::AttentionOptions causal;
     causal.causal = true;
     // by hand: the projection split as documented, then rope on q and k, or ALiBi's slopes
@@ -397,7 +394,7 @@ TEST_CASE("MultiHeadAttention: rope and alibi positions, by hand, through a KV c
         check_close(cat(parts, 1), ref, 1e-12, 1e-12);
       }
       // and the positions matter: without them the output differs
-      nn::MultiHeadAttention plain(8, 4, 0.0, true, DType::f64, nullptr, {.kv_heads = 2});
+      nn::MultiHeadAttention plain(8, 4, {.kv_heads = 2, .dtype = DType::f64});
       REQUIRE(plain.load_state_dict(mha.state_dict()).ok());
       CHECK(max(abs(plain.forward(x, causal).out - ref)).item<double>() > 1e-3);
     }
@@ -405,16 +402,13 @@ TEST_CASE("MultiHeadAttention: rope and alibi positions, by hand, through a KV c
         mha, causal, {leaf64({1, 5, 8}, 1), leaf64({16, 8}, 2, 0.5), leaf64({16}, 3), leaf64({8, 8}, 4), leaf64({8}, 5)});
     AG_CHECK_ERROR(mha.forward(x, x), "positions", positions, "self-attention");
     // a cross-attention block keeps the positions to its self-attention
-    nn::BlockConfig config;  // field by field, as above
-    config.attention.positions = positions;
-    nn::TransformerBlock block(8, 4, 16, 0.0, false, true, DType::f64, nullptr, config);
-    CHECK(block.attn->config.positions == positions);
-    CHECK(block.cross_attn->config.positions == "none");
+    nn::TransformerBlock block(
+        8, 4, {.mlp_hidden = 16, .cross = true, .attention = {.positions = positions}, .dtype = DType::f64});
+    CHECK(block.attn->options.positions == positions);
+    CHECK(block.cross_attn->options.positions == "none");
   }
-  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, 0.0, true, DType::f32, nullptr, {.positions = "learned"}),
-                 "positions 'learned'", "none, rope or alibi");
-  AG_CHECK_ERROR(nn::MultiHeadAttention(12, 4, 0.0, true, DType::f32, nullptr, {.positions = "rope"}),
-                 "head size must be even", "3");
+  AG_CHECK_ERROR(nn::MultiHeadAttention(8, 4, {.positions = "learned"}), "positions 'learned'", "none, rope or alibi");
+  AG_CHECK_ERROR(nn::MultiHeadAttention(12, 4, {.positions = "rope"}), "head size must be even", "3");
 }
 
 TEST_CASE("PatchEmbedding: matches PyTorch's Conv2d(kernel = stride = p) + flatten(2).transpose(1, 2)") {

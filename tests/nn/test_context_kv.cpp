@@ -41,7 +41,7 @@ Tensor composed_cross(const nn::MultiHeadAttention& m, const Tensor& x, const Te
 
 TEST_CASE("ContextKV: cross-attention over a context projected once equals the composed reference, gradients into both inputs") {
   Generator g(5);
-  nn::MultiHeadAttention mha(6, 3, 0.0, true, DType::f64, &g);
+  nn::MultiHeadAttention mha(6, 3, {.dtype = DType::f64, .generator = &g});
   const Tensor x = leaf64({2, 4, 6}, 1), c = leaf64({2, 5, 6}, 2);
   const nn::ContextKV kv = mha.context_kv(c);
   CHECK(kv.k.shape() == Shape{2, 3, 5, 2});  // (B, H, Tk, hs)
@@ -73,7 +73,7 @@ TEST_CASE("ContextKV: cross-attention over a context projected once equals the c
 
 TEST_CASE("ContextKV: one context expanded to a batch of queries, and shape errors") {
   Generator g(6);
-  nn::MultiHeadAttention mha(8, 2, 0.0, true, DType::f64, &g);
+  nn::MultiHeadAttention mha(8, 2, {.dtype = DType::f64, .generator = &g});
   const Tensor c = leaf64({1, 5, 8}, 2).detach(), x = leaf64({3, 2, 8}, 1).detach();
   const nn::ContextKV one = mha.context_kv(c);  // (1, H, Tk, hs)
   const nn::ContextKV many{one.k.expand({3, 2, 5, 4}), one.v.expand({3, 2, 5, 4})};  // views, no copy
@@ -88,7 +88,7 @@ TEST_CASE("ContextKV: one context expanded to a batch of queries, and shape erro
   nn::AttentionOptions o;
   o.cache = &cache;
   AG_CHECK_ERROR(mha.forward(x, many, o), "MultiHeadAttention", "not cross-attention");
-  nn::TransformerBlock plain(8, 2, 16, 0.0, true, false, DType::f64, &g);
+  nn::TransformerBlock plain(8, 2, {.mlp_hidden = 16, .causal = true, .dtype = DType::f64, .generator = &g});
   AG_CHECK_ERROR(plain.context_kv(c), "TransformerBlock", "without cross-attention");
   AG_CHECK_ERROR(plain.forward(x, nn::AttentionOptions{}, many), "TransformerBlock", "without cross-attention");
 }
@@ -96,7 +96,9 @@ TEST_CASE("ContextKV: one context expanded to a batch of queries, and shape erro
 TEST_CASE("ContextKV: a decoder projecting its context once and decoding through KV caches matches one causal forward") {
   Generator g(7);
   // two causal blocks with cross-attention over a context of 6 positions
-  nn::TransformerBlock b0(8, 2, 16, 0.0, true, true, DType::f64, &g), b1(8, 2, 16, 0.0, true, true, DType::f64, &g);
+  const nn::TransformerBlock::Options block{
+      .mlp_hidden = 16, .causal = true, .cross = true, .dtype = DType::f64, .generator = &g};
+  nn::TransformerBlock b0(8, 2, block), b1(8, 2, block);
   const Tensor x = leaf64({2, 5, 8}, 1).detach(), c = leaf64({2, 6, 8}, 2).detach();
   NoGradGuard no_grad;
   const Tensor full = b1.forward(b0.forward(x, c), c);  // (B, T, d): one causal forward

@@ -157,7 +157,9 @@ TEST_CASE("diagnostics: padded keys and padded queries are left out") {
 TEST_CASE("diagnostics: a capture over a 2-layer model names every attention and keeps the forward") {
   Generator gen(3);
   nn::ModuleList<nn::TransformerBlock> model;
-  for (int i = 0; i < 2; ++i) model.push_back(std::make_shared<nn::TransformerBlock>(8, 2, 16, 0.0, false, false, DType::f32, &gen));
+  for (int i = 0; i < 2; ++i)
+    model.push_back(std::make_shared<nn::TransformerBlock>(
+        8, 2, nn::TransformerBlock::Options{.mlp_hidden = 16, .generator = &gen}));
   model.eval();
   Tensor x = randn({3, 5, 8}, DType::f32, &gen);
   Tensor lengths = from_vector(std::vector<int64_t>{5, 3, 4}, {3});
@@ -201,7 +203,7 @@ TEST_CASE("diagnostics: a capture over a 2-layer model names every attention and
 TEST_CASE("diagnostics: a freshly initialised model's near-zero logits are flagged near-uniform") {
   // weights that small make every q k^T ~ 0: each head averages the visible keys
   Generator gen(5);
-  nn::MultiHeadAttention mha(8, 2, 0.0, true, DType::f32, &gen);
+  nn::MultiHeadAttention mha(8, 2, {.generator = &gen});
   {
     NoGradGuard no_grad;
     mha.qkv->weight.mul_(1e-3);

@@ -3,11 +3,14 @@
 // as numbers), not with the layers' own code: projections, compression, scores, softmax, masks.
 // Gradchecks substitute the f64 inputs gradcheck perturbs for a layer's members (qkv->weight = in[1]):
 // forward reads the members, so the gradient of every parameter is checked through the real forward.
+// Attention dropout: the references take the mask from the rule of core/kernels/dropout_mask.h (which
+// Philox elements a call's weights use, kept when u >= p) and scale a kept weight by 1 / (1 - p) themselves.
 #include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "core/kernels/dropout_mask.h"
 #include "nn/efficient_attention.h"
 #include "tests/helpers.h"
 
@@ -63,9 +66,13 @@ Mat columns(const Mat& X, size_t from, size_t n) {
   return y;
 }
 
+// The factor of weight (h, i, j) of one sequence after attention dropout: 0 or 1 / (1 - p).
+using Keep = std::function<double(size_t h, size_t i, size_t j)>;
+
 // Multi-head attention by loops: per head h, columns [h hs, (h+1) hs). A query that sees no key
-// gets zeros.
-Mat attend(const Mat& Q, const Mat& K, const Mat& V, int64_t H, const std::function<bool(size_t, size_t)>& visible) {
+// gets zeros. keep: attention dropout on the weights (none when empty).
+Mat attend(const Mat& Q, const Mat& K, const Mat& V, int64_t H, const std::function<bool(size_t, size_t)>& visible,
+           const Keep& keep = nullptr) {
   const size_t d = Q[0].size(), hs = d / size_t(H);
   Mat out(Q.size(), std::vector<double>(d, 0.0));
   for (size_t h = 0; h < size_t(H); ++h)
@@ -84,7 +91,7 @@ Mat attend(const Mat& Q, const Mat& K, const Mat& V, int64_t H, const std::funct
       for (size_t j = 0; j < K.size(); ++j) z += visible(i, j) ? std::exp(s[j] - m) : 0.0;
       for (size_t j = 0; j < K.size(); ++j) {
         if (!visible(i, j)) continue;
-        const double p = std::exp(s[j] - m) / z;
+        const double p = std::exp(s[j] - m) / z * (keep ? keep(h, i, j) : 1.0);
         for (size_t c = 0; c < hs; ++c) out[i][h * hs + c] += p * V[j][h * hs + c];
       }
     }
@@ -98,11 +105,38 @@ std::vector<double> flat(const std::vector<Mat>& per_batch) {
   return v;
 }
 
+// Attention dropout, by the rule of core/kernels/dropout_mask.h: the weights of one attention call,
+// (N, H, Tq, Tk) row-major, use elements e = ((n H + h) Tq + i) Tk + j of the Philox stream
+// (seed, offset) the call reserves from its generator; weight e is kept when dropout_keep(...), and
+// a kept weight is multiplied by 1 / (1 - p), computed here.
+struct Drop {
+  uint64_t seed, offset;
+  double p;
+  int64_t H, Tq, Tk;  // the call's heads and weight rows and columns
+  double factor(int64_t n, size_t h, size_t i, size_t j) const {
+    const uint64_t e = uint64_t(((n * H + int64_t(h)) * Tq + int64_t(i)) * Tk + int64_t(j));
+    return dropout_keep(seed, offset, e, p) ? 1.0 / (1.0 - p) : 0.0;
+  }
+  uint64_t blocks(int64_t N) const { return dropout_blocks(N * H * Tq * Tk); }  // what the call reserves
+  // Weights dropped out of the call's N H Tq Tk: a test whose mask keeps or drops all is no test.
+  int64_t dropped(int64_t N) const {
+    int64_t n = 0;
+    for (int64_t e = 0; e < N * H * Tq * Tk; ++e) n += dropout_keep(seed, offset, uint64_t(e), p) ? 0 : 1;
+    return n;
+  }
+};
+// The Drop of a call whose weights are (N, H, Tq, Tk), at the offset `g` stands at before it.
+Drop drop_at(const Generator& g, double p, int64_t H, int64_t Tq, int64_t Tk) {
+  return {g.seed(), g.offset(), p, H, Tq, Tk};
+}
+
 // valid[b][t]: false at the padded positions
 using Valid = std::vector<std::vector<bool>>;
 Valid all_valid(int64_t B, int64_t T) { return Valid(size_t(B), std::vector<bool>(size_t(T), true)); }
 
-std::vector<double> linformer_reference(const nn::LinformerAttention& m, const Tensor& x, const Valid& valid) {
+// drop: the weights (B, H, T, k) of the one attention call, or null in eval.
+std::vector<double> linformer_reference(const nn::LinformerAttention& m, const Tensor& x, const Valid& valid,
+                                        const Drop* drop = nullptr) {
   const int64_t B = x.size(0), T = x.size(1);
   const size_t d = size_t(m.d_model);
   Mat E = matrix(m.E), F = matrix(m.F);
@@ -116,14 +150,20 @@ std::vector<double> linformer_reference(const nn::LinformerAttention& m, const T
         if (!valid[b][t]) continue;  // padded keys and values are zeroed before the projection
         for (size_t c = 0; c < d; ++c) Kp[r][c] += E[r][t] * K[t][c], Vp[r][c] += F[r][t] * V[t][c];
       }
-    Mat o = attend(Q, Kp, Vp, m.n_heads, [](size_t, size_t) { return true; });
+    Keep keep;
+    if (drop) keep = [&](size_t h, size_t i, size_t j) { return drop->factor(b, h, i, j); };
+    Mat o = attend(Q, Kp, Vp, m.n_heads, [](size_t, size_t) { return true; }, keep);
     ys.push_back(affine(o, m.proj->weight, m.proj->bias));
   }
   return flat(ys);
 }
 
+// drop: the weights of the one attention call, or null in eval. Not causal, they are (B, H, T, Tc).
+// Causal, the layer folds the queries (nn/efficient_attention.cpp): query i of head h stands at
+// i' = i + 1, in group g = i' / s of head h s + i' % s, and block j is key j + 1 after a hidden
+// dummy key, so the weights are (B, H s, G, G) with G = Tc + 1.
 std::vector<double> compressed_reference(const nn::MemoryCompressedAttention& m, const Tensor& x, const Valid& valid,
-                                         bool causal) {
+                                         bool causal, const Drop* drop = nullptr) {
   const int64_t B = x.size(0), T = x.size(1), s = m.stride;
   const int64_t Tc = (T + s - 1) / s;
   const size_t d = size_t(m.d_model);
@@ -141,36 +181,49 @@ std::vector<double> compressed_reference(const nn::MemoryCompressedAttention& m,
     }
     Mat Kc = affine(Kb, m.compress_k->weight, m.compress_k->bias);
     Mat Vc = affine(Vb, m.compress_v->weight, m.compress_v->bias);
-    Mat o = attend(Q, Kc, Vc, m.n_heads, [&](size_t i, size_t j) {
-      return !hidden[j] && (!causal || int64_t((j + 1) * s - 1) <= int64_t(i));
-    });
+    Keep keep;
+    if (drop && !causal) keep = [&](size_t h, size_t i, size_t j) { return drop->factor(b, h, i, j); };
+    if (drop && causal)
+      keep = [&](size_t h, size_t i, size_t j) {
+        return drop->factor(b, h * size_t(s) + (i + 1) % size_t(s), (i + 1) / size_t(s), j + 1);
+      };
+    Mat o = attend(
+        Q, Kc, Vc, m.n_heads,
+        [&](size_t i, size_t j) { return !hidden[j] && (!causal || int64_t((j + 1) * s - 1) <= int64_t(i)); }, keep);
     ys.push_back(affine(o, m.proj->weight, m.proj->bias));
   }
   return flat(ys);
 }
 
-Mat mha_reference(const nn::MultiHeadAttention& m, const Mat& X, bool causal) {
+Mat mha_reference(const nn::MultiHeadAttention& m, const Mat& X, bool causal, const Keep& keep = nullptr) {
   const size_t d = size_t(m.d_model);
   Mat qkv = affine(X, m.qkv->weight, m.qkv->bias);
   Mat o = attend(columns(qkv, 0, d), columns(qkv, d, d), columns(qkv, 2 * d, d), m.n_heads,
-                 [&](size_t i, size_t j) { return !causal || j <= i; });
+                 [&](size_t i, size_t j) { return !causal || j <= i; }, keep);
   return affine(o, m.proj->weight, m.proj->bias);
 }
 
-std::vector<double> axial_reference(const nn::AxialAttention& m, const Tensor& x) {
+// drop_row, drop_col: the weights of the row attention, (B Hh, H, Ww, Ww) with sequence b Hh + r,
+// and of the column attention after it, (B Ww, H, Hh, Hh) with sequence b Ww + c; null in eval.
+std::vector<double> axial_reference(const nn::AxialAttention& m, const Tensor& x, const Drop* drop_row = nullptr,
+                                    const Drop* drop_col = nullptr) {
   const int64_t B = x.size(0), Hh = m.height, Ww = m.width;
   std::vector<Mat> ys;
   for (int64_t b = 0; b < B; ++b) {
     Mat X = batch_rows(x, b), Z = X, Y = X;
     for (int64_t r = 0; r < Hh; ++r) {  // each row among itself
       Mat row(X.begin() + r * Ww, X.begin() + (r + 1) * Ww);
-      Mat out = mha_reference(*m.row, row, m.causal);
+      Keep keep;
+      if (drop_row) keep = [&](size_t h, size_t i, size_t j) { return drop_row->factor(b * Hh + r, h, i, j); };
+      Mat out = mha_reference(*m.row, row, m.options.causal, keep);
       for (int64_t c = 0; c < Ww; ++c) Z[r * Ww + c] = out[c];
     }
     for (int64_t c = 0; c < Ww; ++c) {  // then each column among itself
       Mat col;
       for (int64_t r = 0; r < Hh; ++r) col.push_back(Z[r * Ww + c]);
-      Mat out = mha_reference(*m.col, col, m.causal);
+      Keep keep;
+      if (drop_col) keep = [&](size_t h, size_t i, size_t j) { return drop_col->factor(b * Ww + c, h, i, j); };
+      Mat out = mha_reference(*m.col, col, m.options.causal, keep);
       for (int64_t r = 0; r < Hh; ++r) Y[r * Ww + c] = out[r];
     }
     ys.push_back(Y);
@@ -215,7 +268,7 @@ TEST_CASE("LinformerAttention: parameter names, shapes and init bound") {
 
 TEST_CASE("LinformerAttention: forward matches a loop reference in f64 (no padding, lengths, mask)") {
   Generator g(3);
-  nn::LinformerAttention lin(4, 2, 7, 3, 0.0, true, DType::f64, &g);
+  nn::LinformerAttention lin(4, 2, 7, 3, {.dtype = DType::f64, .generator = &g});
   Tensor x = randn({2, 5, 4}, DType::f64, &g);
   check_close(lin.forward(x).out, linformer_reference(lin, x, all_valid(2, 5)), 1e-10, 1e-10);
 
@@ -240,7 +293,7 @@ TEST_CASE("LinformerAttention: forward matches a loop reference in f64 (no paddi
 }
 
 TEST_CASE("LinformerAttention: gradcheck w.r.t. input and every parameter (plain, key padding)") {
-  nn::LinformerAttention lin(4, 2, 6, 3, 0.0, true, DType::f64);
+  nn::LinformerAttention lin(4, 2, 6, 3, {.dtype = DType::f64});
   for (int padding : {0, 1, 2}) {
     CAPTURE(padding);
     nn::AttentionOptions o;
@@ -257,6 +310,45 @@ TEST_CASE("LinformerAttention: gradcheck w.r.t. input and every parameter (plain
   }
 }
 
+TEST_CASE("LinformerAttention: attention dropout by hand in training, none in eval, gradcheck with the mask fixed") {
+  const double p = 0.3;
+  Generator g(41);
+  nn::LinformerAttention lin(4, 2, 7, 3, {.dropout = p, .dtype = DType::f64, .generator = &g});
+  const Tensor x = randn({2, 5, 4}, DType::f64, &g);
+  nn::AttentionOptions lengths;
+  lengths.key_padding_lengths = i64s({5, 3});
+  const Valid short_second{{true, true, true, true, true}, {true, true, true, false, false}};
+  // training (a module's mode until eval()): the weights (B, H, T, k) = (2, 2, 5, 3) take the
+  // elements the layer's generator reserves at the call, and a kept weight is scaled by 1 / (1 - p)
+  for (bool padded : {false, true}) {
+    CAPTURE(padded);
+    const Drop drop = drop_at(g, p, 2, 5, 3);
+    REQUIRE(drop.dropped(2) > 0);
+    REQUIRE(drop.dropped(2) < 2 * 2 * 5 * 3);
+    const Tensor y = lin.forward(x, padded ? lengths : nn::AttentionOptions{}).out;
+    CHECK(g.offset() == drop.offset + drop.blocks(2));
+    check_close(y, linformer_reference(lin, x, padded ? short_second : all_valid(2, 5), &drop), 1e-10, 1e-10);
+  }
+  // eval: no dropout, and nothing drawn from the generator
+  lin.eval();
+  const uint64_t offset = g.offset();
+  check_close(lin.forward(x).out, linformer_reference(lin, x, all_valid(2, 5)), 1e-10, 1e-10);
+  CHECK(g.offset() == offset);
+  // the gradients with one mask: every forward of the gradcheck rewinds the generator to one state
+  lin.train();
+  const Generator fixed = g;
+  REQUIRE(drop_at(fixed, p, 2, 4, 3).dropped(2) > 0);
+  expect_gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        g = fixed;
+        lin.qkv->weight = in[1], lin.qkv->bias = in[2], lin.proj->weight = in[3], lin.proj->bias = in[4];
+        lin.E = in[5], lin.F = in[6];
+        return lin.forward(in[0]).out;
+      },
+      {leaf64({2, 4, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 4}, 4), leaf64({4}, 5),
+       leaf64({3, 7}, 6, 0.5), leaf64({3, 7}, 7, 0.5)});
+}
+
 TEST_CASE("LinformerAttention: errors name the layer, the option and the value") {
   const std::string L = "LinformerAttention";
   AG_CHECK_ERROR(nn::LinformerAttention(6, 4, 8, 2), L.c_str(), "d_model 6", "n_heads 4");
@@ -264,7 +356,7 @@ TEST_CASE("LinformerAttention: errors name the layer, the option and the value")
   AG_CHECK_ERROR(nn::LinformerAttention(-8, 2, 8, 2), L.c_str(), "d_model", "-8");
   AG_CHECK_ERROR(nn::LinformerAttention(8, 2, -3, 2), L.c_str(), "max_len", "-3");
   AG_CHECK_ERROR(nn::LinformerAttention(8, 2, 8, 0), L.c_str(), "k (the projected length)", "0");
-  AG_CHECK_ERROR(nn::LinformerAttention(8, 2, 8, 2, 1.5), L.c_str(), "dropout", "1.5");
+  AG_CHECK_ERROR(nn::LinformerAttention(8, 2, 8, 2, {.dropout = 1.5}), L.c_str(), "dropout", "1.5");
   nn::LinformerAttention lin(8, 2, 6, 3);
   AG_CHECK_ERROR(lin.forward(zeros({2, 7, 8})), L.c_str(), "T = 7", "max_len = 6");
   AG_CHECK_ERROR(lin.forward(zeros({2, 4})), L.c_str(), "[B, T, 8]", "[2,4]");
@@ -326,7 +418,7 @@ TEST_CASE("MemoryCompressedAttention: parameter names and shapes") {
 
 TEST_CASE("MemoryCompressedAttention: forward matches a loop reference in f64 (causal, padding, T % s != 0)") {
   Generator g(5);
-  nn::MemoryCompressedAttention mca(4, 2, 2, 0.0, true, DType::f64, &g);
+  nn::MemoryCompressedAttention mca(4, 2, 2, {.dtype = DType::f64, .generator = &g});
   for (int64_t T : {6, 7}) {
     Tensor x = randn({2, T, 4}, DType::f64, &g);
     for (bool causal : {false, true}) {
@@ -358,7 +450,7 @@ TEST_CASE("MemoryCompressedAttention: forward matches a loop reference in f64 (c
 
 TEST_CASE("MemoryCompressedAttention: queries that see no block get zeros, not NaN (causal, padding)") {
   Generator g(9);
-  nn::MemoryCompressedAttention mca(4, 2, 3, 0.0, true, DType::f64, &g);
+  nn::MemoryCompressedAttention mca(4, 2, 3, {.dtype = DType::f64, .generator = &g});
   Tensor x = randn({2, 7, 4}, DType::f64, &g).set_requires_grad(true);
   Tensor bias_rows = mca.proj->bias.detach();
   nn::AttentionOptions o;
@@ -382,7 +474,7 @@ TEST_CASE("MemoryCompressedAttention: queries that see no block get zeros, not N
 
 TEST_CASE("MemoryCompressedAttention: the zero end padding equals padded keys, and causal outputs ignore the future") {
   Generator g(13);
-  nn::MemoryCompressedAttention mca(4, 2, 3, 0.0, true, DType::f64, &g);
+  nn::MemoryCompressedAttention mca(4, 2, 3, {.dtype = DType::f64, .generator = &g});
   Tensor x = randn({2, 9, 4}, DType::f64, &g);
   Tensor x7 = x.narrow(1, 0, 7).contiguous();
   // T = 7 with s = 3: the last block holds position 6 and two zero positions, which is what
@@ -398,7 +490,7 @@ TEST_CASE("MemoryCompressedAttention: the zero end padding equals padded keys, a
 }
 
 TEST_CASE("MemoryCompressedAttention: gradcheck w.r.t. input and every parameter (plain, causal, padding)") {
-  nn::MemoryCompressedAttention mca(4, 2, 2, 0.0, true, DType::f64);
+  nn::MemoryCompressedAttention mca(4, 2, 2, {.dtype = DType::f64});
   for (int padding : {0, 1, 2})
     for (bool causal : {false, true}) {
       CAPTURE(padding);
@@ -421,12 +513,51 @@ TEST_CASE("MemoryCompressedAttention: gradcheck w.r.t. input and every parameter
     }
 }
 
+TEST_CASE("MemoryCompressedAttention: attention dropout by hand in training (plain, causal), none in eval, gradcheck") {
+  const double p = 0.3;
+  Generator g(43);
+  nn::MemoryCompressedAttention mca(4, 2, 2, {.dropout = p, .dtype = DType::f64, .generator = &g});
+  const Tensor x = randn({2, 7, 4}, DType::f64, &g);  // T = 7, s = 2: Tc = 4 blocks, the last one half empty
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    nn::AttentionOptions o;
+    o.causal = causal;
+    // training: plain, the weights are (B, H, T, Tc) = (2, 2, 7, 4); causal, the folded ones
+    // (B, H s, G, G) = (2, 4, 5, 5) (see compressed_reference)
+    const Drop drop = causal ? drop_at(g, p, 2 * 2, 5, 5) : drop_at(g, p, 2, 7, 4);
+    REQUIRE(drop.dropped(2) > 0);
+    REQUIRE(drop.dropped(2) < 2 * drop.H * drop.Tq * drop.Tk);
+    const Tensor y = mca.forward(x, o).out;
+    CHECK(g.offset() == drop.offset + drop.blocks(2));
+    check_close(y, compressed_reference(mca, x, all_valid(2, 7), causal, &drop), 1e-10, 1e-10);
+    // eval: no dropout, and nothing drawn from the generator
+    mca.eval();
+    const uint64_t offset = g.offset();
+    check_close(mca.forward(x, o).out, compressed_reference(mca, x, all_valid(2, 7), causal), 1e-10, 1e-10);
+    CHECK(g.offset() == offset);
+    mca.train();
+    // the gradients with one mask: every forward of the gradcheck rewinds the generator to one state
+    const Generator fixed = g;
+    expect_gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          g = fixed;
+          mca.qkv->weight = in[1], mca.qkv->bias = in[2];
+          mca.compress_k->weight = in[3], mca.compress_k->bias = in[4];
+          mca.compress_v->weight = in[5], mca.compress_v->bias = in[6];
+          mca.proj->weight = in[7], mca.proj->bias = in[8];
+          return mca.forward(in[0], o).out;
+        },
+        {leaf64({2, 5, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 8}, 4, 0.5), leaf64({4}, 5),
+         leaf64({4, 8}, 6, 0.5), leaf64({4}, 7), leaf64({4, 4}, 8), leaf64({4}, 9)});
+  }
+}
+
 TEST_CASE("MemoryCompressedAttention: errors name the layer, the option and the value") {
   const std::string L = "MemoryCompressedAttention";
   AG_CHECK_ERROR(nn::MemoryCompressedAttention(6, 4, 2), L.c_str(), "d_model 6", "n_heads 4");
   AG_CHECK_ERROR(nn::MemoryCompressedAttention(8, 2, 0), L.c_str(), "stride", "0");
   AG_CHECK_ERROR(nn::MemoryCompressedAttention(8, 2, -2), L.c_str(), "stride", "-2");
-  AG_CHECK_ERROR(nn::MemoryCompressedAttention(8, 2, 2, -0.1), L.c_str(), "dropout", "-0.1");
+  AG_CHECK_ERROR(nn::MemoryCompressedAttention(8, 2, 2, {.dropout = -0.1}), L.c_str(), "dropout", "-0.1");
   nn::MemoryCompressedAttention mca(8, 2, 2);
   AG_CHECK_ERROR(mca.forward(zeros({2, 4, 6})), L.c_str(), "[B, T, 8]", "[2,4,6]");
   AG_CHECK_ERROR(mca.forward(zeros({2, 0, 8})), L.c_str(), "non-empty");
@@ -455,7 +586,7 @@ TEST_CASE("AxialAttention: forward matches a loop reference in f64 (rows then co
   Generator g(17);
   for (bool causal : {false, true}) {
     CAPTURE(causal);
-    nn::AxialAttention ax(4, 2, 3, 2, causal, 0.0, true, DType::f64, &g);
+    nn::AxialAttention ax(4, 2, 3, 2, {.causal = causal, .dtype = DType::f64, .generator = &g});
     Tensor x = randn({2, 6, 4}, DType::f64, &g);
     check_close(ax.forward(x), axial_reference(ax, x), 1e-10, 1e-10);
   }
@@ -468,7 +599,7 @@ TEST_CASE("AxialAttention: causal receptive field is the rectangle up and to the
   for (bool causal : {false, true}) {
     CAPTURE(causal);
     Generator g(19);
-    nn::AxialAttention ax(4, 2, Hh, Ww, causal, 0.0, true, DType::f64, &g);
+    nn::AxialAttention ax(4, 2, Hh, Ww, {.causal = causal, .dtype = DType::f64, .generator = &g});
     Tensor x = randn({1, Hh * Ww, 4}, DType::f64, &g).set_requires_grad(true);
     for (int64_t r = 0; r < Hh; ++r)
       for (int64_t c = 0; c < Ww; ++c) {
@@ -491,9 +622,50 @@ TEST_CASE("AxialAttention: causal receptive field is the rectangle up and to the
 TEST_CASE("AxialAttention: gradcheck w.r.t. input and every parameter (plain and causal)") {
   for (bool causal : {false, true}) {
     CAPTURE(causal);
-    nn::AxialAttention ax(4, 2, 2, 3, causal, 0.0, true, DType::f64);
+    nn::AxialAttention ax(4, 2, 2, 3, {.causal = causal, .dtype = DType::f64});
     expect_gradcheck(
         [&](const std::vector<Tensor>& in) {
+          ax.row->qkv->weight = in[1], ax.row->qkv->bias = in[2], ax.row->proj->weight = in[3],
+          ax.row->proj->bias = in[4];
+          ax.col->qkv->weight = in[5], ax.col->qkv->bias = in[6], ax.col->proj->weight = in[7],
+          ax.col->proj->bias = in[8];
+          return ax.forward(in[0]);
+        },
+        {leaf64({2, 6, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 4}, 4), leaf64({4}, 5),
+         leaf64({12, 4}, 6, 0.5), leaf64({12}, 7), leaf64({4, 4}, 8), leaf64({4}, 9)});
+  }
+}
+
+TEST_CASE("AxialAttention: attention dropout by hand in training (row, then column), none in eval, gradcheck") {
+  const double p = 0.3;
+  Generator g(47);
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    nn::AxialAttention ax(4, 2, 3, 2, {.dropout = p, .causal = causal, .dtype = DType::f64, .generator = &g});
+    const Tensor x = randn({2, 6, 4}, DType::f64, &g);
+    // training: the row attention draws first, weights (B Hh, H, Ww, Ww) = (6, 2, 2, 2); the column
+    // attention next, from where the row's left the generator, (B Ww, H, Hh, Hh) = (4, 2, 3, 3)
+    const Drop row = drop_at(g, p, 2, 2, 2);
+    Drop col = drop_at(g, p, 2, 3, 3);
+    col.offset += row.blocks(6);
+    REQUIRE(row.dropped(6) > 0);
+    REQUIRE(row.dropped(6) < 6 * 2 * 2 * 2);
+    REQUIRE(col.dropped(4) > 0);
+    REQUIRE(col.dropped(4) < 4 * 2 * 3 * 3);
+    const Tensor y = ax.forward(x);
+    CHECK(g.offset() == col.offset + col.blocks(4));
+    check_close(y, axial_reference(ax, x, &row, &col), 1e-10, 1e-10);
+    // eval: no dropout, and nothing drawn from the generator
+    ax.eval();
+    const uint64_t offset = g.offset();
+    check_close(ax.forward(x), axial_reference(ax, x), 1e-10, 1e-10);
+    CHECK(g.offset() == offset);
+    ax.train();
+    // the gradients with one mask: every forward of the gradcheck rewinds the generator to one state
+    const Generator fixed = g;
+    expect_gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          g = fixed;
           ax.row->qkv->weight = in[1], ax.row->qkv->bias = in[2], ax.row->proj->weight = in[3],
           ax.row->proj->bias = in[4];
           ax.col->qkv->weight = in[5], ax.col->qkv->bias = in[6], ax.col->proj->weight = in[7],
@@ -510,7 +682,7 @@ TEST_CASE("AxialAttention: errors name the layer, the option and the value") {
   AG_CHECK_ERROR(nn::AxialAttention(6, 4, 2, 2), L.c_str(), "d_model 6", "n_heads 4");
   AG_CHECK_ERROR(nn::AxialAttention(8, 2, 0, 2), L.c_str(), "height 0");
   AG_CHECK_ERROR(nn::AxialAttention(8, 2, 2, -3), L.c_str(), "width -3");
-  AG_CHECK_ERROR(nn::AxialAttention(8, 2, 2, 2, false, 1.0), L.c_str(), "dropout", "1");
+  AG_CHECK_ERROR(nn::AxialAttention(8, 2, 2, 2, {.dropout = 1.0}), L.c_str(), "dropout", "1");
   nn::AxialAttention ax(8, 2, 2, 3);
   AG_CHECK_ERROR(ax.forward(zeros({1, 5, 8})), L.c_str(), "2 * 3 = 6", "[1,5,8]");
   AG_CHECK_ERROR(ax.forward(zeros({1, 6, 4})), L.c_str(), "8", "[1,6,4]");

@@ -23,7 +23,8 @@ struct TinyDecoder {
   nn::LayerNorm ln_f;
   nn::Linear head;
   TinyDecoder(DType dt, Generator* g)
-      : b0(8, 2, 16, 0.0, true, false, dt, g), b1(8, 2, 16, 0.0, true, false, dt, g), ln_f(Shape{8}, 1e-5, true, dt),
+      : b0(8, 2, {.mlp_hidden = 16, .causal = true, .dtype = dt, .generator = g}),
+        b1(8, 2, {.mlp_hidden = 16, .causal = true, .dtype = dt, .generator = g}), ln_f(Shape{8}, 1e-5, true, dt),
         head(8, 5, true, dt, g) {}
   Tensor forward(const Tensor& x, nn::KVCache* c0 = nullptr, nn::KVCache* c1 = nullptr) {
     Tensor h = b0.forward(x, Tensor(), c0);
@@ -252,7 +253,7 @@ TEST_CASE("KVCache: with grad on, decoding through the cache gives the gradients
   }
 
   // gradcheck through a cache in one block: the gradient of x reaches every cached position
-  nn::MultiHeadAttention mha(4, 2, 0.0, true, DType::f64, &g);
+  nn::MultiHeadAttention mha(4, 2, {.dtype = DType::f64, .generator = &g});
   expect_gradcheck(
       [&](const std::vector<Tensor>& in) {
         nn::KVCache cache;

@@ -202,7 +202,7 @@ TEST_CASE("Dropout: scales kept values in training, identity in eval") {
 }
 
 TEST_CASE("MLP: fc1-GELU-fc2 matches PyTorch, names, gradcheck") {
-  nn::MLP mlp(4, 6, 0.1);
+  nn::MLP mlp(4, 6, {.dropout = 0.1});
   std::vector<std::string> names;
   for (const auto& [n, t] : mlp.named_parameters()) names.push_back(n);
   CHECK(names == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
@@ -217,7 +217,7 @@ TEST_CASE("MLP: fc1-GELU-fc2 matches PyTorch, names, gradcheck") {
                -0.09046641},
               1e-5, 1e-5);
 
-  nn::MLP m64(3, 4, 0.0, DType::f64);
+  nn::MLP m64(3, 4, {.dtype = DType::f64});
   expect_gradcheck(
       [&](const std::vector<Tensor>& in) {
         m64.fc1->weight = in[1], m64.fc1->bias = in[2], m64.fc2->weight = in[3], m64.fc2->bias = in[4];

@@ -169,7 +169,7 @@ TEST_CASE("parity: MultiHeadAttention self (causal) and cross (key padding) vs t
 
 TEST_CASE("parity: TransformerBlock (pre-LN, causal, d 16, 4 heads, mlp 64)") {
   const Golden g = load_golden("parity_layers.safetensors");
-  nn::TransformerBlock block(16, 4, 64, 0.0, /*causal=*/true);
+  nn::TransformerBlock block(16, 4, {.mlp_hidden = 64, .causal = true});
   run_case(g, "block", &block, [&](const Inputs& in) { return block.forward(in.at("x")); });
 }
 

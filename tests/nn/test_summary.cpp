@@ -86,7 +86,7 @@ TEST_CASE("summary: MultiHeadAttention FLOPs equal the hand count") {
 }
 
 TEST_CASE("summary: a transformer block's FLOPs, parameters and activations add up") {
-  nn::TransformerBlock block(4, 2, 8, 0.0, true);
+  nn::TransformerBlock block(4, 2, {.mlp_hidden = 8, .causal = true});
   Tensor x = randn({2, 5, 4}).set_requires_grad(true);
   nn::ModelSummary s = nn::summarize(block, [&] { return block.forward(x); }, 2, 5);
   // ln1 7*40 = 280, attn 2080, residual add 40, ln2 280, mlp 1360, residual add 40
@@ -111,7 +111,7 @@ TEST_CASE("summary: a transformer block's FLOPs, parameters and activations add 
 }
 
 TEST_CASE("summary: no trace once off, and one at a time") {
-  nn::TransformerBlock block(4, 2, 8);
+  nn::TransformerBlock block(4, 2, {.mlp_hidden = 8});
   Tensor x = randn({2, 3, 4});
   Tensor before = block.forward(x);
   nn::ModelSummary s = nn::summarize(block, [&] { return block.forward(x); }, 2, 3);

@@ -1,7 +1,7 @@
 // TransformerBlock with a feed-forward module of one's own in place of its MLP: the module is
 // registered as "mlp" (its parameters and buffers named under it), run on ln2's output, trained,
 // switched to eval and moved with the block; the attention part is built as in the default block.
-// And the built-in choices of BlockConfig: SwiGLU (PyTorch values from
+// And the built-in choices of TransformerBlock::Options: SwiGLU (PyTorch values from
 // tools/make_layers_reference.py, 9 significant digits) and RMSNorm.
 #include "nn/linear.h"
 #include "nn/norm.h"
@@ -42,7 +42,7 @@ std::vector<std::string> names_of(const nn::NamedTensors& ts) {
 TEST_CASE("TransformerBlock: a feed-forward of one's own, registered as mlp") {
   Generator gen(4);
   auto ffn = std::make_shared<ScaledRelu>(4, DType::f64, &gen);
-  nn::TransformerBlock block(4, 2, ffn, 0.0, true, false, DType::f64, &gen);
+  nn::TransformerBlock block(4, 2, ffn, {.causal = true, .dtype = DType::f64, .generator = &gen});
   CHECK(block.mlp == nullptr);
   CHECK(block.feed_forward == ffn);
   CHECK(names_of(block.named_parameters()) ==
@@ -83,8 +83,8 @@ TEST_CASE("TransformerBlock: with its own feed-forward, the attention part draws
   // Both constructors build ln1, attn, ln2 first, from the same generator draws, so the attention
   // weights of a block do not depend on which feed-forward it has.
   Generator g1(7), g2(7);
-  nn::TransformerBlock plain(8, 2, 16, 0.0, false, false, DType::f32, &g1);
-  nn::TransformerBlock custom(8, 2, std::make_shared<nn::Linear>(8, 8), 0.0, false, false, DType::f32, &g2);
+  nn::TransformerBlock plain(8, 2, {.mlp_hidden = 16, .generator = &g1});
+  nn::TransformerBlock custom(8, 2, std::make_shared<nn::Linear>(8, 8), {.generator = &g2});
   check_close(custom.attn->qkv->weight, plain.attn->qkv->weight, 0, 0);
   check_close(custom.attn->proj->weight, plain.attn->proj->weight, 0, 0);
   CHECK(plain.feed_forward == plain.mlp);
@@ -92,12 +92,51 @@ TEST_CASE("TransformerBlock: with its own feed-forward, the attention part draws
 }
 
 TEST_CASE("TransformerBlock: a null feed-forward is an error") {
-  AG_CHECK_ERROR(nn::TransformerBlock(4, 2, std::shared_ptr<nn::UnaryModule>(), 0.0), "TransformerBlock",
+  AG_CHECK_ERROR(nn::TransformerBlock(4, 2, std::shared_ptr<nn::UnaryModule>()), "TransformerBlock",
                  "feed-forward module is null");
 }
 
+TEST_CASE("TransformerBlock: options reach the sublayers, mlp_hidden 0 is 4 d_model, conflicts are errors") {
+  nn::TransformerBlock plain(8, 2);
+  CHECK(plain.options.mlp_hidden == 4 * 8);
+  CHECK(plain.mlp->fc1->weight.shape() == Shape{32, 8});
+  // dropout, dtype and generator are the block's, for every sublayer; bias and kv_heads come from
+  // .attention, for both attentions
+  Generator g(5);
+  nn::TransformerBlock block(8, 4,
+                             {.mlp_hidden = 12,
+                              .dropout = 0.25,
+                              .cross = true,
+                              .attention = {.bias = false, .kv_heads = 2},
+                              .dtype = DType::f64,
+                              .generator = &g});
+  for (const nn::MultiHeadAttention* a : {block.attn.get(), block.cross_attn.get()}) {
+    CHECK(a->options.dropout == 0.25);
+    CHECK(a->options.dtype == DType::f64);
+    CHECK(a->options.generator == &g);
+    CHECK(a->kv_heads == 2);
+    CHECK_FALSE(a->qkv->bias.defined());
+    CHECK(a->qkv->weight.dtype() == DType::f64);
+  }
+  CHECK(block.mlp->drop->p == 0.25);
+  CHECK(block.mlp->drop->gen == &g);
+  CHECK(block.mlp->fc1->weight.shape() == Shape{12, 8});
+  // the same value in both places is no conflict; a different one is
+  CHECK(nn::TransformerBlock(8, 2, {.dropout = 0.1, .attention = {.dropout = 0.1}}).attn->options.dropout == 0.1);
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 2, {.attention = {.dropout = 0.1}}), "TransformerBlock",
+                 "attention dropout 0.1", "set them on the block");
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 2, {.attention = {.dtype = DType::f64}}), "TransformerBlock", "dtype f64");
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 2, {.attention = {.generator = &g}}), "TransformerBlock", "generator");
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 2, {.mlp_hidden = -1}), "TransformerBlock", "mlp_hidden", "-1");
+  // a block given its own feed-forward has no built-in MLP to size or choose
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 2, std::make_shared<nn::Linear>(8, 8), {.mlp_hidden = 16}), "mlp_hidden 16",
+                 "its own feed-forward");
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 2, std::make_shared<nn::Linear>(8, 8), {.mlp = "swiglu"}), "mlp 'swiglu'",
+                 "its own feed-forward");
+}
+
 TEST_CASE("SwiGLU: matches PyTorch (LLaMA's FeedForward), gradcheck of every weight") {
-  nn::SwiGLU ffn(4, 6, 0.0, false, DType::f64);
+  nn::SwiGLU ffn(4, 6, {.dtype = DType::f64});
   REQUIRE(ffn.load_state_dict({{"w1.weight", vals({6, 4}, 1.0, DType::f64)},
                                {"w2.weight", vals({4, 6}, 2.0, DType::f64)},
                                {"w3.weight", vals({6, 4}, 3.0, DType::f64)}})
@@ -116,7 +155,7 @@ TEST_CASE("SwiGLU: matches PyTorch (LLaMA's FeedForward), gradcheck of every wei
       -0.00769944167, -0.0909208818, -0.0240695967, 0.078043704, 0.0658227955, -0.00664528842, 0.0721770193,
       0.0452598247, -0.0479631192, 0.0643409158, 0.0205203479, -0.0533625778, -0.049069202, 0.0289549648,
       0.0881971653, 0.018230312, -0.0784439911}, {2, 3, 4}), 1e-8, 1e-8);
-  nn::SwiGLU biased(4, 6, 0.0, true, DType::f64);
+  nn::SwiGLU biased(4, 6, {.bias = true, .dtype = DType::f64});
   expect_gradcheck(
       [&](const std::vector<Tensor>& in) {
         biased.w1->weight = in[1], biased.w2->weight = in[2], biased.w3->weight = in[3];
@@ -127,14 +166,16 @@ TEST_CASE("SwiGLU: matches PyTorch (LLaMA's FeedForward), gradcheck of every wei
        leaf64({6}, 7)});
 }
 
-TEST_CASE("TransformerBlock: BlockConfig rmsnorm + swiglu (LLaMA's block), names, by hand, gradcheck, errors") {
+TEST_CASE("TransformerBlock: options rmsnorm + swiglu (LLaMA's block), names, by hand, gradcheck, errors") {
   Generator gen(9);
-  nn::BlockConfig llama;  // field by field: a designated temporary trips GCC 12's maybe-uninitialized
-  llama.attention.kv_heads = 2;
-  llama.attention.positions = "rope";
-  llama.norm = "rmsnorm";
-  llama.mlp = "swiglu";
-  nn::TransformerBlock block(8, 4, 12, 0.0, true, false, DType::f64, &gen, llama);
+  nn::TransformerBlock block(8, 4,
+                             {.mlp_hidden = 12,
+                              .causal = true,
+                              .norm = "rmsnorm",
+                              .mlp = "swiglu",
+                              .attention = {.kv_heads = 2, .positions = "rope"},
+                              .dtype = DType::f64,
+                              .generator = &gen});
   CHECK(block.mlp == nullptr);
   CHECK(names_of(block.named_parameters()) ==
         std::vector<std::string>{"ln1.weight", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
@@ -153,11 +194,6 @@ TEST_CASE("TransformerBlock: BlockConfig rmsnorm + swiglu (LLaMA's block), names
   const Tensor ref = h + linear(silu(linear(hn, f.w1->weight)) * linear(hn, f.w3->weight), f.w2->weight);
   check_close(block.forward(x), ref, 1e-12, 1e-12);
   expect_gradcheck([&](const std::vector<Tensor>& in) { return block.forward(in[0]); }, {leaf64({1, 4, 8}, 4)});
-  nn::BlockConfig bad_norm, bad_mlp;  // field by field: a designated temporary trips GCC 12's
-  bad_norm.norm = "batchnorm";        // -Wmaybe-uninitialized on its std::string members
-  bad_mlp.mlp = "relu";
-  AG_CHECK_ERROR(nn::TransformerBlock(8, 4, 12, 0.0, true, false, DType::f32, nullptr, bad_norm), "norm 'batchnorm'",
-                 "layernorm or rmsnorm");
-  AG_CHECK_ERROR(nn::TransformerBlock(8, 4, 12, 0.0, true, false, DType::f32, nullptr, bad_mlp), "mlp 'relu'",
-                 "gelu or swiglu");
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 4, {.norm = "batchnorm"}), "norm 'batchnorm'", "layernorm or rmsnorm");
+  AG_CHECK_ERROR(nn::TransformerBlock(8, 4, {.mlp = "relu"}), "mlp 'relu'", "gelu or swiglu");
 }

@@ -495,7 +495,7 @@ TEST_CASE("sparse patterns: known values and the kept-block counts of the header
 TEST_CASE("sparse attention: MultiHeadAttention takes a pattern, and the diagnostics leave hidden keys out") {
   const int64_t B = 2, T = 24, d = 16, bs = 4;
   Generator g(2);
-  nn::MultiHeadAttention mha(d, 2, 0.0, true, DType::f64, &g);
+  nn::MultiHeadAttention mha(d, 2, {.dtype = DType::f64, .generator = &g});
   Tensor x = randn({B, T, d}, DType::f64, &g);
   nn::AttentionOptions o;
   o.causal = true, o.block_mask = nn::strided_block_mask(T, bs, 3), o.block_size = bs;
