@@ -1,37 +1,32 @@
 #pragma once
-// The plumbing every sample app shares, so that apps/vit, apps/textclf and apps/gpt (main.cpp)
-// read as their model, their data and their training loop, nothing else:
+// One training run in its run directory (default runs/<app>), which every app writes alike:
 //
-//   RunOptions         the options every app has (steps, lr, schedule, batch, seed, threads,
-//                      device, precision, run dir, resume, eval/checkpoint cadence, data dir,
-//                      eval-only), registered on the app's CLI11 parser with their defaults
-//   Run                one training run in its run directory:
+//   <out>/checkpoint.safetensors   model + AdamW state + step + RNG + config (+ tokenizer), atomic
+//   <out>/best.safetensors         the same, at the evaluation with the best validation metric
+//   <out>/metrics.jsonl            one line every --log-every steps (train_loss, lr, grad_norm,
+//                                  samples_per_s, tokens_per_s) and one per evaluation (val_*,
+//                                  test_*, skipped_steps, rss_mb)
+//   <out>/events.out.tfevents.*    the same scalars for `tensorboard --logdir <out>`
+//   <out>/curves.svg               the training loss, lr, gradient norm and throughput over steps,
+//                                  the evaluations' losses and accuracies beside them
+//   <out>/report.json              the final report (also printed)
 //
-//     <out>/checkpoint.safetensors   model + AdamW state + step + RNG + config (+ tokenizer), atomic
-//     <out>/best.safetensors         the same, at the evaluation with the best validation metric
-//     <out>/metrics.jsonl            one line every --log-every steps (train_loss, lr, grad_norm,
-//                                    samples_per_s, tokens_per_s) and one per evaluation (val_*,
-//                                    test_*, skipped_steps, rss_mb)
-//     <out>/events.out.tfevents.*    the same scalars for `tensorboard --logdir <out>`
-//     <out>/curves.svg               the training loss, lr, gradient norm and throughput over steps,
-//                                    the evaluations' losses and accuracies beside them
-//     <out>/report.json              the final report (also printed)
+// A training loop on it (apps/vit/main.cpp is one):
 //
-// A training loop on it:
-//
-//   Run run("vit", opts, model, opt, gen, config);   // header line, Ctrl-C handler, metrics files
+//   Run run("vit", o, model, opt, gen, config);       // header line, Ctrl-C handler, metrics files
 //   run.evaluate_with([&](int64_t s) { run.log_eval(s, evaluate(validation split)); });
 //   int64_t step = run.resume();                      // --resume: load the checkpoint, else 0
-//   for (; step < opts.steps && !run.stop_requested(); ++step) {   // Ctrl-C, SIGTERM, --stop-at
-//     sched.set_lr(opt, step);
-//     ... forward, zero_grad, backward ...
-//     run.optimizer_step(step + 1, loss);            // clip, health check, opt.step() or a skip
-//     run.step_done(step + 1, loss, batch_samples, batch_tokens);   // progress bar, throughput
-//     run.end_step(step + 1);                        // checkpoint_due: save; then eval_due: evaluate
+//   for (; step < o.steps && !run.stop_requested(); ++step) {   // Ctrl-C, SIGTERM, --stop-at
+//     schedule->set_lr(opt, step);
+//     const double loss = compute_gradients(opt, <the batch's mean loss>, run.loss_scale());
+//     run.update(step + 1, loss, samples);   // reduce over ranks, clip, step, log, save, evaluate
 //   }
 //   run.save(step);   // also after Ctrl-C: nothing trained is lost (nothing written when unchanged)
 //   run.load_best();  // the model of the best validation metric (run.select_by), for the test set
 //   run.finish(report);   // after a stop: prints the command line that resumes
+//
+// The options (RunOptions) and the command line are apps/common/options.h; main()'s frame is
+// apps/common/app.h; evaluation helpers are apps/common/evaluate.h.
 //
 // Model selection never looks at the test set: the apps evaluate a validation split held out of
 // the training data during training, and the test split once, at the end, on the best model.
@@ -67,14 +62,12 @@
 // the skip is counted (metrics.jsonl "skipped_steps", the report). After --max-skips skips in a
 // row the run stops (an ag::Error: exit 1). A checkpoint is written only when every parameter and
 // every optimizer moment is finite, so a run that went non-finite never replaces a good one.
-#include <CLI/CLI.hpp>
-
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -82,13 +75,13 @@
 
 #include <fmt/core.h>
 
+#include "apps/common/evaluate.h"
 #include "apps/common/metrics.h"
+#include "apps/common/options.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
 #include "apps/common/report.h"
 #include "apps/common/signal.h"
-#include "autograd/autocast.h"
-#include "autograd/tape.h"
 #include "core/error.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -96,177 +89,9 @@
 #include "nn/module.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
-#include "optim/schedule.h"
 
 namespace ag::apps {
 
-// Exit codes of the apps: 0 done (or stopped by Ctrl-C after saving), 1 an error, 2 a usage error
-// before any work starts: missing data (the message names the Debian package to install), or an
-// unknown flag or a value out of range (one line naming it, and a pointer to --help).
-constexpr int kExitError = 1;
-constexpr int kExitNoData = 2;
-constexpr int kExitUsage = 2;
-
-// A bad option value or combination, found before any work starts (the apps exit kExitUsage and
-// print it as one line with a pointer to --help). Raise it with usage_check.
-struct UsageError : Error {
-  using Error::Error;
-};
-template <class... Args>
-void usage_check(bool cond, fmt::format_string<Args...> f, Args&&... args) {
-  if (!cond) throw UsageError(fmt::format(f, std::forward<Args>(args)...));
-}
-// The one line an app prints for a UsageError: "app: <message> (app --help lists every option)".
-void print_usage_error(const std::string& app, const std::string& message);
-
-// Parses an app's command line. Returns -1 to go on; otherwise the code to exit with at once: 0
-// after --help (printed), kExitUsage after a bad flag or value, reported on stderr in one line:
-// "app: <what CLI11 found> (app --help lists every option)".
-int parse_command_line(CLI::App& cli, int argc, const char* const* argv, const std::string& app);
-// The options given on the command line after parsing, by their first long name ("--d-model").
-std::vector<std::string> given_options(const CLI::App& cli);
-
-// CLI11 checks for sizes and rates whose message states the bound ("--steps: -1 is not > 0");
-// CLI::PositiveNumber's prints the largest double in full.
-CLI::Validator positive();      // a number > 0
-CLI::Validator non_negative();  // a number >= 0
-
-struct RunOptions {
-  int64_t steps = 1000;       // optimizer steps (the cosine schedule needs the total up front)
-  int64_t batch = 64;
-  double lr = 1e-3;           // peak learning rate
-  double min_lr = 0.0;        // cosine floor
-  double warmup = 0.05;       // fraction of the steps with a linear warmup
-  std::string schedule = "cosine";  // cosine | constant | step
-  double weight_decay = 0.05;  // AdamW, decoupled
-  double clip = 1.0;           // global gradient-norm clip (0: off)
-  double dropout = 0.0;
-  uint64_t seed = 1;
-  int threads = 0;             // 0: the cores other processes leave free (apps/common/threads.h)
-  bool deterministic = false;  // ag::set_deterministic: the same bits at any thread count
-  bool detect_anomaly = false;  // ag::detect_anomaly: the first op making a NaN/Inf raises, naming it
-  std::string device = "cpu";
-  std::string precision = "fp32";
-  std::string out_dir;         // run directory; default runs/<app>
-  bool resume = false;         // continue from <out>/checkpoint.safetensors
-  int64_t eval_every = 0;      // steps between evaluations (0: 10 per run)
-  int64_t log_every = 0;       // steps between training log lines (0: about 200 per run)
-  int64_t checkpoint_every = 0;  // steps between checkpoints (0: at each evaluation)
-  std::string data_dir;        // where the data is (each app has its default)
-  bool eval_only = false;      // evaluate --checkpoint and exit
-  std::string checkpoint;      // for --eval-only (default <out>/checkpoint.safetensors)
-  std::string export_bf16;     // also write the tested model's weights in bf16 here (save_model)
-  bool quiet = false;          // no progress bar
-  int64_t stop_at = 0;         // stop after this step as Ctrl-C would: save, report, exit 0 (0: off)
-  int64_t max_skips = 10;      // stop (exit 1) after this many non-finite steps in a row (0: never)
-  int64_t patience = -1;       // stop after this many evaluations without a better validation metric
-                               // (0: never; -1: the app decides from its data, resolve_patience)
-  std::vector<std::string> command_line;  // argv as given: the resume hint repeats it + --resume
-  std::vector<std::string> given;         // the options given on the command line (given_options)
-  // which cadences apply_run_options derived from --steps (they were 0), so set_steps redoes them
-  bool eval_every_auto = false, log_every_auto = false, checkpoint_every_auto = false;
-};
-
-// An option that sets the model or its data, and where the app's saved config holds its value (a
-// JSON pointer: "/model/d_model").
-struct SavedOption {
-  std::string option, key;
-};
-// --eval-only evaluates the model as its checkpoint saved it: the model and its data are built from
-// the checkpoint's config, not from the command line. So an option of `options` given on the
-// command line (o.given) with another value than the checkpoint's would change nothing, silently:
-// it is refused with a UsageError naming the option, its value, the checkpoint's value and the
-// file. The same command as the training run plus --eval-only passes. `given`: the config the
-// command line makes, by the same to_json as the checkpoint's `saved`; a key that `saved` lacks (a
-// file from before the option existed) is not compared.
-void check_eval_only_options(const RunOptions& o, const nlohmann::json& saved, const nlohmann::json& given,
-                             std::span<const SavedOption> options, const std::string& app);
-
-// Changes --steps after apply_run_options (an app's default that depends on its data) and derives
-// again the cadences that were derived from it (--eval-every, --log-every, --checkpoint-every 0).
-void set_steps(RunOptions& o, int64_t steps);
-
-// Registers every RunOptions field as --steps, --batch, --lr, ..., showing the defaults the
-// app set in `o` beforehand; the app adds its own model and data options next to them.
-void add_run_options(CLI::App& cli, RunOptions& o);
-
-// After parsing: joins the data-parallel job when started by mpirun (dist::init; on ranks other
-// than 0, stdout and stderr then go to /dev/null, and print_error alone reaches the console),
-// checks every value and combination (validate_run_options), sets the thread count (--threads 0
-// under mpirun: the cores divided among this host's ranks), determinism, anomaly mode
-// (--detect-anomaly) and this thread's autocast precision (--precision), fills the defaults that
-// depend on others (out_dir, eval_every, checkpoint path).
-void apply_run_options(RunOptions& o, const std::string& app);
-
-// --patience -1 (the default): `small_data` decides, 5 evaluations for a small training set (where
-// a model memorises before the schedule ends), 0 (off) otherwise. Returns the line that says what
-// was chosen and why ("" when --patience was given).
-std::string resolve_patience(RunOptions& o, bool small_data, const std::string& why);
-// Below this many training samples the apps count a set as small (vit, textclf, longseq): it is
-// memorised long before their default schedules end, so their data-size defaults apply.
-constexpr int64_t kSmallTrainSet = 20000;
-
-// The global batch of a data-parallel job: world_size() x the per-rank --batch.
-int64_t global_batch(const RunOptions& o);
-// The checks alone, before anything is set up: a UsageError naming the option and its value for
-// steps, batch, lr < 1; min-lr outside [0, lr]; warmup outside [0, 1]; weight decay, clip,
-// threads, eval/checkpoint cadence or max-skips < 0; dropout outside [0, 1); stop-at outside
-// [0, steps]; a --device that does not parse, a cuda one in a build without CUDA or on a machine
-// without that GPU; under mpirun with more than one rank, --device cuda:N (each rank takes the GPU
-// of its local rank: --device cuda), --device cuda in a build without NCCL (ATTOGRAD_NCCL), or more
-// ranks on this host than GPUs; a precision other than fp32, bf16 or fp16.
-void validate_run_options(const RunOptions& o, const std::string& app);
-
-// The device --device names (after validate_run_options): the app moves its model there with
-// model.to() before building the optimizer; the models copy each host batch there in forward.
-// Under mpirun, --device cuda is this rank's GPU (dist::rank_gpu(): its local rank's).
-Device training_device(const RunOptions& o);
-// The autocast precision --precision names; apply_run_options sets it on the calling thread
-// (ag::set_autocast_precision) for the whole run.
-Precision training_precision(const RunOptions& o);
-
-// Sharded evaluation in a data-parallel job: each rank evaluates a part of the split and the
-// partial sums are added over the ranks, so every rank returns the whole split's result in 1/N of
-// the time. eval_part(n, r, N) = the items {r, r + N, r + 2N, ...} of [0, n): strided, so that a
-// split sorted by length gives every rank the same mix. sum_over_ranks adds `values` (loss sums,
-// counts) and `cm`'s counts (may be null) over the job's ranks (dist::all_reduce_sum; nothing in
-// a job of one). Every rank must call it, the same number of times.
-std::vector<int64_t> eval_part(int64_t n, int rank, int world);
-void sum_over_ranks(std::vector<double>& values, ConfusionMatrix* cm = nullptr);
-
-// Eval mode and no recording for its lifetime (inference: generation, evaluation, scoring); the
-// model's previous mode is restored after.
-struct InferenceScope {
-  nn::Module& m;
-  bool was_training;
-  NoGradGuard no_grad;
-  explicit InferenceScope(nn::Module& mod) : m(mod), was_training(mod.is_training()) { m.eval(); }
-  ~InferenceScope() { m.train(was_training); }
-  InferenceScope(const InferenceScope&) = delete;
-  InferenceScope& operator=(const InferenceScope&) = delete;
-};
-
-// A classifier's evaluation on items [0, n) of a split, `batch` items per forward, in eval mode
-// and without recording (the model's mode is restored): `logits_labels(indices)` runs the model on
-// those items and returns their logits (B, K) and labels (B). With `sharded`, each rank evaluates
-// its eval_part and the sums are added over the ranks (every rank must call it). Returns the mean
-// cross-entropy, the accuracy and `confusion` filled with every item.
-struct ClassifierEval {
-  double loss = 0;      // mean cross-entropy (no label smoothing)
-  double accuracy = 0;  // fraction of argmax == label
-  int64_t samples = 0;
-  std::optional<ConfusionMatrix> confusion;  // rows: true class, columns: predicted
-};
-ClassifierEval evaluate_classifier(
-    nn::Module& model, int64_t n, int64_t batch, bool sharded, ConfusionMatrix confusion,
-    const std::function<std::pair<Tensor, Tensor>(std::span<const int64_t>)>& logits_labels);
-
-// Where the apps cache data they make from Debian's packages (the text of bible-kjv):
-// $HOME/.cache/attograd, or ./.cache/attograd without $HOME.
-std::string default_cache_dir();
-// The shell command that resumes a stopped run: `argv` (quoted where the shell needs it) without
-// --stop-at and its value, plus --resume (unless already there).
-std::string resume_command(const std::vector<std::string>& argv);
 
 // The current resident set size of this process in bytes (/proc/self/statm: resident pages times
 // the page size; 0 where that file is missing). Current, not peak: what metrics.jsonl logs.
@@ -275,19 +100,17 @@ int64_t current_rss_bytes();
 // Whether every element of every floating tensor is finite (integer tensors are skipped).
 bool all_finite(const std::vector<Tensor>& tensors);
 
-// The schedule the options describe (warmup + cosine to min_lr, constant, or step decay by 0.1
-// at 50% and 75%).
-std::unique_ptr<optim::Schedule> make_schedule(const RunOptions& o);
-
 // The metadata a checkpoint carries besides tensors: the app's config and anything else the app
 // needs to rebuild its model and data (the tokenizer), as JSON strings.
 struct CheckpointInfo {
+  std::string app;  // the app that wrote it ("" in files that do not say)
   int64_t step = 0;
   nlohmann::json config;               // the model + data config the run was started with
   std::map<std::string, std::string> extra;  // the app's entries (e.g. "tokenizer")
 };
-// Reads only the metadata of a checkpoint (to build the model before loading its weights).
-CheckpointInfo read_checkpoint_info(const std::string& path);
+// Reads only the metadata of a checkpoint (to build the model before loading its weights). With
+// `app`, a checkpoint another app wrote is refused with a UsageError that names both apps.
+CheckpointInfo read_checkpoint_info(const std::string& path, const std::string& app = "");
 // Whether a config value read back from a checkpoint is an integer in [lo, hi]: what must hold
 // before it is converted (a float such as 1e22 has no integer value: converting it is undefined).
 bool json_integer_in(const nlohmann::json& v, int64_t lo, int64_t hi);
@@ -310,6 +133,11 @@ T config_value(const nlohmann::json& j, const char* key, std::string_view app) {
     throw Error(fmt::format("{}: the config's '{}' entry has the wrong type: {}", app, key, j.at(key).dump()));
   }
 }
+
+// The gradients of one step: zeroes the optimizer's gradients, then runs backward from `loss`, a
+// scalar mean over the batch, multiplied by `scale` first: the fp16 loss scale (Run::loss_scale);
+// at 1 nothing is multiplied. Returns the loss's value, unscaled.
+double compute_gradients(optim::Optimizer& opt, const Tensor& loss, double scale);
 
 class Run {
  public:
@@ -348,6 +176,12 @@ class Run {
     double loss = 0;          // mean loss over the global batch
     int64_t samples = 0, tokens = 0;
   };
+  // The bookkeeping of one step after its backward, in the order the calls below describe:
+  // reduce_step (the global batch), optimizer_step (clip, check, update), step_done (progress and
+  // logs) and end_step (save, then evaluate). `step` counts the steps made with this one (1-based);
+  // `loss`, `samples` and `tokens` are this rank's. Returns whether the update was applied.
+  bool update(int64_t step, double loss, int64_t samples, int64_t tokens = 0);
+
   // After backward on this rank's slice (`loss` its mean loss over `samples` samples and `tokens`
   // tokens): finishes the gradient all-reduce (every .grad is then the mean over the global
   // batch), and sums over the ranks in one all-reduce
@@ -448,6 +282,9 @@ class Run {
   bool eval_pending_ = false;    // the resumed checkpoint's "run.eval_pending"
   std::function<void(int64_t)> evaluate_;  // evaluate_with's
   bool changed_ = true;          // trained or logged since the last save
+  // --resume with other schedule options (--steps, --lr, --min-lr, --warmup, --schedule) than the
+  // checkpoint's: a UsageError naming the option and both values
+  void check_resumed_schedule(const CheckpointInfo& info, const std::string& ckpt) const;
   void write_checkpoint(const std::string& file, int64_t step, const std::map<std::string, std::string>& more = {});
   // What a saved model of this run carries to read_checkpoint_info: the caller's extra entries,
   // the config, --steps (checkpoints add the run's own state to it; --export-bf16 files do not).
@@ -459,15 +296,5 @@ class Run {
   std::optional<optim::GradScaler> scaler_;  // --precision fp16
   int64_t scale_skips_ = 0;                   // updates skipped for an fp16 gradient overflow
 };
-
-// Prints "app: message" on stderr: the one line an app prints for an error before it exits. A
-// message that already starts with "app:" (the app's own checks) is printed as it is, not twice.
-// On a rank other than 0 of a data-parallel job it reaches the console, as "app: rank r of N: ...".
-void print_error(const std::string& app, const std::string& message);
-
-// The exit of an app after print_error: returns `code`, except in a job of several ranks, where
-// returning would leave the other ranks waiting in a collective: it ends the whole job with
-// `code` at once (dist::abort).
-int error_exit(int code);
 
 }  // namespace ag::apps

@@ -5,13 +5,17 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
 #include <fmt/ranges.h>
 
+#include "apps/common/clock.h"
+#include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "attograd.h"
+#include "data/images.h"
 #include "data/text.h"
 
 namespace ag::apps {
@@ -85,6 +89,46 @@ LMData make_lm_data(const std::string& text, double valid_fraction) {
   return d;
 }
 
+std::string TextSource::cache_dir() const { return data_dir.empty() ? default_cache_dir() : data_dir; }
+std::string TextSource::fortune_root() const { return data_dir.empty() ? data::kFortuneRoot : data_dir; }
+std::string TextSource::name() const { return text_file.empty() ? dataset : text_file; }
+std::string TextSource::where() const {
+  if (!text_file.empty()) return "a UTF-8 file";
+  return dataset == "bible" ? "cached in " + cache_dir() : "English entries under " + fortune_root();
+}
+std::string TextSource::default_prompt() const {
+  return dataset == "bible" && text_file.empty() ? "And God said" : "\n";
+}
+
+LMData load_lm_data(const TextSource& src) {
+  if (auto missing = missing_gpt_data(src.dataset, src.text_file, src.cache_dir(), src.fortune_root()))
+    throw data::DatasetNotFound(*missing);
+  return make_lm_data(load_gpt_text(src.dataset, src.text_file, src.cache_dir(), src.fortune_root()));
+}
+
+std::vector<int64_t> unproduced_ids(std::span<const int64_t> ids, int64_t vocab) {
+  std::vector<char> seen(size_t(std::max<int64_t>(vocab, 0)), 0);
+  for (int64_t id : ids) {
+    check(id >= 0 && id < vocab, "unproduced_ids: id {} is outside the vocabulary [0, {})", id, vocab);
+    seen[size_t(id)] = 1;
+  }
+  std::vector<int64_t> out;
+  for (int64_t id = 0; id < vocab; ++id)
+    if (!seen[size_t(id)]) out.push_back(id);
+  return out;
+}
+
+data::Windows train_windows(std::span<const int64_t> train, int64_t global_batch, int64_t T, uint64_t seed,
+                            int64_t step, int rank, int ranks) {
+  data::Windows w = data::random_windows(train, global_batch, T, seed, uint64_t(step));
+  if (ranks > 1) {
+    const data::Range mine = data::shard(global_batch, rank, ranks);
+    w.x = w.x.narrow(0, mine.begin, mine.size()).contiguous();
+    w.y = w.y.narrow(0, mine.begin, mine.size()).contiguous();
+  }
+  return w;
+}
+
 nlohmann::json gpt_config_to_json(const GPTConfig& c) {
   nlohmann::json j = c;  // the keys of model.h's to_json
   const GPTConfig d;     // the choices at their defaults are left out (see model.h)
@@ -118,6 +162,56 @@ GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   choice("mlp_kind", c.mlp_kind);
   choice("norm", c.norm);
   return c;
+}
+
+nlohmann::json gpt_run_config(const GPTConfig& c, const TextSource& src, int64_t global_batch, uint64_t seed,
+                              bool grad_checkpointing) {
+  nlohmann::json config = {{"model", gpt_config_to_json(c)},
+                           {"data", {{"dataset", src.dataset}, {"text_file", src.text_file}, {"valid_fraction", 0.1}}},
+                           {"train", {{"batch", global_batch}, {"seed", seed}}}};
+  if (grad_checkpointing) config["train"]["grad_checkpointing"] = true;  // absent when off, as in older runs
+  return config;
+}
+
+GptCheckpoint read_gpt_checkpoint(const nlohmann::json& config, const std::map<std::string, std::string>& extra,
+                                  const std::string& path) {
+  check(config.contains("model") && config.contains("data") && extra.count("tokenizer") == 1,
+        "'{}' is not a gpt checkpoint (no model, data or tokenizer entry; config {})", path, config.dump());
+  const nlohmann::json& data = config.at("data");
+  return {.model = gpt_config_from_json(config.at("model")),
+          .text = {.dataset = config_value<std::string>(data, "dataset", "gpt"),
+                   .text_file = config_value<std::string>(data, "text_file", "gpt")},
+          .tokenizer = data::CharTokenizer::from_json(extra.at("tokenizer"), path)};
+}
+
+const std::vector<SavedOption>& gpt_saved_options() {
+  static const std::vector<SavedOption> options = {
+      {"--dataset", "/data/dataset"}, {"--text-file", "/data/text_file"}, {"--context", "/model/context"},
+      {"--d-model", "/model/d_model"}, {"--heads", "/model/n_heads"},     {"--layers", "/model/n_layers"},
+      {"--mlp", "/model/mlp_hidden"},  {"--pos", "/model/pos"},           {"--kv-heads", "/model/kv_heads"},
+      {"--mlp-kind", "/model/mlp_kind"}, {"--norm", "/model/norm"}};
+  return options;
+}
+
+nlohmann::json gpt_checked_config(const GPTConfig& model, const TextSource& text) {
+  return {{"model", nlohmann::json(model)}, {"data", {{"dataset", text.dataset}, {"text_file", text.text_file}}}};
+}
+
+std::string fit_patience_to_text(RunOptions& o, int64_t train_chars, int64_t T) {
+  const double epochs = double(o.steps) * double(global_batch(o)) * double(T) / double(train_chars);
+  return resolve_patience(o, epochs > 20,
+                          fmt::format("{} training characters, read {:.1f} times by {} steps of {} x {}{}", train_chars,
+                                      epochs, o.steps, global_batch(o), T, epochs > 20 ? " (> 20: a small text)" : ""));
+}
+
+// ---- training ----------------------------------------------------------------------------------
+
+double forward_backward(GPT& model, optim::Optimizer& opt, const data::Windows& w, double loss_scale) {
+  model.train();
+  const int64_t N = w.x.numel(), V = model.cfg.vocab;
+  const Tensor logits = model.forward(w.x).reshape({N, V});  // (B T, V)
+  const Tensor loss = cross_entropy(logits, w.y.reshape({N}).to(logits.device()));
+  return compute_gradients(opt, loss, loss_scale);
 }
 
 // ---- evaluation --------------------------------------------------------------------------------
@@ -269,6 +363,9 @@ std::vector<nlohmann::json> evaluate_lengths(GPT& model, const std::string& name
 int64_t sample_next(std::span<const float> logits, double temperature, int64_t top_k, double u) {
   const int64_t V = int64_t(logits.size());
   check(V >= 1, "sample_next: empty logits");
+  const float no = -std::numeric_limits<float>::infinity();
+  const int64_t possible = std::count_if(logits.begin(), logits.end(), [&](float l) { return l > no; });
+  check(possible >= 1, "sample_next: every one of the {} logits is -inf: no id to sample", V);
   // ids in order of decreasing logit, the lower id first on ties
   auto before = [&](int64_t a, int64_t b) {
     return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
@@ -279,7 +376,9 @@ int64_t sample_next(std::span<const float> logits, double temperature, int64_t t
       if (before(i, best)) best = i;
     return best;
   }
-  const int64_t k = (top_k <= 0 || top_k >= V) ? V : top_k;
+  // the ids at -inf sort last and are left out, so neither top-k nor the rounding fallback below
+  // can return one
+  const int64_t k = std::min(possible, (top_k <= 0 || top_k >= V) ? V : top_k);
   std::vector<int64_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), int64_t(0));
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
@@ -303,20 +402,26 @@ int64_t sample_next(std::span<const float> logits, double temperature, int64_t t
   return order[size_t(k - 1)];
 }
 
-std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t n_new, double temperature,
-                              int64_t top_k, uint64_t seed, bool use_kv_cache) {
+std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t n_new,
+                              const GenerateOptions& g) {
   check(!prompt.empty(), "generate: the prompt is empty; it needs at least one token");
   check(n_new >= 0, "generate: n_new {} is negative", n_new);
+  const int64_t V = model.cfg.vocab;
   for (int64_t id : prompt)
-    check(id >= 0 && id < model.cfg.vocab, "generate: prompt token {} is outside the vocabulary [0, {})", id,
-          model.cfg.vocab);
+    check(id >= 0 && id < V, "generate: prompt token {} is outside the vocabulary [0, {})", id, V);
+  std::vector<char> never(size_t(V), 0);
+  for (int64_t id : g.never) {
+    check(id >= 0 && id < V, "generate: never-sampled id {} is outside the vocabulary [0, {})", id, V);
+    never[size_t(id)] = 1;
+  }
+  check(std::count(never.begin(), never.end(), 1) < V, "generate: all {} ids are never to be sampled", V);
   InferenceScope scope(model);
   const int64_t C = model.cfg.context, keep = std::max<int64_t>(1, C / 2);
   std::vector<int64_t> ids = prompt;
   ids.reserve(prompt.size() + size_t(n_new));
   std::vector<nn::KVCache> caches;
   for (int64_t i = 0; i < model.cfg.n_layers; ++i) caches.emplace_back(C);
-  Generator gen(seed);
+  Generator gen(g.seed);
   int64_t w = 0;  // the window ids[w, n) the model sees
   auto window = [&](int64_t from) {
     std::vector<int64_t> x(ids.begin() + from, ids.end());
@@ -327,7 +432,7 @@ std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, in
     bool restart = n - w > C;
     if (restart) w = n - keep;
     Tensor logits;
-    if (!use_kv_cache) {
+    if (!g.kv_cache) {
       logits = model.forward(window(w));
     } else if (restart || caches[0].length() == 0) {  // (re)fill the caches with the whole window
       for (auto& c : caches) c.clear();
@@ -337,9 +442,55 @@ std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, in
     }
     const double u = rand({1}, DType::f64, &gen).item<double>();
     std::vector<float> l = last_logits(logits);
-    ids.push_back(sample_next(l, temperature, top_k, u));
+    for (int64_t id = 0; id < V; ++id)  // before top-k and temperature (GenerateOptions::never)
+      if (never[size_t(id)]) l[size_t(id)] = -std::numeric_limits<float>::infinity();
+    ids.push_back(sample_next(l, g.temperature, g.top_k, u));
   }
   return ids;
+}
+
+double sample_and_plot(GPT& model, const LMData& d, const SampleSettings& s, uint64_t seed, const std::string& dir) {
+  const std::vector<int64_t> prompt = d.tokenizer.encode(s.prompt);
+  GenerateOptions g{.temperature = s.temperature, .top_k = s.top_k, .seed = seed, .kv_cache = !s.no_kv_cache,
+                    .never = unproduced_ids(d.train, model.cfg.vocab)};
+  const double t0 = now_seconds();
+  const std::vector<int64_t> ids = generate(model, prompt, s.tokens, g);
+  const double secs = seconds_since(t0), rate = double(s.tokens) / std::max(secs, 1e-9);
+  const std::string text = d.tokenizer.decode(ids);
+  fmt::print("---- sample (temperature {}, top-k {}, seed {}) ----\n{}\n---- end of sample ----\n", s.temperature,
+             s.top_k, seed, text);
+  fmt::print("generation: {} tokens in {:.2f} s = {:.0f} tokens/s ({})\n", s.tokens, secs, rate,
+             g.kv_cache ? "KV cache" : "no KV cache: a full forward per token");
+  if (s.compare) {
+    g.kv_cache = !g.kv_cache;
+    const double t1 = now_seconds();
+    const std::vector<int64_t> other = generate(model, prompt, s.tokens, g);
+    const double secs2 = seconds_since(t1);
+    fmt::print("generation {}: {:.0f} tokens/s; the tokens are {}\n",
+               g.kv_cache ? "with the KV cache" : "without the KV cache", double(s.tokens) / std::max(secs2, 1e-9),
+               other == ids ? "identical" : "DIFFERENT");
+  }
+  write_file_atomic(dir + "/sample.txt", text + "\n");
+  HeatmapOptions ho;
+  ho.title = "causal attention of the last block over the end of the sample (rows: queries, columns: keys)";
+  ho.columns = 2;
+  ho.cell = 14;
+  write_file_atomic(dir + "/attention.svg", svg_heatmaps(attention_maps(model, ids, d.tokenizer, 40), ho));
+  fmt::print("plots: {}/attention.svg, sample: {}/sample.txt\n", dir, dir);
+  return rate;
+}
+
+void diagnose(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T, int64_t batch,
+              const std::string& dir) {
+  const int64_t n = std::clamp<int64_t>(batch, 1, int64_t(starts.size()));
+  std::vector<int64_t> x;
+  for (int64_t i = 0; i < n; ++i)
+    x.insert(x.end(), ids.begin() + starts[size_t(i)], ids.begin() + starts[size_t(i)] + T);
+  const Tensor batch_x = from_vector(x, {n, T});
+  std::string path;
+  const nn::AttentionReport r = write_attention_diagnostics(model, [&] { model.forward(batch_x); }, dir, &path);
+  fmt::print("attention diagnostics on {} validation windows of {} characters:\n{}written to {}\n", n, T,
+             r.to_text(), path);
 }
 
 // ---- attention plot ----------------------------------------------------------------------------

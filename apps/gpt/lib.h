@@ -1,19 +1,24 @@
 #pragma once
-// What apps/gpt/main.cpp does outside its training loop, here so that tests can reach it:
+// What apps/gpt/main.cpp does outside its main(), here so that tests can reach it:
 //
-//   load_gpt_text      the corpus: the King James Bible (default), the English fortunes, a UTF-8 file
+//   TextSource         where the text comes from: the King James Bible (default), the English
+//                      fortunes, a UTF-8 file
 //   make_lm_data       codepoint tokenizer from the training part, ids, split 90% / 10% (contiguous)
+//   train_windows      the windows of one training step (a function of seed and step: resumable)
+//   forward_backward   one step's loss and gradients: THE step main's loop runs
 //   eval_starts        the fixed validation windows (evenly spaced, no randomness)
 //   lm_loss            mean next-token cross-entropy over those windows (eval mode, no tape), and
 //                      lm_loss_by_position: the same per position of the window (length extrapolation)
 //   sample_next        one token from logits: softmax(logits / temperature) over the top_k, inverse CDF
-//   generate           autoregressive sampling, with the KV cache or without (same tokens)
+//   generate           autoregressive sampling, with the KV cache or without (same tokens), never an
+//                      id the training text did not produce (unproduced_ids)
 //   attention_maps     the last block's causal attention over a sample, one heatmap per head
 //
 // Generation and the context window. The model was trained on C = cfg.context positions (and with
-// learned positions has no more), so it is given at most C tokens at once. generate() feeds the model a window ids[w, n) of the
-// sequence so far (n tokens): w = 0 while n <= C; when the next forward would need n - w > C
-// positions, the window restarts at w = n - C/2 (the last C/2 tokens). Both paths use the same w:
+// learned positions has no more), so it is given at most C tokens at once. generate() feeds the
+// model a window ids[w, n) of the sequence so far (n tokens): w = 0 while n <= C; when the next
+// forward would need n - w > C positions, the window restarts at w = n - C/2 (the last C/2 tokens).
+// Both paths use the same w:
 //   with the cache:    the caches hold ids[w, n-1); one forward of the newest token gives the next
 //                      logits; at a restart the caches are cleared and re-filled ("prefilled")
 //                      with ids[w, n) in one forward.
@@ -21,6 +26,7 @@
 // Both see the same tokens at the same positions, so their logits agree to float rounding, and
 // both draw one uniform number per token from Generator(seed), so they sample the same tokens.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,9 +34,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/common/options.h"
 #include "apps/common/plot.h"
 #include "apps/gpt/model.h"
+#include "data/loader.h"
 #include "data/tokenizer.h"
+#include "optim/optimizer.h"
 
 namespace ag::apps {
 
@@ -38,7 +47,7 @@ namespace ag::apps {
 
 // What to sample after training (or with --eval-only).
 struct SampleSettings {
-  std::string prompt;  // empty: "And God said" for the Bible, "\n" otherwise
+  std::string prompt;  // empty: TextSource::default_prompt
   int64_t tokens = 500;
   double temperature = 0.8;
   int64_t top_k = 0;
@@ -56,6 +65,19 @@ struct SampleSettings {
 void validate_gpt_config(const GPTConfig& c, int64_t eval_windows, const SampleSettings& s);
 
 // ---- data --------------------------------------------------------------------------------------
+
+// Where a run's text comes from: --dataset, --text-file and --data-dir.
+struct TextSource {
+  std::string dataset = "bible";  // bible | fortunes; ignored when text_file is set
+  std::string text_file{};        // a UTF-8 file to train on instead of the dataset
+  std::string data_dir{};         // --data-dir: the Bible's cache, or the fortunes' root ("": the defaults)
+
+  std::string cache_dir() const;     // data_dir, else default_cache_dir()
+  std::string fortune_root() const;  // data_dir, else data::kFortuneRoot
+  std::string name() const;          // the file, else the dataset
+  std::string where() const;         // "a UTF-8 file", "cached in <dir>", "English entries under <dir>"
+  std::string default_prompt() const;  // "And God said" for the Bible, "\n" otherwise
+};
 
 // The text of a corpus: dataset "bible" (data/text.h load_bible_kjv, cached as
 // <cache_dir>/bible-kjv.txt), "fortunes" (fortunes_english_text under `fortune_root`), or, with
@@ -77,6 +99,22 @@ struct LMData {
 // validation codepoint it lacks encodes to <unk>) and encodes both. Needs at least 2 codepoints in
 // each part (ag::Error otherwise).
 LMData make_lm_data(const std::string& text, double valid_fraction = 0.1);
+// The text of `src` made into LMData; data::DatasetNotFound (missing_gpt_data's message) when the
+// text is not there.
+LMData load_lm_data(const TextSource& src);
+
+// The ids in [0, vocab) that `ids` never holds. For the training ids of make_lm_data that is
+// exactly <unk> (id 0): the tokenizer's other ids are the training text's own codepoints.
+std::vector<int64_t> unproduced_ids(std::span<const int64_t> ids, int64_t vocab);
+
+// The training windows of step `step` (0-based): the global batch of `global_batch` windows of T
+// (+1 target) at random starts, data::random_windows(train, global_batch, T, seed, step), of which
+// this rank takes its slice data::shard(global_batch, rank, ranks). Every rank draws the whole
+// global batch, so N ranks with --batch B see the windows of one process with --batch N*B.
+data::Windows train_windows(std::span<const int64_t> train, int64_t global_batch, int64_t T, uint64_t seed,
+                            int64_t step, int rank = 0, int ranks = 1);
+
+// ---- the run's config --------------------------------------------------------------------------
 
 // The model config as the checkpoint's JSON {"vocab", "context", "d_model", "n_heads", "n_layers",
 // "mlp_hidden", "dropout"} plus "pos", "kv_heads", "mlp_kind" and "norm" where they differ from
@@ -84,6 +122,40 @@ LMData make_lm_data(const std::string& text, double valid_fraction = 0.1);
 // the field; a missing choice is its default).
 nlohmann::json gpt_config_to_json(const GPTConfig& c);
 GPTConfig gpt_config_from_json(const nlohmann::json& j);
+
+// The config a run saves in every checkpoint (and --resume compares):
+//   {"model": gpt_config_to_json, "data": {"dataset", "text_file", "valid_fraction": 0.1},
+//    "train": {"batch": the global batch, "seed", "grad_checkpointing": true (only when on)}}
+nlohmann::json gpt_run_config(const GPTConfig& c, const TextSource& src, int64_t global_batch, uint64_t seed,
+                              bool grad_checkpointing);
+// What --eval-only reads back from a checkpoint's config and its "tokenizer" entry: the model, the
+// text it was trained on (data_dir is left empty) and its tokenizer. An ag::Error names the file
+// when an entry is missing.
+struct GptCheckpoint {
+  GPTConfig model;
+  TextSource text;
+  data::CharTokenizer tokenizer;
+};
+GptCheckpoint read_gpt_checkpoint(const nlohmann::json& config, const std::map<std::string, std::string>& extra,
+                                  const std::string& path);
+// The options whose values --eval-only takes from the checkpoint, and their keys in
+// gpt_checked_config: a model config and its text with every model key, also the choices that
+// gpt_config_to_json leaves out at their defaults (check_eval_only_options compares the two).
+const std::vector<SavedOption>& gpt_saved_options();
+nlohmann::json gpt_checked_config(const GPTConfig& model, const TextSource& text);
+
+// --patience -1 (the default) from the text's size: a text the schedule reads more than 20 times
+// over is memorised before the end, so the run stops after 5 evaluations without a better
+// validation loss; else never early. Returns resolve_patience's line ("" when --patience was given).
+std::string fit_patience_to_text(RunOptions& o, int64_t train_chars, int64_t T);
+
+// ---- training ----------------------------------------------------------------------------------
+
+// The gradients of one training step on windows `w`, no update: logits = model(w.x) (B, T, V);
+// loss = mean over the B T positions of cross_entropy(logits, w.y); compute_gradients (zero, then
+// backward of loss x loss_scale: Run::loss_scale). Returns the loss. main.cpp's training loop runs
+// it, and so do the tests (tests/apps/test_gpt.cpp).
+double forward_backward(GPT& model, optim::Optimizer& opt, const data::Windows& w, double loss_scale = 1.0);
 
 // ---- evaluation --------------------------------------------------------------------------------
 
@@ -128,15 +200,44 @@ std::string length_eval_svg(const std::vector<nlohmann::json>& lines, int64_t bl
 //   keep the top_k largest logits (top_k <= 0 or >= V: all; ties broken by the lower id),
 //   p_i = exp((l_i - l_max) / temperature) / Z over the kept ids,
 //   return the first kept id (in order of decreasing logit) whose cumulative p exceeds u.
-// temperature <= 0 (or top_k == 1) is greedy: the argmax, lowest id on ties.
+// temperature <= 0 (or top_k == 1) is greedy: the argmax, lowest id on ties. An id whose logit is
+// -inf has p = 0 and is never returned, not even by top-k or rounding (generate's masked ids); at
+// least one logit must be above -inf (ag::Error otherwise).
 int64_t sample_next(std::span<const float> logits, double temperature, int64_t top_k, double u);
+
+// How generate draws its tokens.
+struct GenerateOptions {
+  double temperature = 1.0;  // softmax(logits / temperature); 0: greedy
+  int64_t top_k = 0;         // sample among the k most likely ids (0: all)
+  uint64_t seed = 0;         // token i draws the i-th uniform of Generator(seed) (core/random.h rand, f64)
+  bool kv_cache = true;      // false: a full forward over the window per token (the same tokens)
+  // Ids never sampled: their logits are set to -inf before top-k and temperature, so the draw is
+  // from the model's distribution renormalised over the other ids. The app passes unproduced_ids
+  // of the training text: <unk>. The head still has a row for <unk>, and no training target is
+  // <unk>, so the loss only pushes its logit down, by a gradient p_unk h that fades as p_unk falls,
+  // against weight decay: a softmax never reaches 0, and over enough draws one lands on <unk>,
+  // printed as U+FFFD.
+  std::vector<int64_t> never{};
+};
 
 // `n_new` tokens sampled after `prompt` (non-empty, ids < vocab) under NoGradGuard in eval mode
 // (restored afterwards); returns prompt + the new tokens. See the top of this file for the
-// context window and why use_kv_cache does not change the tokens. Token i draws the i-th uniform
-// of Generator(seed) (core/random.h rand, f64).
-std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t n_new, double temperature,
-                              int64_t top_k, uint64_t seed, bool use_kv_cache = true);
+// context window and why kv_cache does not change the tokens. An id of g.never outside the
+// vocabulary, or g.never holding every id, is an ag::Error.
+std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t n_new,
+                              const GenerateOptions& g);
+
+// After training (or with --eval-only): s.tokens characters sampled after s.prompt (the
+// tokenizer's encoding) with seed `seed`, never an id of unproduced_ids(d.train); prints the text
+// and the speed (with s.compare the other way too, and whether the tokens agree), writes
+// <dir>/sample.txt and <dir>/attention.svg (attention_maps over the last 40 tokens). Returns the
+// generation speed in tokens/s.
+double sample_and_plot(GPT& model, const LMData& d, const SampleSettings& s, uint64_t seed, const std::string& dir);
+
+// --diagnose-attention: every block's causal attention on the first min(batch, |starts|) windows
+// of T tokens of `ids` at `starts`, written to <dir>/attention_diagnostics.json and printed.
+void diagnose(GPT& model, std::span<const int64_t> ids, const std::vector<int64_t>& starts, int64_t T, int64_t batch,
+              const std::string& dir);
 
 // ---- attention plot ----------------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <numeric>
 
 #include <fmt/core.h>
 
+#include "apps/common/diagnose.h"
 #include "apps/common/plot.h"
 #include "autograd/ops.h"
 #include "autograd/tape.h"
@@ -96,8 +98,10 @@ void validate_imagetext_config(const ImageTextRunConfig& c) {
               m.d_model);
   usage_check(c.val_scenes >= 1 && c.test_scenes >= 1, "imagetext: --val-scenes {} and --test-scenes {} must be >= 1",
               c.val_scenes, c.test_scenes);
-  usage_check(c.val_images >= 1, "imagetext: --val-images {} must be >= 1 (the validation scenes' source)",
-              c.val_images);
+  usage_check(c.val_images == -1 || c.val_images >= 1,
+              "imagetext: --val-images {}: expected at least 1 (the validation scenes' source), or -1: {}% of the "
+              "training set, at most {}",
+              c.val_images, kValPercent, kValCap);
   usage_check(c.label_smoothing >= 0 && c.label_smoothing < 1,
               "imagetext: --label-smoothing {}: expected a value in [0, 1)", c.label_smoothing);
 }
@@ -106,8 +110,7 @@ void validate_imagetext_config(const ImageTextRunConfig& c) {
 
 ImageTextData load_imagetext_data(const std::string& dir, int64_t val_images) {
   data::ImageSplits splits = data::load_fashion_mnist(dir.empty() ? data::kFashionMnistDir : dir);
-  check(val_images >= 1 && val_images < splits.train.size(),
-        "imagetext: --val-images {} must leave training images (the set has {})", val_images, splits.train.size());
+  val_images = validation_size(val_images, splits.train.size(), "--val-images");
   data::HeldOut h = data::hold_out(splits.train, val_images, 20261206);  // fixed: the same split every run
   ImageTextData d;
   d.train = std::move(h.rest), d.val = std::move(h.held), d.test = std::move(splits.test);
@@ -136,6 +139,21 @@ int64_t caption_token_count(std::span<const Scene> scenes) {
   int64_t n = 0;
   for (const Scene& s : scenes) n += int64_t(s.labels.size()) + 1;
   return n;
+}
+
+TrainBatch train_batch(const ImageTextData& data, const ImageTextRunConfig& c, int64_t global_batch, int64_t step,
+                       int rank, int ranks) {
+  const std::vector<Scene> scenes = train_scenes(data.train, c, global_batch, step, rank, ranks);
+  TrainBatch b{make_scene_batch(data.train, c.scenes, scenes, data.norm), int64_t(scenes.size()), 0};
+  b.loss_tokens = ranks == 1 ? double(b.batch.words)
+                             : double(caption_token_count(train_scenes(data.train, c, global_batch, step))) / ranks;
+  return b;
+}
+
+double forward_backward(ImageText& model, optim::Optimizer& opt, const TrainBatch& b, double label_smoothing,
+                        double loss_scale) {
+  model.train();
+  return compute_gradients(opt, caption_loss(model, b.batch, label_smoothing, b.loss_tokens), loss_scale);
 }
 
 // ---- generation --------------------------------------------------------------------------------
@@ -473,6 +491,89 @@ std::string attention_svg(ImageText& model, const data::ImageDataset& source, co
     rows.push_back(svg_grid({svg_grid(overlays, 1), svg_heatmaps(heads, ho)}, 2));
   }
   return svg_grid(rows, 1);
+}
+
+// ---- the test scenes, once, at the end ---------------------------------------------------------
+
+TestFigures test_model(ImageText& model, const ImageTextRunConfig& c, const ImageTextData& data, const TestOptions& t,
+                       const std::string& dir, bool sharded) {
+  const std::vector<Scene> test =
+      compose_scenes(data.test, c.scenes, c.scene_seed, SceneSplit::test, 0, c.test_scenes);
+  TestFigures f;
+  f.captions = evaluate_captions(model, data.test, c.scenes, test, data.norm, t.eval_batch, sharded);
+  if (!dist::is_main()) return f;  // the rest is rank 0's (no collectives)
+  f.retrieval = retrieval(model, data.test, c.scenes, test, data.norm,
+                          std::min<int64_t>(t.retrieval_candidates, int64_t(test.size())));
+  f.share = word_item_share(model, data.test, c.scenes, test, data.norm, t.eval_batch);
+  std::filesystem::create_directories(dir);
+  const std::vector<Scene> drawn(test.begin(), test.begin() + std::min<int64_t>(t.attention_scenes, int64_t(test.size())));
+  write_file_atomic(dir + "/attention.svg", attention_svg(model, data.test, c.scenes, drawn, data.norm));
+  return f;
+}
+
+std::string figures_text(const TestFigures& f, const SceneConfig& sc, const std::string& dir) {
+  std::string by;
+  for (int64_t n = sc.min_items; n <= sc.max_items; ++n)
+    by += fmt::format("{}{} items {:.1f}% ({})", by.empty() ? "" : ", ", n, 100 * f.captions.exact_match_of(n),
+                      f.captions.scenes_by_items[size_t(n)]);
+  std::string blocks;
+  for (size_t l = 0; l < f.share.per_block.size(); ++l)
+    blocks += fmt::format("{}block {} {:.1f}%", l ? ", " : "", l, 100 * f.share.per_block[l]);
+  return fmt::format(
+      "test scenes: {}\n"
+      "  exact caption match {:.2f}% ({}); word accuracy {:.2f}%; token accuracy {:.2f}%; loss {:.4f}\n"
+      "  retrieval among {} candidates, by caption log-likelihood: image->text R@1 {:.2f}% R@5 {:.2f}%, "
+      "text->image R@1 {:.2f}% R@5 {:.2f}%\n"
+      "  word-to-item cross-attention: {:.1f}% of {} words look most at the item they name (chance {:.1f}%; "
+      "{}; class token mass {:.2f})\n"
+      "  attention maps: {}/attention.svg",
+      f.captions.scenes, 100 * f.captions.exact_match, by, 100 * f.captions.word_accuracy,
+      100 * f.captions.token_accuracy, f.captions.loss, f.retrieval.candidates, 100 * f.retrieval.i2t_r1,
+      100 * f.retrieval.i2t_r5, 100 * f.retrieval.t2i_r1, 100 * f.retrieval.t2i_r5, 100 * f.share.share,
+      f.share.words, 100 * f.share.chance, blocks, f.share.cls_mass, dir);
+}
+
+void fill_report(RunReport& report, const TestFigures& f, const SceneConfig& sc) {
+  report.accuracy = f.captions.exact_match;
+  report.extra = {{"test_exact_match", f.captions.exact_match},
+                  {"test_word_accuracy", f.captions.word_accuracy},
+                  {"test_token_accuracy", f.captions.token_accuracy},
+                  {"test_loss", f.captions.loss},
+                  {"test_scenes", double(f.captions.scenes)}};
+  for (int64_t n = sc.min_items; n <= sc.max_items; ++n)
+    report.extra.emplace_back(fmt::format("test_exact_match_{}_items", n), f.captions.exact_match_of(n));
+  if (!dist::is_main()) return;
+  report.extra.insert(report.extra.end(), {{"retrieval_candidates", double(f.retrieval.candidates)},
+                                           {"image_to_text_r1", f.retrieval.i2t_r1},
+                                           {"image_to_text_r5", f.retrieval.i2t_r5},
+                                           {"text_to_image_r1", f.retrieval.t2i_r1},
+                                           {"text_to_image_r5", f.retrieval.t2i_r5},
+                                           {"word_item_share", f.share.share},
+                                           {"word_item_share_chance", f.share.chance},
+                                           {"cross_attention_class_token_mass", f.share.cls_mass}});
+  for (size_t l = 0; l < f.share.per_block.size(); ++l)
+    report.extra.emplace_back(fmt::format("word_item_share_block_{}", l), f.share.per_block[l]);
+}
+
+void diagnose(ImageText& model, const ImageTextRunConfig& c, const ImageTextData& data, int64_t batch,
+              const std::string& dir) {
+  const std::vector<Scene> scenes = compose_scenes(data.test, c.scenes, c.scene_seed, SceneSplit::test, 0,
+                                                   std::min<int64_t>(batch, c.test_scenes));
+  const SceneBatch b = make_scene_batch(data.test, c.scenes, scenes, data.norm);
+  std::string path;
+  const nn::AttentionReport r =
+      write_attention_diagnostics(model, [&] { model.forward(b.images, b.input); }, dir, &path);
+  fmt::print("attention diagnostics on {} test scenes:\n{}written to {}\n", scenes.size(), r.to_text(), path);
+}
+
+const std::vector<SavedOption>& imagetext_saved_options() {
+  static const std::vector<SavedOption> options = {
+      {"--layout", "/layout"},         {"--min-items", "/min_items"},     {"--max-items", "/max_items"},
+      {"--patch", "/patch"},           {"--d-model", "/d_model"},         {"--heads", "/n_heads"},
+      {"--enc-layers", "/enc_layers"}, {"--dec-layers", "/dec_layers"},   {"--mlp", "/mlp_hidden"},
+      {"--val-images", "/val_images"}, {"--val-scenes", "/val_scenes"},   {"--test-scenes", "/test_scenes"},
+      {"--scene-seed", "/scene_seed"}};
+  return options;
 }
 
 }  // namespace ag::apps

@@ -4,7 +4,8 @@
 //
 //   ImageTextRunConfig   the model, scene and split settings (saved in every checkpoint)
 //   load_imagetext_data  Fashion-MNIST, split into the three scene sources (train / validation / test)
-//   train_scenes         the scenes of one training step (a function of seed and step: resumable)
+//   train_batch          the scenes of one training step (a function of seed and step: resumable)
+//   forward_backward     one step's loss and gradients: THE step main's loop runs (caption_loss)
 //   caption_loss         teacher-forced mean cross-entropy over the caption tokens
 //   greedy_captions      generation: each image encoded once, each decoder block's image keys and
 //                        values projected once, one token at a time through the KV caches
@@ -13,6 +14,7 @@
 //   cross_attention      where the decoder looked for each word: per block, per head, over the patches
 //   word_item_share      the share of words whose attention mass is highest on the item they name
 //   attention_svg        those maps drawn over the scenes
+//   test_model           all of the above on the test scenes, as main prints and reports them
 //
 // Shapes: B scenes, T = max_items + 1 decoder positions, V words, NH heads, N patches of a
 // gh x gw grid, Tk = N + 1 image tokens (the class token first).
@@ -23,10 +25,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/common/report.h"
 #include "apps/common/run.h"
 #include "apps/imagetext/model.h"
 #include "apps/imagetext/scene.h"
 #include "data/images.h"
+#include "optim/optimizer.h"
 
 namespace ag::apps {
 
@@ -34,7 +38,9 @@ namespace ag::apps {
 struct ImageTextRunConfig {
   ImageTextConfig model;    // image_h, image_w, vocab, max_len follow the scenes (fit_model_to_scenes)
   SceneConfig scenes;
-  int64_t val_images = 5000;  // training images held out as the validation scenes' source
+  // training images held out as the validation scenes' source: -1 picks 10% of the training set,
+  // at most 5000 (validation_size); a run saves the count it held out
+  int64_t val_images = -1;
   int64_t val_scenes = 500;   // validation scenes (model selection); composed from those images
   int64_t test_scenes = 1000;  // test scenes, composed from the test images only
   uint64_t scene_seed = 1;     // the seed of every scene stream (the training stream included)
@@ -51,8 +57,8 @@ void fit_model_to_scenes(ImageTextConfig& m, const SceneConfig& s);
 
 // The checks of the command line, before any data is read: a UsageError naming the option and its
 // value when the layout is unknown, the item counts do not fit it, --patch does not divide the
-// item size 28, --heads does not divide --d-model, a size is below 1, a scene count is below 1 (or
-// --val-images is negative), or the label smoothing is outside [0, 1).
+// item size 28, --heads does not divide --d-model, a size is below 1, a scene count is below 1,
+// --val-images is neither -1 nor at least 1, or the label smoothing is outside [0, 1).
 void validate_imagetext_config(const ImageTextRunConfig& c);
 
 // ---- data --------------------------------------------------------------------------------------
@@ -61,9 +67,10 @@ struct ImageTextData {
                                         // ones, the held-out ones, the test images
   data::Normalization norm;             // of the training images' pixels
 };
-// Fashion-MNIST from `dir` (data/images.h kFashionMnistDir when empty), `val_images` training
-// images held out (data::hold_out with a fixed seed: the same split every run). Raises
-// data::DatasetNotFound when the files are missing, ag::Error when the hold-out leaves no image.
+// Fashion-MNIST from `dir` (data/images.h kFashionMnistDir when empty), with `val_images` training
+// images held out (data::hold_out with a fixed seed: the same split every run; -1: validation_size's
+// 10%, at most 5000). Raises data::DatasetNotFound when the files are missing, a UsageError naming
+// --val-images when the hold-out leaves no training image.
 ImageTextData load_imagetext_data(const std::string& dir, int64_t val_images);
 
 // The scenes of training step `step`: the global batch is scenes [step B, (step + 1) B) of the
@@ -82,6 +89,23 @@ std::vector<Scene> train_scenes(const data::ImageDataset& train, const ImageText
 Tensor caption_loss(ImageText& model, const SceneBatch& batch, double label_smoothing = 0.0, double tokens = 0);
 // The caption tokens (words and <eos>) the loss counts in `scenes`: sum of (items + 1).
 int64_t caption_token_count(std::span<const Scene> scenes);
+
+// One training step's batch on this rank: its slice of the step's scenes (train_scenes), their
+// pixels and captions, and what caption_loss divides the slice's summed loss by: the global
+// batch's caption tokens over the ranks (with one rank, the slice's own count: the mean).
+struct TrainBatch {
+  SceneBatch batch;
+  int64_t scenes = 0;
+  double loss_tokens = 0;
+};
+TrainBatch train_batch(const ImageTextData& data, const ImageTextRunConfig& c, int64_t global_batch, int64_t step,
+                       int rank = 0, int ranks = 1);
+// The gradients of one training step on `b`, no update: model.train(); loss = caption_loss(model,
+// b.batch, label_smoothing, b.loss_tokens); compute_gradients (zero, then backward of loss x
+// loss_scale: Run::loss_scale). Returns the loss. main.cpp's training loop runs it, and so do the
+// tests.
+double forward_backward(ImageText& model, optim::Optimizer& opt, const TrainBatch& b, double label_smoothing,
+                        double loss_scale = 1.0);
 
 // ---- generation --------------------------------------------------------------------------------
 // Greedy captions of a batch of scenes (B, 1, H, W), under NoGradGuard in eval mode (restored):
@@ -174,5 +198,31 @@ WordItemShare word_item_share(ImageText& model, const data::ImageDataset& source
 // the weights averaged over heads and blocks, then each head of the last block, over the scene.
 std::string attention_svg(ImageText& model, const data::ImageDataset& source, const SceneConfig& sc,
                           const std::vector<Scene>& scenes, const data::Normalization& norm);
+
+// ---- the test scenes, once, at the end ---------------------------------------------------------
+struct TestOptions {
+  int64_t eval_batch = 250;            // scenes per forward when evaluating
+  int64_t retrieval_candidates = 100;  // N: each query ranks N candidates
+  int64_t attention_scenes = 2;        // test scenes drawn in attention.svg (each ~0.25 MB per word)
+};
+// What the test scenes show about a model, printed and added to the report.
+struct TestFigures {
+  CaptionEval captions;
+  RetrievalResult retrieval;
+  WordItemShare share;
+};
+// The c.test_scenes test scenes: evaluate_captions (each rank its part when `sharded`: every rank
+// must call it), then on rank 0 alone retrieval, word_item_share and <dir>/attention.svg.
+TestFigures test_model(ImageText& model, const ImageTextRunConfig& c, const ImageTextData& data, const TestOptions& t,
+                       const std::string& dir, bool sharded);
+// The figures as main prints them, several lines; and into the report (accuracy: the exact match).
+std::string figures_text(const TestFigures& f, const SceneConfig& sc, const std::string& dir);
+void fill_report(RunReport& report, const TestFigures& f, const SceneConfig& sc);
+// --diagnose-attention: every attention of the model on the first `batch` test scenes.
+void diagnose(ImageText& model, const ImageTextRunConfig& c, const ImageTextData& data, int64_t batch,
+              const std::string& dir);
+// The options whose values --eval-only takes from the checkpoint, and their keys in
+// imagetext_config_to_json.
+const std::vector<SavedOption>& imagetext_saved_options();
 
 }  // namespace ag::apps

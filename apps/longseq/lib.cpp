@@ -49,7 +49,8 @@ void validate_task_options(const TaskOptions& t) {
               "longseq: --task {}: expected one of {}", t.task, fmt::join(tasks, ", "));
   usage_check(t.dataset == "fashion-mnist" || t.dataset == "mnist" || t.dataset == "cifar10",
               "longseq: --dataset {}: expected fashion-mnist, mnist or cifar10", t.dataset);
-  usage_check(t.val_size >= 1, "longseq: --val-size {}: expected at least 1", t.val_size);
+  usage_check(t.val_size >= -1, "longseq: --val-size {}: expected -1 (10% of the training set) or a count >= 0",
+              t.val_size);
   usage_check(t.listops_train >= 1 && t.listops_val >= 1 && t.listops_test >= 1,
               "longseq: --listops-train {}, --listops-val {}, --listops-test {}: each must be at least 1",
               t.listops_train, t.listops_val, t.listops_test);
@@ -57,6 +58,18 @@ void validate_task_options(const TaskOptions& t) {
               "longseq: --listops-min-len {} and --listops-max-len {}: expected 1 <= min <= max and max >= 5",
               t.listops_min_len, t.listops_max_len);
   usage_check(t.passage >= 16, "longseq: --passage {}: expected at least 16 bytes", t.passage);
+}
+
+void validate_command_line(const LongSeqConfig& cfg, const TaskOptions& t, int64_t axial_width) {
+  validate_task_options(t);
+  usage_check(cfg.d_model % cfg.n_heads == 0, "longseq: --heads {} does not divide --d-model {}", cfg.n_heads,
+              cfg.d_model);
+  usage_check(!cfg.materialise || cfg.attention == "full" || cfg.attention == "window" || cfg.attention == "sparse",
+              "longseq: --materialise applies to --attention full, window or sparse, not {}", cfg.attention);
+  usage_check(cfg.attention != "axial" || t.task != "listops",
+              "longseq: --attention axial needs sequences that fill a grid; ListOps expressions vary in length");
+  usage_check(cfg.attention != "axial" || t.task != "text" || axial_width == 0 || t.passage % axial_width == 0,
+              "longseq: --axial-width {} does not divide --passage {}", axial_width, t.passage);
 }
 
 SeqSplits load_task(const TaskOptions& t, const std::string& out_dir) {
@@ -88,8 +101,7 @@ SeqSplits pixel_splits(const std::string& dataset, const std::string& dir, int64
                              : dataset == "mnist"       ? data::load_mnist(dir)
                                                         : data::load_cifar10(dir);
   const data::ImageDataset& tr = images.train;
-  check(val_size < tr.size(), "longseq: --val-size {} leaves no training images (the set has {})", val_size,
-        tr.size());
+  val_size = validation_size(val_size, tr.size());
   auto empty = [&](const data::ImageDataset& ds) {
     SeqDataset s;
     s.grid_h = ds.height, s.grid_w = ds.width;
@@ -419,6 +431,13 @@ std::unique_ptr<data::DataLoader<SeqBatch>> make_train_loader(const SeqDataset& 
   return loader;
 }
 
+double forward_backward(LongSeqClassifier& model, optim::Optimizer& opt, const SeqBatch& batch, double loss_scale) {
+  model.train();
+  const Tensor logits = model.forward(batch.tokens, batch.lengths);  // (B, K)
+  const Tensor loss = cross_entropy(logits, batch.labels.to(logits.device()));
+  return compute_gradients(opt, loss, loss_scale);
+}
+
 EvalResult evaluate(LongSeqClassifier& model, const SeqDataset& ds, int64_t batch, int64_t limit, bool sharded) {
   const int64_t n = limit > 0 ? std::min(limit, ds.size()) : ds.size();
   return evaluate_classifier(model, n, batch, sharded, ConfusionMatrix(ds.class_names),
@@ -482,6 +501,134 @@ std::optional<std::string> attention_heatmap_svg(LongSeqClassifier& model, const
   o.columns = 1;
   o.cell = int(std::max<int64_t>(6, 640 / std::max(rows, cols)));
   return svg_heatmaps({h}, o);
+}
+
+void write_heatmap(LongSeqClassifier& model, const SeqDataset& ds, int64_t n, const std::string& dir) {
+  if (auto svg = attention_heatmap_svg(model, ds, n)) {
+    write_file_atomic(dir + "/attention.svg", *svg);
+    fmt::print("attention of the last block: {}/attention.svg\n", dir);
+  }
+}
+
+// ---- the run -----------------------------------------------------------------------------------
+
+nlohmann::json run_config(const LongSeqConfig& model, const TaskOptions& t) {
+  nlohmann::json j = model;
+  j["task"] = {{"task", t.task},
+               {"dataset", t.dataset},
+               {"val_size", t.val_size},
+               {"data_seed", t.data_seed},
+               {"listops", {t.listops_train, t.listops_val, t.listops_test, t.listops_min_len, t.listops_max_len}},
+               {"passage", t.passage},
+               {"random_windows", t.random_windows}};
+  return j;
+}
+
+LongSeqConfig model_from_json(const nlohmann::json& j, const std::string& file) {
+  LongSeqConfig cfg;
+  try {
+    cfg = j.get<LongSeqConfig>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("longseq: {} holds no longseq config ({})", file, e.what());
+  }
+  check_config(cfg);
+  return cfg;
+}
+
+TaskOptions task_from_json(const nlohmann::json& j, const std::string& data_dir) {
+  TaskOptions t;
+  try {
+    const nlohmann::json& k = j.at("task");
+    t.task = k.at("task").get<std::string>();
+    t.dataset = k.at("dataset").get<std::string>();
+    t.val_size = k.at("val_size").get<int64_t>();
+    t.data_seed = k.at("data_seed").get<uint64_t>();
+    const auto l = k.at("listops").get<std::vector<int64_t>>();
+    check(l.size() == 5, "longseq: the checkpoint's listops entry has {} values, expected 5", l.size());
+    t.listops_train = l[0], t.listops_val = l[1], t.listops_test = l[2], t.listops_min_len = l[3];
+    t.listops_max_len = l[4];
+    t.passage = k.at("passage").get<int64_t>();
+    t.random_windows = k.value("random_windows", false);  // checkpoints from before the option: fixed passages
+  } catch (const nlohmann::json::exception& e) {
+    fail("longseq: the checkpoint's config has no valid task entry ({}): {}", e.what(), j.dump());
+  }
+  t.data_dir = data_dir;
+  validate_task_options(t);
+  return t;
+}
+
+const std::vector<SavedOption>& longseq_saved_options() {
+  static const std::vector<SavedOption> options = {
+      {"--task", "/task/task"},          {"--attention", "/attention"},
+      {"--window", "/window"},           {"--sparse", "/sparse"},
+      {"--block", "/block"},             {"--window-blocks", "/window_blocks"},
+      {"--global-blocks", "/global_blocks"}, {"--stride-blocks", "/stride_blocks"},
+      {"--materialise", "/materialise"}, {"--k", "/k"},
+      {"--stride", "/stride"},           {"--dataset", "/task/dataset"},
+      {"--val-size", "/task/val_size"},  {"--data-seed", "/task/data_seed"},
+      {"--listops-train", "/task/listops/0"}, {"--listops-val", "/task/listops/1"},
+      {"--listops-test", "/task/listops/2"}, {"--listops-min-len", "/task/listops/3"},
+      {"--listops-max-len", "/task/listops/4"}, {"--passage", "/task/passage"},
+      {"--fixed-passages", "/task/random_windows"}, {"--d-model", "/d_model"},
+      {"--heads", "/n_heads"},           {"--layers", "/n_layers"},
+      {"--mlp", "/mlp_hidden"}};
+  return options;
+}
+
+int64_t axial_width_for(int64_t n) {
+  int64_t w = 1;
+  while (w * w < n) ++w;
+  while (n % w != 0) ++w;
+  return w;
+}
+
+void fit_model_to_data(LongSeqConfig& cfg, const SeqDataset& train, int64_t axial_width) {
+  cfg.vocab = train.vocab;
+  cfg.max_len = train.max_len;
+  cfg.classes = train.num_classes;
+  if (cfg.attention == "axial") {
+    if (train.grid_h > 0) {
+      cfg.grid_h = train.grid_h, cfg.grid_w = train.grid_w;
+    } else {
+      cfg.grid_w = axial_width > 0 ? axial_width : axial_width_for(cfg.max_len);
+      cfg.grid_h = cfg.max_len / cfg.grid_w;
+    }
+  }
+  check_config(cfg);
+}
+
+std::string fit_patience_to_data(RunOptions& o, int64_t n_train) {
+  const bool small = n_train < kSmallTrainSet;
+  const std::string size = fmt::format("{} training sequences{}", n_train,
+                                       small ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : "");
+  return resolve_patience(o, small, size);
+}
+
+namespace {
+
+// the method's settings, as the run's line shows them
+std::string method_text(const LongSeqConfig& c) {
+  std::string s;
+  if (c.attention == "window") s = fmt::format(" (+-{} tokens)", c.window);
+  if (c.attention == "sparse" && c.sparse == "strided")
+    s = fmt::format(" (strided, blocks of {}, stride {} blocks)", c.block, c.stride_blocks);
+  else if (c.attention == "sparse")
+    s = fmt::format(" (local-global, blocks of {}, +-{} blocks, {} global)", c.block, c.window_blocks,
+                    c.global_blocks);
+  if (c.attention == "linformer") s = fmt::format(" (k {})", c.k);
+  if (c.attention == "compressed") s = fmt::format(" (stride {})", c.stride);
+  if (c.attention == "axial") s = fmt::format(" ({} x {} grid)", c.grid_h, c.grid_w);
+  return c.materialise ? s + ", materialised (T x T weights stored)" : s;
+}
+
+}  // namespace
+
+std::string describe_run(const LongSeqConfig& cfg, const TaskOptions& t, const SeqSplits& data) {
+  return fmt::format("longseq: {}{} ({} train / {} validation / {} test sequences, up to {} tokens, {} classes), "
+                     "{} attention{}, d_model {}, {} heads, {} layers, MLP {}",
+                     t.task, t.task == "pixels" ? " " + t.dataset : "", data.train.size(), data.val.size(),
+                     data.test.size(), cfg.max_len, cfg.classes, cfg.attention, method_text(cfg), cfg.d_model,
+                     cfg.n_heads, cfg.n_layers, cfg.mlp_hidden);
 }
 
 }  // namespace ag::apps::longseq

@@ -1,7 +1,8 @@
 #pragma once
-// What apps/longseq/main.cpp needs besides its CLI and its loop, here so that the tests reach it:
-// the three long-sequence tasks in the spirit of Long Range Arena (Tay et al., 2020), made from data
-// on this machine, as padded token sequences with one label each.
+// What apps/longseq/main.cpp does outside its main(), here so that the tests reach it: the three
+// long-sequence tasks in the spirit of Long Range Arena (Tay et al., 2020), made from data on this
+// machine, as padded token sequences with one label each; the batches, the one training step main's
+// loop runs, the evaluation and the attention map; the run's config as checkpoints save it.
 //
 //   pixels   an image read as a sequence of pixel intensities, row by row: Fashion-MNIST (default),
 //            MNIST or CIFAR-10 (grey: the mean of the channels, as LRA's "Image" task), 784 or 1024
@@ -19,7 +20,7 @@
 //            windows never reach a validation or test byte
 // Token ids: 0 is padding; pixels and bytes are value + 1 (vocab 257); ListOps tokens are
 // listops_vocab(). The validation split never comes from the test set: pixels holds out the last
-// `val_size` images of a seeded permutation of the training set.
+// validation_size(val_size) images (apps/common/options.h) of a fixed permutation of the training set.
 //
 // Shapes, with B the batch and T the longest sequence in it:
 //   tokens i64 (B, T) padded with 0, lengths i64 (B), labels i64 (B), logits f32 (B, K)
@@ -36,6 +37,7 @@
 #include "apps/longseq/model.h"
 #include "core/random.h"
 #include "data/loader.h"
+#include "optim/optimizer.h"
 
 namespace ag::apps::longseq {
 
@@ -69,7 +71,9 @@ struct TaskOptions {
   std::string task = "pixels";
   std::string dataset = "fashion-mnist";  // pixels: fashion-mnist | mnist | cifar10
   std::string data_dir;      // pixels: the images (default: vit's); text: the cache of the bible's text
-  int64_t val_size = 5000;   // pixels: training images held out for validation
+  // pixels: training images held out for validation (validation_size: -1 holds out 10% of the
+  // training set, at most 5000; 0 none, then the last model is tested)
+  int64_t val_size = -1;
   // listops
   uint64_t data_seed = 0;
   int64_t listops_train = 20000, listops_val = 2000, listops_test = 2000;
@@ -79,16 +83,21 @@ struct TaskOptions {
   bool random_windows = true;  // training passages at random starts inside their region (text_splits)
 };
 // The checks of the command line, before any data is read: a UsageError naming the option and its
-// value for an unknown task or dataset, val_size < 1, ListOps sizes < 1 or min_len > max_len or
+// value for an unknown task or dataset, val_size < -1, ListOps sizes < 1 or min_len > max_len or
 // max_len < 5, passage < 16.
 void validate_task_options(const TaskOptions& t);
+// The checks of the whole command line, in this order: validate_task_options, then a UsageError
+// for --heads not dividing --d-model, --materialise with a method other than full, window or
+// sparse, axial attention on ListOps (whose expressions vary in length), an --axial-width that does
+// not divide --passage.
+void validate_command_line(const LongSeqConfig& cfg, const TaskOptions& t, int64_t axial_width);
 
 // Reads or makes the splits of t.task. `out_dir` (ListOps only): where the TSV files are written
 // (nothing written when empty). Raises data::DatasetNotFound naming the Debian package when the
 // data is missing.
 SeqSplits load_task(const TaskOptions& t, const std::string& out_dir = "");
 
-// pixels
+// pixels: `val_size` as --val-size (validation_size); a UsageError when it leaves no training image.
 SeqSplits pixel_splits(const std::string& dataset, const std::string& dir, int64_t val_size);
 
 // ListOps. Tokens: 0 <pad>, 1-10 the digits 0-9, 11 [MAX, 12 [MIN, 13 [MED, 14 [SM, 15 ].
@@ -143,10 +152,17 @@ std::unique_ptr<data::DataLoader<SeqBatch>> make_train_loader(const SeqDataset& 
                                                               int64_t start_step, int prefetch = 2,
                                                               int shard_rank = 0, int shard_count = 1);
 
-using EvalResult = ClassifierEval;  // apps/common/run.h
+// The gradients of one training step on `batch`, no update: model.train(); logits (B, K) =
+// model(tokens, lengths); loss = cross_entropy(logits, labels), the mean over the batch;
+// compute_gradients (zero, then backward of loss x loss_scale: Run::loss_scale). Returns the loss.
+// main.cpp's training loop runs it, and so do the tests.
+double forward_backward(LongSeqClassifier& model, optim::Optimizer& opt, const SeqBatch& batch,
+                        double loss_scale = 1.0);
+
+using EvalResult = ClassifierEval;  // apps/common/evaluate.h
 // The model on the first `limit` sequences of `ds` (0: all), `batch` at a time, in eval mode and
 // without recording (the mode is restored); `sharded`: each rank evaluates its eval_part and the
-// sums are added over the ranks (apps/common/run.h evaluate_classifier).
+// sums are added over the ranks (apps/common/evaluate.h evaluate_classifier).
 EvalResult evaluate(LongSeqClassifier& model, const SeqDataset& ds, int64_t batch, int64_t limit = 0,
                     bool sharded = false);
 
@@ -159,5 +175,33 @@ std::optional<std::string> attention_heatmap_svg(LongSeqClassifier& model, const
                                                  int64_t cells = 64);
 // The pooling alone: (T, T) weights -> (c, c) block means, c = min(cells, T).
 Tensor block_means(const Tensor& weights, int64_t cells);
+// <dir>/attention.svg from the first `n` sequences of `ds` (attention_heatmap_svg), and one line
+// saying where; nothing for axial.
+void write_heatmap(LongSeqClassifier& model, const SeqDataset& ds, int64_t n, const std::string& dir);
+
+// ---- the run -----------------------------------------------------------------------------------
+// The run's config, saved with every checkpoint: the model's LongSeqConfig with the task's options
+// under "task" ({"task", "dataset", "val_size", "data_seed", "listops": [train, val, test, min_len,
+// max_len], "passage", "random_windows"}).
+nlohmann::json run_config(const LongSeqConfig& model, const TaskOptions& t);
+// The model's and the task's parts of a saved run_config, each checked (check_config,
+// validate_task_options); an ag::Error names `file` or the missing entry. The task reads its data
+// from `data_dir`.
+LongSeqConfig model_from_json(const nlohmann::json& j, const std::string& file);
+TaskOptions task_from_json(const nlohmann::json& j, const std::string& data_dir);
+// The options whose values --eval-only takes from the checkpoint, and their keys in run_config.
+const std::vector<SavedOption>& longseq_saved_options();
+
+// The model's sizes from the training split: vocab, max_len, classes, and for axial attention the
+// grid: the pixels' own, or rows of `axial_width` tokens (0: axial_width_for(max_len)). Then
+// check_config.
+void fit_model_to_data(LongSeqConfig& cfg, const SeqDataset& train, int64_t axial_width);
+// The divisor of n nearest sqrt(n) from above: the row length of a near-square grid.
+int64_t axial_width_for(int64_t n);
+// --patience -1 (the default): 5 evaluations for a training set under kSmallTrainSet sequences,
+// else off (resolve_patience). Returns the line that says what was chosen ("" when given).
+std::string fit_patience_to_data(RunOptions& o, int64_t n_train);
+// The run's line: the task, its splits, the sequence length, the model and its attention method.
+std::string describe_run(const LongSeqConfig& cfg, const TaskOptions& t, const SeqSplits& data);
 
 }  // namespace ag::apps::longseq

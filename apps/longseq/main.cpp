@@ -5,29 +5,40 @@
 //   --task listops   LRA's ListOps, generated from --data-seed, 500-2000 tokens, values 0-9
 //   --task text      which of 8 groups of books a 2048-byte passage of the King James Bible is from
 //                    (training passages at random starts between the held-out ones; --fixed-passages)
-// --attention full | window (--window w) | sparse (--sparse local-global | strided, --block,
-// --window-blocks, --global-blocks, --stride-blocks) | linformer (--k) | compressed (--stride) | axial (the
-// pixels' grid, or a passage folded into rows of --axial-width bytes; not for ListOps, whose
+//
+// The model (apps/longseq/model.h LongSeqClassifier), for tokens (B, T) with lengths (B):
+//   h0 = embed(tokens) + pos_embed[:T]             (B, T, d); pos_embed (1, max_len, d) is learned
+//   h = h + attn(ln1(h));  h = h + mlp(ln2(h))     n_layers pre-LN blocks, MLP d -> mlp_hidden -> d
+//   logits = head(norm(mean of h over the valid tokens of each sequence))      (B, K)
+//   loss = cross_entropy(logits, labels)
+// attn: --attention full | window (--window w) | sparse (--sparse local-global | strided, --block,
+// --window-blocks, --global-blocks, --stride-blocks) | linformer (--k) | compressed (--stride) | axial
+// (the pixels' grid, or a passage folded into rows of --axial-width bytes; not for ListOps, whose
 // expressions vary in length). --materialise computes full, window or sparse attention as
 // matmul-softmax-matmul, the T x T weights stored, to compare its memory with the fused kernel's.
-// The model (apps/longseq/model.h): token + learned position embeddings, --layers pre-LN blocks,
-// mean pooling over the valid tokens, a linear head. --grad-checkpointing recomputes each block's
-// activations in backward instead of keeping them (docs/math/checkpointing.md). The run holds out
-// a validation split from the training data, evaluates on it during training and reports the test
-// split at the end.
+// --grad-checkpointing recomputes each block's activations in backward instead of keeping them
+// (docs/math/checkpointing.md).
+// Default: pixels of Fashion-MNIST (784 tokens), full attention, d 64, 4 heads, 2 layers, MLP 128;
+// AdamW (lr 1e-3, weight decay 0.05), 5% linear warmup then cosine to zero, gradient clip 1.0,
+// batch 32, 2000 steps.
 //
-// In the run directory (default runs/longseq): checkpoint.safetensors, metrics.jsonl,
-// TensorBoard events, curves.svg, report.json (test accuracy, step time, peak memory), and
-// attention.svg: the last block's attention averaged over heads and pooled into blocks of tokens.
-// ListOps also writes its splits there (listops-{train,val,test}.tsv). --resume, --stop-at and
-// --eval-only [--checkpoint FILE] work as in the other apps.
-#include <CLI/CLI.hpp>
-
+// Model selection: the evaluations during training run on a validation split (pixels: --val-size
+// training images, -1 for 10% of the training set, at most 5000; ListOps and text have their own),
+// best.safetensors keeps the model of the best validation accuracy, and the test split is
+// evaluated once, at the end, on that model. Under 20,000 training sequences --patience is 5.
+//
+// In the run directory (default runs/longseq): checkpoint.safetensors, best.safetensors,
+// metrics.jsonl, TensorBoard events, curves.svg, report.json (test accuracy, step time, peak
+// memory), and attention.svg: the last block's attention averaged over heads and pooled into blocks
+// of tokens. ListOps also writes its splits there (listops-{train,val,test}.tsv). --resume,
+// --stop-at and --eval-only [--checkpoint FILE] work as in the other apps; `mpirun -np N longseq`
+// trains on N processes, --batch sequences each (apps/common/run.h).
 #include <filesystem>
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include "apps/common/app.h"
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "apps/longseq/lib.h"
@@ -48,104 +59,17 @@ struct AppOptions {
   int64_t heatmap_seqs = 8;    // validation sequences averaged in attention.svg
 };
 
-// The divisor of n nearest sqrt(n) from above: the row length of a near-square grid.
-int64_t axial_width_for(int64_t n) {
-  int64_t w = 1;
-  while (w * w < n) ++w;
-  while (n % w != 0) ++w;
-  return w;
-}
-
-std::string method_text(const LongSeqConfig& c) {
-  std::string s;
-  if (c.attention == "window") s = fmt::format(" (+-{} tokens)", c.window);
-  if (c.attention == "sparse" && c.sparse == "strided")
-    s = fmt::format(" (strided, blocks of {}, stride {} blocks)", c.block, c.stride_blocks);
-  else if (c.attention == "sparse")
-    s = fmt::format(" (local-global, blocks of {}, +-{} blocks, {} global)", c.block, c.window_blocks,
-                    c.global_blocks);
-  if (c.attention == "linformer") s = fmt::format(" (k {})", c.k);
-  if (c.attention == "compressed") s = fmt::format(" (stride {})", c.stride);
-  if (c.attention == "axial") s = fmt::format(" ({} x {} grid)", c.grid_h, c.grid_w);
-  return c.materialise ? s + ", materialised (T x T weights stored)" : s;
-}
-
-nlohmann::json run_config(const LongSeqConfig& m, const TaskOptions& t) {
-  nlohmann::json j = m;
-  j["task"] = {{"task", t.task},
-               {"dataset", t.dataset},
-               {"val_size", t.val_size},
-               {"data_seed", t.data_seed},
-               {"listops", {t.listops_train, t.listops_val, t.listops_test, t.listops_min_len, t.listops_max_len}},
-               {"passage", t.passage},
-               {"random_windows", t.random_windows}};
-  return j;
-}
-
-TaskOptions task_from_json(const nlohmann::json& j, const std::string& data_dir) {
-  TaskOptions t;
-  try {
-    const nlohmann::json& k = j.at("task");
-    t.task = k.at("task").get<std::string>();
-    t.dataset = k.at("dataset").get<std::string>();
-    t.val_size = k.at("val_size").get<int64_t>();
-    t.data_seed = k.at("data_seed").get<uint64_t>();
-    const auto l = k.at("listops").get<std::vector<int64_t>>();
-    check(l.size() == 5, "longseq: the checkpoint's listops entry has {} values, expected 5", l.size());
-    t.listops_train = l[0], t.listops_val = l[1], t.listops_test = l[2], t.listops_min_len = l[3];
-    t.listops_max_len = l[4];
-    t.passage = k.at("passage").get<int64_t>();
-    t.random_windows = k.value("random_windows", false);  // checkpoints from before the option: fixed passages
-  } catch (const nlohmann::json::exception& e) {
-    fail("longseq: the checkpoint's config has no valid task entry ({}): {}", e.what(), j.dump());
-  }
-  t.data_dir = data_dir;
-  validate_task_options(t);
-  return t;
-}
-
-void write_heatmap(LongSeqClassifier& model, const SeqDataset& ds, int64_t n, const std::string& dir) {
-  if (auto svg = attention_heatmap_svg(model, ds, n)) {
-    write_file_atomic(dir + "/attention.svg", *svg);
-    fmt::print("attention of the last block: {}/attention.svg\n", dir);
-  }
-}
-
-// The options whose values --eval-only takes from the checkpoint, and their keys in run_config.
-const std::vector<SavedOption>& saved_options() {
-  static const std::vector<SavedOption> options = {
-      {"--task", "/task/task"},          {"--attention", "/attention"},
-      {"--window", "/window"},           {"--sparse", "/sparse"},
-      {"--block", "/block"},             {"--window-blocks", "/window_blocks"},
-      {"--global-blocks", "/global_blocks"}, {"--stride-blocks", "/stride_blocks"},
-      {"--materialise", "/materialise"}, {"--k", "/k"},
-      {"--stride", "/stride"},           {"--dataset", "/task/dataset"},
-      {"--val-size", "/task/val_size"},  {"--data-seed", "/task/data_seed"},
-      {"--listops-train", "/task/listops/0"}, {"--listops-val", "/task/listops/1"},
-      {"--listops-test", "/task/listops/2"}, {"--listops-min-len", "/task/listops/3"},
-      {"--listops-max-len", "/task/listops/4"}, {"--passage", "/task/passage"},
-      {"--fixed-passages", "/task/random_windows"}, {"--d-model", "/d_model"},
-      {"--heads", "/n_heads"},           {"--layers", "/n_layers"},
-      {"--mlp", "/mlp_hidden"}};
-  return options;
-}
-
+// --eval-only: the model and its data as the checkpoint saved them, on the test split.
 // given: run_config of the command line's model and task, for check_eval_only_options
 int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const nlohmann::json& given) {
-  if (!dist::is_main()) return 0;
-  const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
-  check_eval_only_options(o, info.config, given, saved_options(), "longseq");
-  LongSeqConfig cfg;
-  try {
-    cfg = info.config.get<LongSeqConfig>();
-  } catch (const nlohmann::json::exception& e) {
-    fail("longseq: {} holds no longseq config ({})", o.checkpoint, e.what());
-  }
-  check_config(cfg);
+  if (!dist::is_main()) return 0;  // under mpirun rank 0 evaluates alone
+  const CheckpointInfo info = read_checkpoint_info(o.checkpoint, "longseq");
+  check_eval_only_options(o, info.config, given, longseq_saved_options(), "longseq");
+  const LongSeqConfig cfg = model_from_json(info.config, o.checkpoint);
   const TaskOptions t = task_from_json(info.config, o.data_dir);
   const SeqSplits data = load_task(t);
   LongSeqClassifier model(cfg);
-  model.to(training_device(o));
+  model.to(training_device(o));  // --device: the checkpoint's tensors are copied there
   training::load_checkpoint(o.checkpoint, model, nullptr, nullptr);
   fmt::print("longseq: {} trained {} steps ({} attention) on {}: evaluating on its {} test sequences\n", o.checkpoint,
              info.step, cfg.attention, t.task, data.test.size());
@@ -156,34 +80,24 @@ int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const nlohmann
   return 0;
 }
 
-int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOptions& a, const DiagnoseOptions& dg,
+int train(RunOptions o, LongSeqConfig cfg, TaskOptions t, const AppOptions& a, const DiagnoseOptions& dg,
           bool grad_checkpointing) {
+  // ---- data: the task's train / validation / test splits, and what depends on them --------------
   const SeqSplits data = load_task(t, dist::is_main() ? o.out_dir : "");
-  const std::string patience_line = resolve_patience(
-      o, data.train.size() < kSmallTrainSet,
-      fmt::format("{} training sequences{}", data.train.size(),
-                  data.train.size() < kSmallTrainSet ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : ""));
-  cfg.vocab = data.train.vocab;
-  cfg.max_len = data.train.max_len;
-  cfg.classes = data.train.num_classes;
+  if (t.task == "pixels") t.val_size = data.val.size();  // what -1 chose, as the checkpoint records it
+  const std::string patience_line = fit_patience_to_data(o, data.train.size());
   cfg.dropout = o.dropout;
-  if (cfg.attention == "axial") {
-    if (data.train.grid_h > 0) {
-      cfg.grid_h = data.train.grid_h, cfg.grid_w = data.train.grid_w;
-    } else {
-      cfg.grid_w = a.axial_width > 0 ? a.axial_width : axial_width_for(cfg.max_len);
-      cfg.grid_h = cfg.max_len / cfg.grid_w;
-    }
-  }
-  check_config(cfg);
+  fit_model_to_data(cfg, data.train, a.axial_width);
 
+  // ---- model, optimizer, schedule, and the run directory ---------------------------------------
   Generator gen(o.seed);
-  LongSeqClassifier model(cfg, &gen);
+  LongSeqClassifier model(cfg, &gen);  // initialised on the CPU (the same numbers on every device)
   model.grad_checkpointing = grad_checkpointing;
-  model.to(training_device(o));
+  model.to(training_device(o));  // --device; the optimizer's state is made beside each parameter
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   const auto schedule = make_schedule(o);
   nlohmann::json config = run_config(cfg, t);
+  // what fixes the batches too, so --resume refuses another global batch (N x --batch under mpirun)
   config["train"] = {{"batch", global_batch(o)}, {"seed", o.seed}};
   if (grad_checkpointing) config["train"]["grad_checkpointing"] = true;  // absent when off, as in older runs
   Run run("longseq", o, model, opt, gen, config);
@@ -191,12 +105,7 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
   if (!patience_line.empty()) run.print("longseq: " + patience_line);
   if (grad_checkpointing)
     run.print("longseq: --grad-checkpointing: each block's activations are recomputed in backward");
-  run.print(fmt::format("longseq: {}{} ({} train / {} validation / {} test sequences, up to {} tokens, {} classes), "
-                        "{} attention{}, d_model {}, {} heads, {} layers, MLP {}",
-                        t.task, t.task == "pixels" ? " " + t.dataset : "", data.train.size(), data.val.size(),
-                        data.test.size(), cfg.max_len, cfg.classes, cfg.attention,
-                        method_text(cfg), cfg.d_model,
-                        cfg.n_heads, cfg.n_layers, cfg.mlp_hidden));
+  run.print(describe_run(cfg, t, data));
   if (!data.train.source.empty())
     run.print("longseq: each training passage is drawn at a random start inside its run of training bytes "
               "(--fixed-passages: off)");
@@ -207,34 +116,27 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
       &compute_text);
   run.print(compute_text);
 
-  EvalResult last_val;
+  // ---- the training loop: the validation split picks the best model; the test split waits ------
   run.evaluate_with([&](int64_t s) {
-    last_val = evaluate(model, data.val, a.eval_batch, s == o.steps ? 0 : a.eval_limit, /*sharded=*/true);
-    run.log_eval(s, {{"val_loss", last_val.loss}, {"val_accuracy", last_val.accuracy}});
+    if (data.val.size() == 0) return run.log_eval(s, {});
+    const EvalResult v = evaluate(model, data.val, a.eval_batch, s == o.steps ? 0 : a.eval_limit, /*sharded=*/true);
+    run.log_eval(s, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
   });
   int64_t step = run.resume();
+  // the global batch of N x --batch sequences, planned as one process would; this rank makes its slice
   auto loader = make_train_loader(data.train, global_batch(o), o.seed, step, 2, dist::rank(), dist::world_size());
   for (; step < o.steps && !run.stop_requested(); ++step) {
     schedule->set_lr(opt, step);
     const SeqBatch batch = loader->next_step();
-    double loss = 0;
-    {
-      const Tensor logits = model.forward(batch.tokens, batch.lengths);
-      const Tensor mean_loss = cross_entropy(logits, batch.labels.to(logits.device()));
-      opt.zero_grad();
-      (run.loss_scale() == 1.0 ? mean_loss : mul(mean_loss, run.loss_scale())).backward();
-      loss = mean_loss.item<double>();
-    }
-    const Run::StepTotals tot =
-        run.reduce_step(loss, batch.labels.size(0), sum(batch.lengths).item<int64_t>());
-    run.optimizer_step(step + 1, tot.loss);
-    run.step_done(step + 1, tot.loss, tot.samples, tot.tokens);
-    run.end_step(step + 1);  // saves, then evaluates: a crash in the evaluation loses nothing
+    const double loss = forward_backward(model, opt, batch, run.loss_scale());
+    // over the ranks: clip, step, log, save, evaluate
+    run.update(step + 1, loss, batch.labels.size(0), sum(batch.lengths).item<int64_t>());
   }
-  run.save(step);
-  run.load_best();  // the model of the best validation accuracy
-  const EvalResult test = evaluate(model, data.test, a.eval_batch, 0, /*sharded=*/true);
+  run.save(step);  // also after Ctrl-C: nothing trained is lost
 
+  // ---- the test split, once, on the model of the best validation accuracy ---------------------
+  run.load_best();
+  const EvalResult test = evaluate(model, data.test, a.eval_batch, 0, /*sharded=*/true);
   RunReport report;
   report.accuracy = test.accuracy;
   report.confusion = test.confusion;
@@ -242,8 +144,8 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
   if (run.best().step >= 0) report.extra.push_back({"val_accuracy", run.best().value});
   compute.fill(report);
   run.finish(report);
-  if (!dist::is_main()) return 0;
-  write_heatmap(model, data.val, a.heatmap_seqs, run.dir());
+  if (!dist::is_main()) return 0;  // the pictures are rank 0's
+  write_heatmap(model, data.val.size() > 0 ? data.val : data.test, a.heatmap_seqs, run.dir());
   fmt::print("test accuracy {:.2f}% ({} after {} steps; {} attention, {})\n", 100 * test.accuracy,
              run.best().step >= 0 ? fmt::format("the best model by validation, step {}", run.best().step)
                                   : std::string("the last model"),
@@ -254,127 +156,76 @@ int train(RunOptions o, LongSeqConfig cfg, const TaskOptions& t, const AppOption
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App cli{"longseq: long-sequence classification (pixels, ListOps, bible text) with a chosen attention method"};
-  RunOptions o;
-  o.steps = 2000;
-  o.batch = 32;
-  o.lr = 1e-3;
-  o.weight_decay = 0.05;
-  o.warmup = 0.05;
-  o.clip = 1.0;
+  App app("longseq", "long-sequence classification (pixels, ListOps, bible text) with a chosen attention method");
+  // The default recipe; each method's accuracy with it: docs/benchmarks.md, "Accuracy of each
+  // method on each task".
+  app.o = {.steps = 2000, .batch = 32, .lr = 1e-3, .warmup = 0.05, .weight_decay = 0.05, .clip = 1.0};
+  app.add_run_options();
   LongSeqConfig cfg;
   TaskOptions t;
   AppOptions a;
   DiagnoseOptions dg;
-  add_run_options(cli, o);
-  add_diagnose_options(cli, dg);
-  cli.add_option("--task", t.task, "pixels, listops or text")->capture_default_str()->check(CLI::IsMember(longseq_tasks()));
-  cli.add_option("--attention", cfg.attention, "attention method: " + fmt::format("{}", fmt::join(attention_methods(), ", ")))
-      ->capture_default_str()
+  bool fixed_passages = false, grad_checkpointing = false;
+  add_diagnose_options(app.cli, dg);
+  CLI::App& cli = app.cli;
+  cli.add_option("--task", t.task, "pixels, listops or text")->check(CLI::IsMember(longseq_tasks()));
+  cli.add_option("--attention", cfg.attention,
+                 fmt::format("attention method: {}", fmt::join(attention_methods(), ", ")))
       ->check(CLI::IsMember(attention_methods()));
   cli.add_option("--window", cfg.window, "--attention window: each token sees the tokens within +-this many")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--sparse", cfg.sparse, "--attention sparse: the pattern, local-global or strided")
-      ->capture_default_str()
       ->check(CLI::IsMember({"local-global", "strided"}));
-  cli.add_option("--block", cfg.block, "--attention sparse: tokens per block")->capture_default_str()->check(positive());
+  cli.add_option("--block", cfg.block, "--attention sparse: tokens per block")->check(positive());
   cli.add_option("--window-blocks", cfg.window_blocks, "--sparse local-global: blocks on each side of the diagonal")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--global-blocks", cfg.global_blocks, "--sparse local-global: leading blocks that are global")
-      ->capture_default_str()
       ->check(non_negative());
-  cli.add_option("--stride-blocks", cfg.stride_blocks, "--sparse strided: the stride in blocks")
-      ->capture_default_str()
-      ->check(positive());
+  cli.add_option("--stride-blocks", cfg.stride_blocks, "--sparse strided: the stride in blocks")->check(positive());
   cli.add_flag("--materialise", cfg.materialise,
                "--attention full, window or sparse: compute it as matmul, softmax, matmul, storing the T x T weights "
                "(the same function as the fused kernel, O(T^2) memory: to measure what fusing saves)");
-  cli.add_option("--k", cfg.k, "--attention linformer: the projected length of keys and values")
-      ->capture_default_str()
-      ->check(positive());
-  cli.add_option("--stride", cfg.stride, "--attention compressed: positions per compressed key")
-      ->capture_default_str()
-      ->check(positive());
+  cli.add_option("--k", cfg.k, "--attention linformer: the projected length of keys and values")->check(positive());
+  cli.add_option("--stride", cfg.stride, "--attention compressed: positions per compressed key")->check(positive());
   cli.add_option("--axial-width", a.axial_width,
                  "--attention axial on text: bytes per row of the grid (0: the divisor of --passage nearest its square "
                  "root); pixels use the image's grid")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--dataset", t.dataset, std::string("pixels: fashion-mnist, mnist or cifar10 (default --data-dir: ") +
                                              data::kFashionMnistDir + ", data/mnist, data/cifar10)")
-      ->capture_default_str()
       ->check(CLI::IsMember({"fashion-mnist", "mnist", "cifar10"}));
-  cli.add_option("--val-size", t.val_size, "pixels: training images held out for validation")
-      ->capture_default_str()
-      ->check(positive());
-  cli.add_option("--data-seed", t.data_seed, "listops: the seed of the generated splits")->capture_default_str();
-  cli.add_option("--listops-train", t.listops_train, "listops: training expressions")->capture_default_str()->check(positive());
-  cli.add_option("--listops-val", t.listops_val, "listops: validation expressions")->capture_default_str()->check(positive());
-  cli.add_option("--listops-test", t.listops_test, "listops: test expressions")->capture_default_str()->check(positive());
-  cli.add_option("--listops-min-len", t.listops_min_len, "listops: shortest expression in tokens")
-      ->capture_default_str()
-      ->check(positive());
-  cli.add_option("--listops-max-len", t.listops_max_len, "listops: longest expression in tokens")
-      ->capture_default_str()
-      ->check(positive());
-  cli.add_option("--passage", t.passage, "text: bytes per passage")->capture_default_str()->check(positive());
-  bool fixed_passages = false;
+  app.add_val_size_option(t.val_size, "images (--task pixels)");
+  cli.add_option("--data-seed", t.data_seed, "listops: the seed of the generated splits");
+  cli.add_option("--listops-train", t.listops_train, "listops: training expressions")->check(positive());
+  cli.add_option("--listops-val", t.listops_val, "listops: validation expressions")->check(positive());
+  cli.add_option("--listops-test", t.listops_test, "listops: test expressions")->check(positive());
+  cli.add_option("--listops-min-len", t.listops_min_len, "listops: shortest expression in tokens")->check(positive());
+  cli.add_option("--listops-max-len", t.listops_max_len, "listops: longest expression in tokens")->check(positive());
+  cli.add_option("--passage", t.passage, "text: bytes per passage")->check(positive());
   cli.add_flag("--fixed-passages", fixed_passages,
                "text: train on the fixed passages; by default each batch draws every training passage at a random "
                "start inside its run of training bytes (never reaching a validation or test byte)");
-  cli.add_option("--d-model", cfg.d_model, "token width")->capture_default_str()->check(positive());
-  cli.add_option("--heads", cfg.n_heads, "attention heads (must divide d-model)")->capture_default_str()->check(positive());
-  cli.add_option("--layers", cfg.n_layers, "transformer blocks")->capture_default_str()->check(positive());
-  cli.add_option("--mlp", cfg.mlp_hidden, "hidden width of each block's MLP")->capture_default_str()->check(positive());
-  bool grad_checkpointing = false;
+  cli.add_option("--d-model", cfg.d_model, "token width")->check(positive());
+  cli.add_option("--heads", cfg.n_heads, "attention heads (must divide d-model)")->check(positive());
+  cli.add_option("--layers", cfg.n_layers, "transformer blocks")->check(positive());
+  cli.add_option("--mlp", cfg.mlp_hidden, "hidden width of each block's MLP")->check(positive());
   cli.add_flag("--grad-checkpointing", grad_checkpointing,
                "recompute each block's activations in backward instead of keeping them: less memory, about a third "
                "more compute per step, the same gradients (docs/math/checkpointing.md)");
-  cli.add_option("--eval-batch", a.eval_batch, "sequences per forward pass when evaluating")
-      ->capture_default_str()
-      ->check(positive());
+  cli.add_option("--eval-batch", a.eval_batch, "sequences per forward pass when evaluating")->check(positive());
   cli.add_option("--eval-limit", a.eval_limit,
                  "evaluate on the first N validation sequences during training (0: all); the last evaluation uses all")
-      ->capture_default_str()
       ->check(non_negative());
-  cli.add_option("--heatmap-seqs", a.heatmap_seqs, "validation sequences averaged in attention.svg")
-      ->capture_default_str()
-      ->check(positive());
-  if (const int rc = apps::parse_command_line(cli, argc, argv, "longseq"); rc >= 0) return rc;
-  o.command_line.assign(argv, argv + argc);
-  o.given = given_options(cli);
-  t.random_windows = !fixed_passages;
-
-  try {
-    apply_run_options(o, "longseq");
-    validate_task_options(t);
-    t.data_dir = o.data_dir;
-    usage_check(cfg.d_model % cfg.n_heads == 0, "longseq: --heads {} does not divide --d-model {}", cfg.n_heads,
-                cfg.d_model);
-    usage_check(!cfg.materialise || cfg.attention == "full" || cfg.attention == "window" || cfg.attention == "sparse",
-                "longseq: --materialise applies to --attention full, window or sparse, not {}", cfg.attention);
-    usage_check(cfg.attention != "axial" || t.task != "listops",
-                "longseq: --attention axial needs sequences that fill a grid; ListOps expressions vary in length");
-    usage_check(cfg.attention != "axial" || t.task != "text" || a.axial_width == 0 || t.passage % a.axial_width == 0,
-                "longseq: --axial-width {} does not divide --passage {}", a.axial_width, t.passage);
-    usage_check(!grad_checkpointing || !o.eval_only,
+  cli.add_option("--heatmap-seqs", a.heatmap_seqs, "validation sequences averaged in attention.svg")->check(positive());
+  const auto check = [&] {
+    t.random_windows = !fixed_passages;
+    t.data_dir = app.o.data_dir;
+    validate_command_line(cfg, t, a.axial_width);
+    usage_check(!grad_checkpointing || !app.o.eval_only,
                 "longseq: --grad-checkpointing: recomputes activations in backward; --eval-only trains nothing");
-  } catch (const UsageError& e) {
-    apps::print_usage_error("longseq", e.what());
-    return kExitUsage;
-  }
-  try {
-    return o.eval_only ? evaluate_checkpoint(o, a, run_config(cfg, t)) : train(o, cfg, t, a, dg, grad_checkpointing);
-  } catch (const UsageError& e) {  // an option --eval-only would ignore
-    apps::print_usage_error("longseq", e.what());
-    return kExitUsage;
-  } catch (const data::DatasetNotFound& e) {
-    apps::print_error("longseq", e.what());
-    return apps::error_exit(kExitNoData);
-  } catch (const Error& e) {
-    apps::print_error("longseq", e.what());
-    return apps::error_exit(kExitError);
-  }
+  };
+  return app.main(argc, argv, check, [&] {
+    return app.o.eval_only ? evaluate_checkpoint(app.o, a, run_config(cfg, t))
+                           : train(app.o, cfg, t, a, dg, grad_checkpointing);
+  });
 }

@@ -45,19 +45,26 @@ LongSeqBlock::LongSeqBlock(const LongSeqConfig& c, Generator* gen) : cfg(c) {
   const std::string& method = c.attention;
   ln1 = register_module("ln1", std::make_shared<nn::LayerNorm>(c.d_model));
   if (method == "linformer")
-    linformer = register_module("attn", std::make_shared<nn::LinformerAttention>(c.d_model, c.n_heads, c.max_len, c.k,
-                                                                                c.dropout, true, DType::f32, gen));
+    linformer = register_module(
+        "attn", std::make_shared<nn::LinformerAttention>(c.d_model, c.n_heads, c.max_len, c.k,
+                                                         nn::LinformerAttention::Options{.dropout = c.dropout,
+                                                                                         .generator = gen}));
   else if (method == "compressed")
-    compressed = register_module("attn", std::make_shared<nn::MemoryCompressedAttention>(
-                                             c.d_model, c.n_heads, c.stride, c.dropout, true, DType::f32, gen));
+    compressed = register_module(
+        "attn", std::make_shared<nn::MemoryCompressedAttention>(
+                    c.d_model, c.n_heads, c.stride,
+                    nn::MemoryCompressedAttention::Options{.dropout = c.dropout, .generator = gen}));
   else if (method == "axial")
-    axial = register_module("attn", std::make_shared<nn::AxialAttention>(c.d_model, c.n_heads, c.grid_h, c.grid_w,
-                                                                        false, c.dropout, true, DType::f32, gen));
+    axial = register_module("attn", std::make_shared<nn::AxialAttention>(
+                                        c.d_model, c.n_heads, c.grid_h, c.grid_w,
+                                        nn::AxialAttention::Options{.dropout = c.dropout, .generator = gen}));
   else
-    attn = register_module("attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.n_heads, c.dropout, true,
-                                                                            DType::f32, gen));
+    attn = register_module("attn", std::make_shared<nn::MultiHeadAttention>(
+                                       c.d_model, c.n_heads,
+                                       nn::MultiHeadAttention::Options{.dropout = c.dropout, .generator = gen}));
   ln2 = register_module("ln2", std::make_shared<nn::LayerNorm>(c.d_model));
-  mlp = register_module("mlp", std::make_shared<nn::MLP>(c.d_model, c.mlp_hidden, c.dropout, DType::f32, gen));
+  mlp = register_module("mlp", std::make_shared<nn::MLP>(c.d_model, c.mlp_hidden,
+                                                         nn::MLP::Options{.dropout = c.dropout, .generator = gen}));
 }
 
 const Tensor& LongSeqBlock::block_mask(int64_t T, Device device) {
@@ -96,9 +103,8 @@ LongSeqClassifier::LongSeqClassifier(const LongSeqConfig& c, Generator* gen) : c
   for (int64_t i = 0; i < c.n_layers; ++i) blocks->push_back(std::make_shared<LongSeqBlock>(c, gen));
   norm = register_module("norm", std::make_shared<nn::LayerNorm>(c.d_model));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, DType::f32, gen));
-  init_gpt2_style(*this, c.n_layers, gen);  // N(0, 0.02), residual projections scaled; pos_embed below
-  NoGradGuard no_grad;
-  pos_embed.copy_(randn({1, c.max_len, c.d_model}, DType::f32, gen) * 0.02);
+  // every weight N(0, 0.02), pos_embed with them (it is 3-D), the residual projections scaled
+  init_gpt2_style(*this, c.n_layers, gen);
 }
 
 Tensor LongSeqClassifier::forward(const Tensor& tokens_in, const Tensor& lengths_in) {

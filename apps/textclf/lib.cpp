@@ -1,5 +1,5 @@
-// The text classifier's data, batching, training step, evaluation, heatmaps and naive Bayes
-// baseline: see lib.h for what each one computes.
+// The text classifier's data, batching, training step, evaluation, heatmaps, naive Bayes baseline,
+// and the pieces of main's run (data, defaults, --eval-only): see lib.h for what each one computes.
 #include "apps/textclf/lib.h"
 
 #include <algorithm>
@@ -9,11 +9,16 @@
 #include <filesystem>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
+#include <fmt/ranges.h>
+
+#include "apps/common/clock.h"
+#include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "attograd.h"
+#include "data/images.h"
 #include "dist/dist.h"
-#include "optim/clip.h"
 
 namespace ag::apps::textclf {
 
@@ -159,6 +164,13 @@ data::NgramSpec ngram_spec(const TextClassifierConfig& c) {
 int64_t EncodedSet::tokens() const {
   int64_t n = 0;
   for (const auto& s : ids) n += int64_t(s.size());
+  return n;
+}
+
+std::vector<int64_t> EncodedSet::lengths() const {
+  std::vector<int64_t> n;
+  n.reserve(ids.size());
+  for (const auto& s : ids) n.push_back(int64_t(s.size()));
   return n;
 }
 
@@ -431,18 +443,23 @@ std::string missing_data(const DataOptions& d) {
 data::TextSplit load_split(const DataOptions& d) {
   if (d.dataset == "fortunes")
     return data::split_dataset(data::load_fortunes(d.root.empty() ? data::kFortuneRoot : d.root), d.split_seed);
+  // validation_size's count of the `n` texts of `file`, as the fraction split_dataset takes
+  auto validation = [](int64_t n, const std::string& file) {
+    return double(validation_size(-1, n, fmt::format("textclf: {}: a validation split of", file))) / double(n);
+  };
   data::TextDataset train, test;
   if (d.dataset == "imdb") {
     train = data::load_imdb(d.root, "train");
     test = data::load_imdb(d.root, "test");
   } else if (d.dataset == "tsv") {
     train = data::load_tsv(d.tsv_file);
-    if (d.tsv_test.empty()) return data::split_dataset(train, d.split_seed);
+    if (d.tsv_test.empty()) return data::split_dataset(train, d.split_seed, validation(train.size(), d.tsv_file), 0.1);
     test = data::load_tsv(d.tsv_test, train.classes);
   } else {
     throw Error(fmt::format("textclf: unknown dataset '{}' (expected fortunes, imdb or tsv)", d.dataset));
   }
-  data::TextSplit s = data::split_dataset(train, d.split_seed, 0.1, 0.0);
+  const std::string& file = d.dataset == "imdb" ? d.root : d.tsv_file;
+  data::TextSplit s = data::split_dataset(train, d.split_seed, validation(train.size(), file), 0.0);
   s.test = std::move(test);
   return s;
 }
@@ -573,23 +590,12 @@ std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set
 
 // ---- training and evaluation --------------------------------------------------------------------
 
-StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing) {
+double forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing,
+                        double loss_scale) {
   model.train();
-  Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);  // (B, K)
-  Tensor loss = cross_entropy(logits, b.labels.to(logits.device()), "mean", -100, label_smoothing);
-  opt.zero_grad();
-  loss.backward();
-  StepResult r;
-  r.loss = loss.item<double>();
-  return r;
-}
-
-StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
-                      double label_smoothing) {
-  StepResult r = forward_backward(model, opt, b, label_smoothing);
-  if (clip > 0) r.grad_norm = optim::clip_grad_norm(model.parameters(), clip);
-  opt.step();
-  return r;
+  const Tensor logits = model.forward(b.tokens, b.lengths, b.ngrams);  // (B, K)
+  const Tensor loss = cross_entropy(logits, b.labels.to(logits.device()), "mean", -100, label_smoothing);
+  return compute_gradients(opt, loss, loss_scale);
 }
 
 EvalResult evaluate(TextClassifier& model, const EncodedSet& set, const std::vector<std::string>& classes,
@@ -817,6 +823,219 @@ EvalResult CharNgramNB::evaluate(const data::TextDataset& ds) const {
   r.accuracy = r.confusion.accuracy();
   r.loss = ds.size() ? nll / double(ds.size()) : std::numeric_limits<double>::quiet_NaN();
   return r;
+}
+
+// ---- the run ----------------------------------------------------------------------------------
+
+TextData load_text_data(DataOptions& d, TextClassifierConfig& mc, const TrainSettings& s, const std::string& data_dir,
+                        const TextTokenizer* saved, std::vector<std::string>* chosen) {
+  if (!data_dir.empty()) d.root = data_dir;
+  if (d.dataset == "imdb" && d.root.empty()) d.root = "aclImdb";
+  if (const std::string missing = missing_data(d); !missing.empty()) throw data::DatasetNotFound(missing);
+  double t0 = now_seconds();
+  TextData data;
+  data.split = load_split(d);
+  const data::TextSplit& split = data.split;
+  fmt::print(stderr, "data: {} with {} classes ({}): {} train, {} validation, {} test texts ({:.1f} s)\n", d.dataset,
+             data.classes().size(), fmt::join(data.classes(), " "), split.train.size(), split.valid.size(),
+             split.test.size(), seconds_since(t0));
+  for (const auto& skipped : split.train.skipped) fmt::print(stderr, "  skipped {}\n", skipped);
+
+  t0 = now_seconds();
+  if (saved) {
+    data.tok = *saved;
+  } else {
+    std::vector<std::string> texts;
+    for (const auto& ex : split.train.examples) texts.push_back(ex.text);
+    if (d.tokenizer == "auto" && d.dataset == "tsv") {
+      std::string why;
+      d.tokenizer = choose_tsv_tokenizer(texts, &why);
+      if (chosen) chosen->push_back(why);
+      validate_config(d, mc, s);  // --ngram-buckets and --layout-tokens need words: checked now the kind is known
+    }
+    const std::string kind = resolve_tokenizer(d);
+    data.tok = kind == "char" ? TextTokenizer::build_char(texts)
+                              : TextTokenizer::build_word(texts, d.min_freq, d.max_words, d.layout);
+    mc.ngram_buckets = s.ngram_buckets >= 0 ? s.ngram_buckets : kind == "word" ? kWordNgramBuckets : 0;
+    std::tie(mc.ngram_min, mc.ngram_max) = parse_ngram_range(s.ngram_range);  // checked by validate_config
+  }
+  const data::NgramSpec ngrams = ngram_spec(mc);
+  data.train = encode_dataset(split.train, data.tok, d.max_len, ngrams);
+  data.valid = encode_dataset(split.valid, data.tok, d.max_len, ngrams);
+  data.test = encode_dataset(split.test, data.tok, d.max_len, ngrams);
+  std::string subwords;
+  if (ngrams.buckets > 0)
+    subwords = fmt::format("; {}..{}-grams of {} distinct words hashed into {} buckets, at most {} per word",
+                           ngrams.min_n, ngrams.max_n, data.train.form_ngrams.size() - 1, ngrams.buckets,
+                           ngrams.max_per_token);
+  fmt::print(stderr,
+             "tokens: {} tokenizer{}, vocabulary {}, max length {}: {:.1f} tokens per training text{} ({:.1f} s)\n",
+             data.tok.kind_name(), d.layout ? " with newline and tab tokens" : "", data.tok.vocab_size(), d.max_len,
+             double(data.train.tokens()) / double(data.train.size()), subwords, seconds_since(t0));
+  return data;
+}
+
+std::vector<std::string> fit_defaults_to_data(RunOptions& o, TextClassifierConfig& mc, TrainSettings& s,
+                                              const DataOptions& d, const TextData& data,
+                                              std::optional<BagTables>& bag_start) {
+  std::vector<std::string> chosen;
+  const bool words = data.tok.kind() == TextTokenizer::Kind::word_level;
+  const int64_t n = data.train.size(), classes = int64_t(data.classes().size());
+  const bool small = n < kSmallTrainSet;
+  const std::string size =
+      fmt::format("{} training texts{}", n, small ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : "");
+  if (small && words && !was_given(o, "--word-dropout")) {
+    s.word_dropout = kSmallSetWordDropout;
+    chosen.push_back(fmt::format("--word-dropout {}: {}: words left out of the training texts against "
+                                 "memorising (--word-dropout 0: off)",
+                                 kSmallSetWordDropout, size));
+  }
+  bag_start.reset();
+  if (s.bag_path == "on" || (s.bag_path == "auto" && small && words)) {
+    bag_start = bag_naive_bayes(data.train, data.tok.vocab_size(), mc.ngram_buckets, classes, s.nb_alpha);
+    if (s.bag_path == "auto") {
+      const double start = bag_accuracy(*bag_start, data.valid),
+                   chars = fitted_baseline(data.split, s.nb_alpha).evaluate(data.split.valid).accuracy;
+      chosen.push_back(fmt::format(
+          "--bag-path {}: {}: a linear bag of the words and their n-grams beside the encoder, started as naive "
+          "Bayes on them, {:.2f}% on validation against the character n-gram naive Bayes' {:.2f}%{}",
+          start >= chars ? "on" : "off", size, 100 * start, 100 * chars,
+          start >= chars ? " (--bag-path off: the encoder alone)" : ": a worse start (--bag-path on: it anyway)"));
+      if (start < chars) bag_start.reset();
+    }
+  }
+  mc.bag = bag_start.has_value();
+  mc.vocab = data.tok.vocab_size();
+  mc.max_len = d.max_len;
+  mc.classes = classes;
+  mc.dropout = was_given(o, "--dropout") ? o.dropout : words ? kWordDropout : 0.0;
+  if (!was_given(o, "--dropout"))
+    chosen.push_back(words ? fmt::format("--dropout {}: word models with subword n-grams fit their training set, "
+                                         "and dropout holds them back",
+                                         kWordDropout)
+                           : "--dropout 0: character models underfit, dropout would not help");
+  if (small && !was_given(o, "--steps")) {
+    const int64_t batch = global_batch(o), epochs20 = std::max<int64_t>(1, (20 * n + batch - 1) / batch);
+    if (epochs20 < o.steps) {
+      chosen.push_back(fmt::format("--steps {}: 20 epochs of {} at batch {} (the default {} would be {:.0f} epochs)",
+                                   epochs20, size, batch, o.steps, double(o.steps) * double(batch) / double(n)));
+      set_steps(o, epochs20);
+    }
+  }
+  if (const std::string p = resolve_patience(o, small, size); !p.empty()) chosen.push_back(p);
+  return chosen;
+}
+
+nlohmann::json run_config(const TextClassifierConfig& mc, const DataOptions& d, const TrainSettings& s,
+                          const RunOptions& o) {
+  nlohmann::json config = {{"model", config_to_json(mc)},           {"data", data_to_json(d)},
+                           {"label_smoothing", s.label_smoothing}, {"bucket_window", s.bucket_window},
+                           {"batch", global_batch(o)},             {"seed", o.seed}};
+  if (s.word_dropout > 0) config["word_dropout"] = s.word_dropout;
+  return config;
+}
+
+namespace {
+
+// The options whose values --eval-only takes from the checkpoint, and their keys in checked_config.
+const std::vector<SavedOption>& saved_options() {
+  static const std::vector<SavedOption> options = {
+      {"--dataset", "/data/dataset"},       {"--tsv-file", "/data/tsv_file"},       {"--tsv-test", "/data/tsv_test"},
+      {"--split-seed", "/data/split_seed"}, {"--tokenizer", "/data/tokenizer"},     {"--max-len", "/data/max_len"},
+      {"--min-freq", "/data/min_freq"},     {"--max-words", "/data/max_words"},     {"--layout-tokens", "/data/layout"},
+      {"--d-model", "/model/d_model"},      {"--heads", "/model/n_heads"},          {"--layers", "/model/n_layers"},
+      {"--mlp", "/model/mlp_hidden"},       {"--ngram-buckets", "/model/ngram_buckets"}, {"--ngrams", "/ngrams"},
+      {"--ngrams-per-token", "/model/ngrams_per_token"}};
+  return options;
+}
+
+// A model and its data as check_eval_only_options compares them, with --ngrams as one "MIN-MAX"
+// value. The automatic choices (--tokenizer auto, --ngram-buckets -1) stand for what the data chose
+// when the checkpoint was trained: `saved_model` and `saved_data`'s.
+nlohmann::json checked_config(TextClassifierConfig mc, DataOptions d, const TextClassifierConfig& saved_model,
+                              const DataOptions& saved_data) {
+  if (d.tokenizer == "auto") d.tokenizer = saved_data.tokenizer;
+  if (mc.ngram_buckets < 0) mc.ngram_buckets = saved_model.ngram_buckets;
+  return {{"model", config_to_json(mc)},
+          {"data", data_to_json(d)},
+          {"ngrams", fmt::format("{}-{}", mc.ngram_min, mc.ngram_max)}};
+}
+
+}  // namespace
+
+SavedRun saved_run(const CheckpointInfo& info, const RunOptions& o, const TextClassifierConfig& mc,
+                   const DataOptions& d, const TrainSettings& s) {
+  check(info.config.contains("model") && info.config.contains("data"),
+        "textclf: '{}' holds no textclf config (model and data)", o.checkpoint);
+  check(info.extra.count("tokenizer") > 0, "textclf: '{}' holds no tokenizer", o.checkpoint);
+  SavedRun saved;
+  saved.model = config_from_json(info.config.at("model"));
+  saved.data = data_from_json(info.config.at("data"));
+  // the command line's model before the data is read: the n-gram settings as given (buckets -1 is
+  // auto, which checked_config reads as the checkpoint's choice)
+  TextClassifierConfig given = mc;
+  given.ngram_buckets = s.ngram_buckets;
+  std::tie(given.ngram_min, given.ngram_max) = parse_ngram_range(s.ngram_range);  // checked by validate_config
+  check_eval_only_options(o, checked_config(saved.model, saved.data, saved.model, saved.data),
+                          checked_config(given, d, saved.model, saved.data), saved_options(), "textclf");
+  saved.tok = TextTokenizer::from_json(info.extra.at("tokenizer"), o.checkpoint + ": tokenizer");
+  check(saved.model.vocab == saved.tok.vocab_size(),
+        "textclf: '{}': the model's vocabulary {} differs from its tokenizer's {}", o.checkpoint, saved.model.vocab,
+        saved.tok.vocab_size());
+  return saved;
+}
+
+CharNgramNB fitted_baseline(const data::TextSplit& split, double alpha) {
+  CharNgramNB nb({.min_n = 1, .max_n = 5, .alpha = alpha});
+  nb.fit(split.train);
+  return nb;
+}
+
+std::pair<EvalResult, EvalResult> naive_bayes_baseline(const data::TextSplit& split, double alpha) {
+  const double t0 = now_seconds();
+  const CharNgramNB nb = fitted_baseline(split, alpha);
+  EvalResult val = nb.evaluate(split.valid), test = nb.evaluate(split.test);
+  fmt::print(stderr,
+             "baseline: character 1-5-gram naive Bayes (alpha {}, {} n-grams): val {:.2f}%, test {:.2f}% ({:.1f} s)\n",
+             alpha, nb.vocabulary(), 100 * val.accuracy, 100 * test.accuracy, seconds_since(t0));
+  return {std::move(val), std::move(test)};
+}
+
+std::string versus_baseline(const EvalResult& model, const EvalResult& baseline, const std::array<int64_t, 3>& wrong) {
+  return fmt::format("test accuracy {:.2f}% vs the naive Bayes baseline's {:.2f}%: {} ({} errors against {}, {} of "
+                     "them made by both)\n",
+                     100 * model.accuracy, 100 * baseline.accuracy,
+                     model.accuracy > baseline.accuracy   ? "the transformer wins"
+                     : model.accuracy < baseline.accuracy ? "the baseline wins"
+                                                          : "a tie",
+                     wrong[0], wrong[1], wrong[2]);
+}
+
+void write_attention_svg(TextClassifier& model, const TextData& data, const std::string& path) {
+  const int64_t i = pick_heatmap_sample(data.test);
+  if (i < 0) return;
+  int64_t predicted = -1;
+  std::vector<Heatmap> panels = attention_heatmaps(model, data.tok, data.test, i, &predicted);
+  HeatmapOptions ho;
+  ho.columns = int(model.cfg.n_heads);
+  ho.cell = 14;
+  ho.title = fmt::format("attention weights (query rows, key columns) of test text {}: true {}, predicted {}", i,
+                         data.classes()[size_t(data.test.labels[size_t(i)])], data.classes()[size_t(predicted)]);
+  write_file_atomic(path, svg_heatmaps(panels, ho));
+}
+
+Batch first_texts(const EncodedSet& set, int64_t batch, int64_t max_len) {
+  std::vector<int64_t> indices(size_t(std::clamp<int64_t>(batch, 1, int64_t(set.size()))));
+  std::iota(indices.begin(), indices.end(), int64_t(0));
+  return make_batch(set, indices, max_len);
+}
+
+void diagnose(TextClassifier& model, const EncodedSet& test, int64_t batch, int64_t max_len, const std::string& dir) {
+  const Batch b = first_texts(test, batch, max_len);
+  std::string path;
+  const nn::AttentionReport r =
+      write_attention_diagnostics(model, [&] { model.forward(b.tokens, b.lengths, b.ngrams); }, dir, &path);
+  fmt::print("attention diagnostics on {} test texts:\n{}written to {}\n", b.labels.size(0), r.to_text(), path);
 }
 
 }  // namespace ag::apps::textclf

@@ -1,15 +1,16 @@
 #pragma once
-// What apps/textclf/main.cpp needs besides its CLI and its loop, here so that the tests reach it:
+// What apps/textclf/main.cpp does outside its main(), here so that the tests reach it:
 //
 //   TextTokenizer      char (codepoint or byte) or word ids for the model, 0 = padding, saved with
 //                      the checkpoint as JSON ("tokenizer" in the checkpoint's extra metadata)
 //   encode_dataset     every text of a split -> its ids, truncated to max_len, and with subword
 //                      n-grams on, each token's hashed n-gram ids (data::hashed_ngrams)
+//   load_text_data     the split, its tokenizer and its encoded texts: main's data section
+//   fit_defaults_to_data  the defaults a small set of words gets, each with the line that says why
 //   BucketSampler      the batches of a training step: a pure function of (seed, step) that groups
 //                      texts of similar length, so a batch pads little
 //   make_batch         ids -> a padded batch (tokens, lengths, labels[, ngrams]) with data::pad_batch
-//   train_step         forward, cross-entropy, backward, clip, AdamW: one update (for the tests;
-//                      main.cpp writes its step out in its loop)
+//   forward_backward   the gradients of one training step: what main's loop and the tests run
 //   evaluate           loss, accuracy and confusion matrix over a split, longest-first batches
 //   attention_heatmaps the per-head token-by-token weights of one text, one panel per head
 //   CharNgramNB        the baseline to beat: multinomial naive Bayes on character 1-5-grams
@@ -23,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,6 +36,7 @@
 
 #include "apps/common/plot.h"
 #include "apps/common/report.h"
+#include "apps/common/run.h"
 #include "apps/textclf/model.h"
 #include "data/loader.h"
 #include "data/text.h"
@@ -103,6 +106,7 @@ struct EncodedSet {
   std::vector<std::vector<int64_t>> form_ngrams;   // per distinct token string: data::hashed_ngrams
   int64_t size() const { return int64_t(ids.size()); }
   int64_t tokens() const;                 // sum of the lengths
+  std::vector<int64_t> lengths() const;   // per text, its number of ids (what BucketSampler sorts by)
   bool has_ngrams() const { return !forms.empty(); }
 };
 // `ngrams.buckets` > 0 (word tokenizer only; ag::Error for the char one) fills forms and form_ngrams.
@@ -119,10 +123,18 @@ inline constexpr int64_t kMaxTextLen = 4096;
 //   theta_{c,f} = (count_c(f) + alpha) / (total_c + alpha F)   F = the table's rows but padding
 //   bag[f, c]   = log theta_{c,f} - mean_c' log theta_{c',f}
 // where count_c(f) is how often f occurs in the training texts of class c and total_c the sum over
-// the family. Then the path's logits of a text are its tokens' sum_f n_f log theta_{c,f} divided by
-// its length, less a constant of the text: naive Bayes' log-likelihoods (without the prior) over
-// the length, so the same argmax. (A per-row constant adds the same to every class, and the
-// centring keeps the rows small.) Padding rows stay zero.
+// the family. The centring subtracts from each row a number that is the same for every class: it
+// keeps the rows small and changes no difference between classes. Padding rows stay zero.
+// The path's logits of a text of n tokens are the mean of its rows:
+//   L_c = (1/n) sum_f n_f bag[f, c] = (1/n) LL_c - (a constant of the text)
+//   LL_c = sum_f n_f log theta_{c,f}        naive Bayes' log-likelihood of the text under class c
+// so the path predicts what naive Bayes with a uniform prior predicts. Naive Bayes' prior log P(c)
+// is left out, because the path cannot hold it: naive Bayes adds it once per text, so the path
+// would need log P(c) / n. A number b_c added to every row of class c (or the head's bias) adds b_c
+// to L_c, which is n b_c in naive Bayes' units: the prior counted n times. With balanced classes
+// the start is naive Bayes exactly; otherwise it differs only on texts whose log-likelihood margin
+// between two classes is below |log P(c) - log P(c')| (docs/math/text-classification.md, "The bag
+// path").
 struct BagTables {
   int64_t classes = 0;
   std::vector<float> words;   // (vocab, classes) row-major
@@ -138,10 +150,15 @@ double bag_accuracy(const BagTables& t, const EncodedSet& set);
 void init_bag_from_naive_bayes(TextClassifier& model, const BagTables& t);
 
 // Which data and how it becomes ids; saved in the checkpoint's config ("data"), so that
-// --eval-only rebuilds the same split.
-//   fortunes  language identification on data::load_fortunes(root), split 80/10/10 by split_seed
-//   imdb      <root>/train and <root>/test of an aclImdb folder; validation = 10% of train
-//   tsv       tsv_file split 80/10/10, or tsv_file for train + validation (10%) and tsv_test for test
+// --eval-only rebuilds the same split. Every split is stratified (data::split_dataset, by
+// split_seed): each class gives its share, rounded, so the validation size may differ from the
+// count below by up to half the number of classes.
+//   fortunes  language identification on data::load_fortunes(root), split 80/10/10
+//   imdb      <root>/train and <root>/test of an aclImdb folder; validation: validation_size's
+//             count of train (10%, at most 5000; apps/common/options.h)
+//   tsv       tsv_file for train and validation (validation_size's count of it) and tsv_test for
+//             test; without tsv_test, 10% of tsv_file is the test set and validation_size's count
+//             of tsv_file (10% up to 50,000 texts) the validation set
 struct DataOptions {
   std::string dataset = "fortunes";  // fortunes | imdb | tsv
   std::string root;                  // fortunes: data::kFortuneRoot; imdb: the aclImdb folder
@@ -176,6 +193,8 @@ struct TrainSettings {
   int64_t ngram_buckets = -1;        // -1: auto (kWordNgramBuckets with the word tokenizer, 0 with the char one)
   std::string ngram_range = "2-6";   // --ngrams MIN-MAX
   double nb_alpha = 0.1;             // the baseline's add-alpha smoothing
+  std::string baseline = "auto";     // --baseline on | off | auto: the naive Bayes baseline
+  std::string bag_path = "auto";     // --bag-path on | off | auto (fit_defaults_to_data)
 };
 // --ngrams "MIN-MAX": two integers around one dash, nothing else, 1 <= MIN <= MAX <= 64; a
 // UsageError naming the text otherwise.
@@ -255,18 +274,13 @@ std::unique_ptr<data::DataLoader<Batch>> make_train_loader(const EncodedSet& set
                                                            WordDropout drop = {});
 
 // ---- training and evaluation --------------------------------------------------------------------
-struct StepResult {
-  double loss = 0;       // mean cross-entropy of the batch (with label smoothing, if any)
-  double grad_norm = 0;  // before clipping
-};
-// The gradients of one batch, no update, as a step of the training loop in main.cpp computes them
-// (written out there): model.train(), logits, cross_entropy, zero_grad, backward. Returns the loss
-// (grad_norm 0: Run::optimizer_step measures and clips it). For the tests, which train tiny models
-// with it (and with train_step).
-StepResult forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing = 0.0);
-// One unguarded update: forward_backward, clip (clip > 0), step.
-StepResult train_step(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double clip,
-                      double label_smoothing = 0.0);
+// The gradients of one training step on `b`, no update: model.train(); the logits (B, K);
+// loss = cross_entropy(logits, labels, label_smoothing), the batch's mean; compute_gradients (zero,
+// then backward of loss x loss_scale: Run::loss_scale). Returns the loss. main.cpp's training loop
+// runs it, and so do the tests, which then call Run::optimizer_step. The logits and the graph are
+// freed when it returns, before the update and any evaluation.
+double forward_backward(TextClassifier& model, optim::Optimizer& opt, const Batch& b, double label_smoothing = 0.0,
+                        double loss_scale = 1.0);
 
 struct EvalResult {
   double loss = 0;      // mean cross-entropy (no smoothing)
@@ -341,5 +355,84 @@ class CharNgramNB {
   std::vector<uint32_t> counts_;               // (V, K) row-major: count_c(g)
   std::vector<double> total_, log_prior_;      // (K)
 };
+
+// ---- the run: main's data, its defaults, --eval-only, the baseline, the pictures ------------------
+// Word models with subword n-grams fit their training set (loss ~0.002) and gain from dropout;
+// character models underfit and do not: the default --dropout depends on the tokenizer.
+inline constexpr double kWordDropout = 0.1;
+// --word-dropout for a small set of words (< kSmallTrainSet texts): the best of the rates tried by
+// validation accuracy over seeds on two small fortune sets (docs/benchmarks.md, "Small data").
+inline constexpr double kSmallSetWordDropout = 0.3;
+
+// The data of a run: its texts and the same texts as the model's ids.
+struct TextData {
+  data::TextSplit split;          // train, validation, test (load_split)
+  TextTokenizer tok;
+  EncodedSet train, valid, test;  // the split's texts encoded by tok (and their n-grams)
+  const std::vector<std::string>& classes() const { return split.train.classes; }
+};
+// main's data section. Sets d.root (--data-dir `data_dir` when given; "aclImdb" for imdb without
+// one), raises data::DatasetNotFound with missing_data's message (what to install) when the data
+// is not there, reads the split and encodes it, printing on stderr one line on the split and one
+// on the tokens. `saved`: the tokenizer of a checkpoint (--eval-only), with `mc` the model it
+// saved. Without it (training), the tokenizer is fitted on the training texts: --tokenizer auto on
+// a TSV file is decided by them (choose_tsv_tokenizer, its line added to `chosen`, and
+// validate_config again: a UsageError for options that need words), and mc's n-gram settings come
+// from `s` (--ngram-buckets -1: kWordNgramBuckets for words, 0 for characters).
+TextData load_text_data(DataOptions& d, TextClassifierConfig& mc, const TrainSettings& s, const std::string& data_dir,
+                        const TextTokenizer* saved = nullptr, std::vector<std::string>* chosen = nullptr);
+
+// The defaults that depend on the data, each with the line that says what was chosen and why; an
+// option given on the command line wins (was_given). A small set (< kSmallTrainSet training
+// texts) is memorised long before the default schedule ends. In this order:
+//   --word-dropout  kSmallSetWordDropout for a small set of words, else as given (0)
+//   --bag-path auto on for a small set of words when the path's start (bag_naive_bayes) is as
+//                   accurate on validation as the character n-gram naive Bayes; where it is worse,
+//                   a poor start held the model below the encoder alone (docs/benchmarks.md, "Small
+//                   data"). `bag_start` gets the tables when the path is on.
+//   --dropout       kWordDropout for words, 0 for characters
+//   --steps         for a small set, at most 20 epochs of the global batch (set_steps)
+//   --patience      resolve_patience: 5 for a small set, else 0
+// Also fills the model's sizes from the data: mc.vocab, max_len, classes and bag.
+std::vector<std::string> fit_defaults_to_data(RunOptions& o, TextClassifierConfig& mc, TrainSettings& s,
+                                              const DataOptions& d, const TextData& data,
+                                              std::optional<BagTables>& bag_start);
+// The run's config, saved with every checkpoint and compared whole by --resume: the model, the
+// data, and what fixes the batches (label smoothing, bucket window, global batch, seed, and word
+// dropout when on, so that the configs of runs without it name no such key).
+nlohmann::json run_config(const TextClassifierConfig& mc, const DataOptions& d, const TrainSettings& s,
+                          const RunOptions& o);
+
+// --eval-only: what the checkpoint `info` (of o.checkpoint) saved to rebuild its model and data.
+struct SavedRun {
+  TextClassifierConfig model;
+  DataOptions data;
+  TextTokenizer tok;
+};
+// An option that sets the model or its data (--dataset, --d-model, --ngrams, ...), given on the
+// command line (mc, d, s as parsed) with another value than the checkpoint's, is a UsageError
+// naming both (check_eval_only_options; --tokenizer auto and --ngram-buckets -1 stand for what
+// the data chose then). ag::Error when the checkpoint holds no textclf config or tokenizer, or
+// when the model's vocabulary differs from its tokenizer's.
+SavedRun saved_run(const CheckpointInfo& info, const RunOptions& o, const TextClassifierConfig& mc,
+                   const DataOptions& d, const TrainSettings& s);
+
+// The baseline: the character 1-5-gram naive Bayes fitted on the training texts; and that fit
+// measured on validation and test, with one line on stderr (its accuracies and the seconds taken).
+CharNgramNB fitted_baseline(const data::TextSplit& split, double alpha);
+std::pair<EvalResult, EvalResult> naive_bayes_baseline(const data::TextSplit& split, double alpha);
+// The last line of a run with the baseline: "test accuracy A% vs the naive Bayes baseline's B%:
+// <who wins> (model errors against baseline errors, how many of them made by both)"; `wrong` as
+// errors_tsv counts them.
+std::string versus_baseline(const EvalResult& model, const EvalResult& baseline, const std::array<int64_t, 3>& wrong);
+
+// attention.svg: every head of every layer on one test text (pick_heatmap_sample), tokens on both
+// axes; nothing when the test set is empty.
+void write_attention_svg(TextClassifier& model, const TextData& data, const std::string& path);
+// The first min(batch, |set|) texts of `set`, padded to their longest (at most max_len).
+Batch first_texts(const EncodedSet& set, int64_t batch, int64_t max_len);
+// --diagnose-attention: attention_diagnostics.json in `dir` for every block on the first `batch`
+// test texts (padded keys and queries left out of the statistics), and its summary printed.
+void diagnose(TextClassifier& model, const EncodedSet& test, int64_t batch, int64_t max_len, const std::string& dir);
 
 }  // namespace ag::apps::textclf

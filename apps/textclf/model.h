@@ -14,8 +14,9 @@
 //   logits += sum_{t < len} (bag_tok(tokens_bt) + sum_g bag_ngram(ngrams_btg)) / len
 //                                                 bag_tok (vocab, K), bag_ngram (buckets + 1, K)
 //   initialised by init_bag_from_naive_bayes (apps/textclf/lib.h) as multinomial naive Bayes over
-//   those features, then trained with the rest: on ~1,000 labelled texts naive Bayes is the better
-//   estimator, and the encoder learns what it misses (docs/benchmarks.md, small data).
+//   those features with a uniform class prior (lib.h bag_naive_bayes says why), then trained with
+//   the rest: on ~1,000 labelled texts naive Bayes is the better estimator, and the encoder learns
+//   what it misses (docs/benchmarks.md, small data).
 //
 // Initialisation: GPT-2's (apps/common/gpt2_style.h init_gpt2_style), then the padding rows zero.
 #include <nlohmann/json.hpp>

@@ -5,6 +5,7 @@
 
 #include <fmt/core.h>
 
+#include "apps/common/diagnose.h"
 #include "apps/common/plot.h"
 #include "apps/common/run.h"
 #include "autograd/ops.h"
@@ -80,11 +81,6 @@ void validate_vit_config(const VitRunConfig& c) {
               c.label_smoothing);
 }
 
-int64_t resolve_val_size(int64_t val_size, int64_t train_images) {
-  if (val_size >= 0) return val_size;
-  return std::clamp<int64_t>(train_images / 10, 1, std::min<int64_t>(5000, std::max<int64_t>(1, train_images - 1)));
-}
-
 VitData load_vit_data(const std::string& dataset, const std::string& dir, int64_t val_size) {
   const std::string d = dir.empty() ? default_data_dir(dataset) : dir;
   VitData v;
@@ -96,9 +92,7 @@ VitData load_vit_data(const std::string& dataset, const std::string& dir, int64_
     v.splits = data::load_cifar10(d);
   else
     default_data_dir(dataset);  // raises the unknown-dataset error
-  val_size = resolve_val_size(val_size, v.splits.train.size());
-  check(val_size < v.splits.train.size(), "vit: --val-size {} leaves no training image (the set has {})", val_size,
-        v.splits.train.size());
+  val_size = validation_size(val_size, v.splits.train.size());
   if (val_size > 0) {
     data::HeldOut h = data::hold_out(v.splits.train, val_size, 20201108);  // fixed: the same split every run
     v.splits.train = std::move(h.rest);
@@ -144,13 +138,12 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
 
 // ---- training and evaluation -------------------------------------------------------------------
 
-double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing) {
+double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing,
+                        double loss_scale) {
   model.train();
-  Tensor logits = model.forward(batch.images);  // (B, K)
-  Tensor loss = cross_entropy(logits, batch.labels.to(logits.device()), "mean", -100, label_smoothing);
-  opt.zero_grad();
-  loss.backward();
-  return loss.item<double>();
+  const Tensor logits = model.forward(batch.images);  // (B, K)
+  const Tensor loss = cross_entropy(logits, batch.labels.to(logits.device()), "mean", -100, label_smoothing);
+  return compute_gradients(opt, loss, loss_scale);
 }
 
 EvalResult evaluate(ViT& model, const data::ImageDataset& ds, const data::Normalization& norm, int64_t batch,
@@ -220,6 +213,67 @@ std::string attention_overlay_svg(ViT& model, const data::ImageDataset& ds, cons
                                       int(G), int(G), o));
   }
   return svg_grid(parts, columns);
+}
+
+// ---- the run's defaults and pictures -----------------------------------------------------------
+
+std::vector<std::string> fit_defaults_to_data(RunOptions& o, VitRunConfig& cfg, int64_t n_train) {
+  std::vector<std::string> lines;
+  const bool small = n_train < kSmallTrainSet;
+  const std::string size = fmt::format("{} training images{}", n_train,
+                                       small ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : "");
+  if (small && !was_given(o, "--steps")) {
+    // with the crops and dropout below a small set still gains up to about 100 epochs; past that
+    // it only memorises (and early stopping ends the run sooner when validation stops improving)
+    const int64_t epochs100 = (100 * n_train + o.batch - 1) / o.batch;
+    if (epochs100 < o.steps) {
+      lines.push_back(fmt::format("--steps {}: 100 epochs of {} at batch {} (the default {} would be {:.0f} epochs)",
+                                  epochs100, size, o.batch, o.steps, double(o.steps) * o.batch / n_train));
+      set_steps(o, epochs100);
+    }
+  }
+  if (small && !was_given(o, "--crop-pad") && cfg.augment.pad == 0) {
+    cfg.augment.pad = 2;
+    lines.push_back(fmt::format("--crop-pad 2: {}: random crops against memorising (--crop-pad 0: off)", size));
+  }
+  if (small && !was_given(o, "--dropout") && o.dropout == 0) {
+    o.dropout = 0.1;
+    lines.push_back(fmt::format("--dropout 0.1: {}: dropout against memorising (--dropout 0: off)", size));
+  }
+  if (const std::string p = resolve_patience(o, small, size); !p.empty()) lines.push_back(p);
+  return lines;
+}
+
+namespace {
+
+// the first n test images (at least one, at most the whole test set)
+std::vector<int64_t> first_test_images(const VitData& data, int64_t n) {
+  std::vector<int64_t> indices(size_t(std::clamp<int64_t>(n, 1, data.splits.test.size())));
+  std::iota(indices.begin(), indices.end(), int64_t(0));
+  return indices;
+}
+
+}  // namespace
+
+std::string write_attention(ViT& model, const VitData& data, int64_t n, const std::string& dir) {
+  const std::string path = dir + "/attention.svg";
+  write_file_atomic(path, attention_overlay_svg(model, data.splits.test, data.norm, first_test_images(data, n), 4));
+  return path;
+}
+
+void diagnose(ViT& model, const VitData& data, int64_t batch, const std::string& dir) {
+  const std::vector<int64_t> indices = first_test_images(data, batch);
+  const data::Batch b = data::make_batch(data.splits.test, indices, data.norm);
+  std::string path;
+  const nn::AttentionReport r = write_attention_diagnostics(model, [&] { model.forward(b.images); }, dir, &path);
+  fmt::print("attention diagnostics on {} test images:\n{}written to {}\n", indices.size(), r.to_text(), path);
+}
+
+const std::vector<SavedOption>& vit_saved_options() {
+  static const std::vector<SavedOption> options = {{"--dataset", "/dataset"}, {"--patch", "/patch"},
+                                                   {"--d-model", "/d_model"}, {"--heads", "/n_heads"},
+                                                   {"--layers", "/n_layers"}, {"--mlp", "/mlp_hidden"}};
+  return options;
 }
 
 }  // namespace ag::apps

@@ -35,13 +35,11 @@ struct VitRunConfig {
   double label_smoothing = 0.1;           // of the training loss (the test loss uses none)
   data::Augment augment;                  // training only: random crop (pad) and flip
   // training images held out for validation (model selection and early stopping; the test set is
-  // only evaluated at the end): -1 picks 10% of the training set, at most 5000 (resolve_val_size);
+  // only evaluated at the end): -1 picks 10% of the training set, at most 5000 (validation_size);
   // 0 validates on nothing (then the last model is tested). Checkpoints written before the split
   // existed read as 0.
   int64_t val_size = -1;
 };
-// --val-size -1: 10% of `train_images`, at least 1 and at most 5000 (and fewer than the set).
-int64_t resolve_val_size(int64_t val_size, int64_t train_images);
 nlohmann::json vit_config_to_json(const VitRunConfig& c);
 // The inverse of vit_config_to_json; an ag::Error names a missing or mistyped key.
 VitRunConfig vit_config_from_json(const nlohmann::json& j);
@@ -67,7 +65,7 @@ struct VitData {
   data::Normalization norm;   // the training set's per-channel statistics
 };
 // Reads the dataset's files from `dir` (default_data_dir when empty) and holds `val_size` training
-// images out for validation (resolve_val_size for -1). Raises data::DatasetNotFound (saying which
+// images out for validation (validation_size for -1). Raises data::DatasetNotFound (saying which
 // package or download to get) when they are missing, ag::Error for an unknown dataset name,
 // non-square images or a --val-size that leaves no training image.
 VitData load_vit_data(const std::string& dataset, const std::string& dir = "", int64_t val_size = 0);
@@ -90,13 +88,29 @@ std::unique_ptr<data::DataLoader<data::Batch>> make_train_loader(const data::Ima
                                                                  int shard_rank = 0, int shard_count = 1);
 
 // ---- training and evaluation -------------------------------------------------------------------
-// The gradients of one batch, no update, as a step of the training loop in main.cpp computes them
-// (written out there): model.train(); loss = cross_entropy(model(images), labels,
-// label_smoothing); opt.zero_grad(); backward. Returns the loss. For the tests, which train tiny
-// models with it and then call Run::optimizer_step (clip, the non-finite check, opt.step()).
-double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing);
+// The gradients of one training step on `batch`, no update: model.train(); the logits (B, K);
+// loss = cross_entropy(logits, labels, label_smoothing); compute_gradients (zero, then backward
+// of loss x loss_scale: Run::loss_scale). Returns the loss. main.cpp's training loop runs it, and
+// so do the tests, which then call Run::update or Run::optimizer_step.
+double forward_backward(ViT& model, optim::Optimizer& opt, const data::Batch& batch, double label_smoothing,
+                        double loss_scale = 1.0);
 
-using EvalResult = ClassifierEval;  // apps/common/run.h
+// ---- the run's defaults and pictures -----------------------------------------------------------
+// The defaults that depend on the training set's size, each with the line that says what was
+// chosen and why. Under kSmallTrainSet images (apps/common/options.h) the plain defaults
+// memorise: the training loss reaches its floor while the validation loss rises. Crops with
+// dropout help but need a long schedule (docs/benchmarks.md, "Small data"). So a small set gets at
+// most 100 epochs, --crop-pad 2, --dropout 0.1 and --patience 5; an option given on the command
+// line wins.
+std::vector<std::string> fit_defaults_to_data(RunOptions& o, VitRunConfig& cfg, int64_t n_train);
+// <out>/attention.svg: the class token's attention over the first `n` test images; returns its path.
+std::string write_attention(ViT& model, const VitData& data, int64_t n, const std::string& dir);
+// --diagnose-attention: attention_diagnostics.json for every block on the first `batch` test images.
+void diagnose(ViT& model, const VitData& data, int64_t batch, const std::string& dir);
+// The options whose values --eval-only takes from the checkpoint, and their keys in vit_config_to_json.
+const std::vector<SavedOption>& vit_saved_options();
+
+using EvalResult = ClassifierEval;  // apps/common/evaluate.h
 // The model on the first `limit` images of `ds` (0: all), `batch` at a time, in eval mode and
 // without recording; the model's mode is restored afterwards. `sharded`: in a data-parallel job
 // each rank evaluates its eval_part of the images and every rank returns the whole result (every

@@ -24,7 +24,7 @@
 // during training run on them, best.safetensors keeps the model of the best validation accuracy,
 // and the test set is evaluated once, at the end, on that model. Under 20,000 training images the
 // defaults change (each said in one line): at most 100 epochs, --crop-pad 2, --dropout 0.1 and
-// --patience 5 (apps/common/run.h); a flag given on the command line wins.
+// --patience 5 (apps/common/options.h); a flag given on the command line wins.
 //
 // In the run directory (default runs/vit): checkpoint.safetensors, best.safetensors, metrics.jsonl, TensorBoard
 // events, curves.svg, report.json and attention.svg (the class token's attention in the last
@@ -37,14 +37,11 @@
 // Data parallel: `mpirun -np N vit ...` trains on N processes, --batch images each (a global batch
 // of N x --batch, the batches `vit --batch N*B` would see, augmentation included), gradients averaged
 // during backward; rank 0 writes the run directory (apps/common/run.h, docs/distributed.md).
-#include <CLI/CLI.hpp>
-
-#include <algorithm>
 #include <filesystem>
-#include <numeric>
 
 #include <fmt/core.h>
 
+#include "apps/common/app.h"
 #include "apps/common/diagnose.h"
 #include "apps/common/run.h"
 #include "apps/vit/lib.h"
@@ -60,77 +57,15 @@ struct AppOptions {
   int64_t eval_batch = 500;      // images per forward pass when evaluating
   int64_t eval_limit = 0;        // intermediate evaluations on the first this many validation images (0: all)
   int64_t attention_images = 8;  // images in attention.svg
-  // which of the options that the data-size defaults set were given on the command line (those win)
-  bool steps_given = false, dropout_given = false, crop_given = false;
 };
 
-// Below kSmallTrainSet (apps/common/run.h) the defaults change, each printed with its reason: on a
-// few thousand images the plain defaults memorise (the training loss at its floor, the validation
-// loss rising), and crops with dropout help but need a long schedule (docs/benchmarks.md, "Small
-// data"), so the cap is 100 epochs and patience ends a run sooner when validation stops improving.
-
-// The defaults that depend on the data: one line each for what was chosen and why.
-std::vector<std::string> fit_defaults_to_data(RunOptions& o, VitRunConfig& cfg, const AppOptions& a, int64_t n_train) {
-  std::vector<std::string> lines;
-  const bool small = n_train < kSmallTrainSet;
-  const std::string size = fmt::format("{} training images{}", n_train,
-                                       small ? fmt::format(" (< {}: a small set)", kSmallTrainSet) : "");
-  if (small && !a.steps_given) {
-    // 100 epochs at most: with the crops and dropout below a small set still gains up to about
-    // 100 epochs, past that it only memorises (and early stopping ends the run sooner when
-    // validation stops improving)
-    const int64_t epochs100 = (100 * n_train + o.batch - 1) / o.batch;
-    if (epochs100 < o.steps) {
-      lines.push_back(fmt::format("--steps {}: 100 epochs of {} at batch {} (the default {} would be {:.0f} epochs)",
-                                  epochs100, size, o.batch, o.steps, double(o.steps) * o.batch / n_train));
-      set_steps(o, epochs100);
-    }
-  }
-  if (small && !a.crop_given && cfg.augment.pad == 0) {
-    cfg.augment.pad = 2;
-    lines.push_back(fmt::format("--crop-pad 2: {}: random crops against memorising (--crop-pad 0: off)", size));
-  }
-  if (small && !a.dropout_given && o.dropout == 0) {
-    o.dropout = 0.1;
-    lines.push_back(fmt::format("--dropout 0.1: {}: dropout against memorising (--dropout 0: off)", size));
-  }
-  if (const std::string p = resolve_patience(o, small, size); !p.empty()) lines.push_back(p);
-  return lines;
-}
-
-// <out>/attention.svg for the first `n` test images; returns its path.
-std::string write_attention(ViT& model, const VitData& data, int64_t n, const std::string& dir) {
-  std::vector<int64_t> indices(size_t(std::clamp<int64_t>(n, 1, data.splits.test.size())));
-  std::iota(indices.begin(), indices.end(), int64_t(0));
-  const std::string path = dir + "/attention.svg";
-  write_file_atomic(path, attention_overlay_svg(model, data.splits.test, data.norm, indices, 4));
-  return path;
-}
-
-// --diagnose-attention: the attention of every block on the first `batch` test images.
-void diagnose(ViT& model, const VitData& data, int64_t batch, const std::string& dir) {
-  std::vector<int64_t> indices(size_t(std::clamp<int64_t>(batch, 1, data.splits.test.size())));
-  std::iota(indices.begin(), indices.end(), int64_t(0));
-  const data::Batch b = data::make_batch(data.splits.test, indices, data.norm);
-  std::string path;
-  const nn::AttentionReport r = write_attention_diagnostics(model, [&] { model.forward(b.images); }, dir, &path);
-  fmt::print("attention diagnostics on {} test images:\n{}written to {}\n", indices.size(), r.to_text(), path);
-}
-
-// The options whose values --eval-only takes from the checkpoint, and their keys in vit_config_to_json.
-const std::vector<SavedOption>& saved_options() {
-  static const std::vector<SavedOption> options = {{"--dataset", "/dataset"}, {"--patch", "/patch"},
-                                                   {"--d-model", "/d_model"}, {"--heads", "/n_heads"},
-                                                   {"--layers", "/n_layers"}, {"--mlp", "/mlp_hidden"}};
-  return options;
-}
-
+// --eval-only: the model and its data as the checkpoint saved them, on the test set.
 // given: the config of the command line, for check_eval_only_options
 int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const DiagnoseOptions& dg,
                         const VitRunConfig& given) {
   if (!dist::is_main()) return 0;  // under mpirun rank 0 evaluates alone
-  const CheckpointInfo info = read_checkpoint_info(o.checkpoint);
-  check_eval_only_options(o, info.config, vit_config_to_json(given), saved_options(), "vit");
+  const CheckpointInfo info = read_checkpoint_info(o.checkpoint, "vit");
+  check_eval_only_options(o, info.config, vit_config_to_json(given), vit_saved_options(), "vit");
   const VitRunConfig cfg = vit_config_from_json(info.config);
   const VitData data = load_vit_data(cfg.dataset, o.data_dir);
   ViT model(cfg.model);
@@ -147,13 +82,15 @@ int evaluate_checkpoint(const RunOptions& o, const AppOptions& a, const Diagnose
 }
 
 int train(RunOptions o, VitRunConfig cfg, const AppOptions& a, const DiagnoseOptions& dg) {
+  // ---- data: train / validation / test images, and the defaults that depend on their number ----
   const VitData data = load_vit_data(cfg.dataset, o.data_dir, cfg.val_size);
   const data::ImageDataset &train_set = data.splits.train, &val_set = data.val, &test_set = data.splits.test;
   cfg.val_size = val_set.size();
   fit_model_to_data(cfg.model, train_set);
-  const std::vector<std::string> chosen = fit_defaults_to_data(o, cfg, a, train_set.size());
+  const std::vector<std::string> chosen = fit_defaults_to_data(o, cfg, train_set.size());
   cfg.model.dropout = o.dropout;
 
+  // ---- model, optimizer, schedule, and the run directory ---------------------------------------
   Generator gen(o.seed);
   ViT model(cfg.model, &gen);  // initialised on the CPU (the same numbers on every device)
   model.to(training_device(o));  // --device; the optimizer's state is made beside each parameter
@@ -165,26 +102,23 @@ int train(RunOptions o, VitRunConfig cfg, const AppOptions& a, const DiagnoseOpt
   Run run("vit", o, model, opt, gen, config);
   run.select_by("val_accuracy", true, "val_loss");
   for (const std::string& line : chosen) run.print("vit: " + line);
-  const int64_t grid = cfg.model.image_size / cfg.model.patch;
+  const int64_t grid = cfg.model.image_size / cfg.model.patch, tokens = grid * grid + 1;
   run.print(fmt::format("vit: {} ({} train / {} validation / {} test images of {}x{}x{}), patch {} -> {}x{} grid + "
                         "class token = {} tokens, d_model {}, {} heads, {} layers, MLP {}",
                         cfg.dataset, train_set.size(), val_set.size(), test_set.size(), cfg.model.channels,
-                        cfg.model.image_size,
-                        cfg.model.image_size, cfg.model.patch, grid, grid, grid * grid + 1, cfg.model.d_model,
-                        cfg.model.n_heads, cfg.model.n_layers, cfg.model.mlp_hidden));
+                        cfg.model.image_size, cfg.model.image_size, cfg.model.patch, grid, grid, tokens,
+                        cfg.model.d_model, cfg.model.n_heads, cfg.model.n_layers, cfg.model.mlp_hidden));
   std::string compute_text;
   const Tensor probe = zeros({o.batch, cfg.model.channels, cfg.model.image_size, cfg.model.image_size});
   const ComputeProfile compute =
-      profile_model(model, [&] { return model.forward(probe); }, o.batch, grid * grid + 1, dg, &compute_text);
+      profile_model(model, [&] { return model.forward(probe); }, o.batch, tokens, dg, &compute_text);
   run.print(compute_text);
 
-  run.evaluate_with([&](int64_t s) {  // on the validation images: the test set waits for the end
-    if (val_set.size() > 0) {
-      const EvalResult v = evaluate(model, val_set, data.norm, a.eval_batch, a.eval_limit, /*sharded=*/true);
-      run.log_eval(s, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
-    } else {
-      run.log_eval(s, {});
-    }
+  // ---- the training loop: the validation images pick the best model; the test set waits -------
+  run.evaluate_with([&](int64_t s) {
+    if (val_set.size() == 0) return run.log_eval(s, {});
+    const EvalResult v = evaluate(model, val_set, data.norm, a.eval_batch, a.eval_limit, /*sharded=*/true);
+    run.log_eval(s, {{"val_loss", v.loss}, {"val_accuracy", v.accuracy}});
   });
   int64_t step = run.resume();
   // the global batch of N x --batch images, planned as one process would; this rank makes its slice
@@ -193,24 +127,14 @@ int train(RunOptions o, VitRunConfig cfg, const AppOptions& a, const DiagnoseOpt
   for (; step < o.steps && !run.stop_requested(); ++step) {
     schedule->set_lr(opt, step);
     const data::Batch batch = loader->next_step();
-    double loss = 0;
-    {  // the gradients of the batch; its logits and loss are freed at the brace, before update and evaluation
-      const Tensor logits = model.forward(batch.images);  // (B, K)
-      const Tensor mean_loss =
-          cross_entropy(logits, batch.labels.to(logits.device()), "mean", -100, cfg.label_smoothing);
-      opt.zero_grad();
-      (run.loss_scale() == 1.0 ? mean_loss : mul(mean_loss, run.loss_scale())).backward();  // fp16: scaled
-      loss = mean_loss.item<double>();
-    }
-    const Run::StepTotals t = run.reduce_step(loss, batch.labels.size(0));  // over the ranks
-    run.optimizer_step(step + 1, t.loss);  // clip, and a non-finite loss or norm skips the update
-    run.step_done(step + 1, t.loss, t.samples);
-    run.end_step(step + 1);  // saves, then evaluates: a crash in the evaluation loses nothing
+    const double loss = forward_backward(model, opt, batch, cfg.label_smoothing, run.loss_scale());
+    run.update(step + 1, loss, batch.labels.size(0));  // over the ranks: clip, step, log, save, evaluate
   }
   run.save(step);  // also after Ctrl-C: nothing trained is lost
-  run.load_best();  // the model of the best validation accuracy, when there was a validation split
-  const EvalResult last = evaluate(model, test_set, data.norm, a.eval_batch, 0, /*sharded=*/true);
 
+  // ---- the test set, once, on the model of the best validation accuracy ------------------------
+  run.load_best();
+  const EvalResult last = evaluate(model, test_set, data.norm, a.eval_batch, 0, /*sharded=*/true);
   RunReport report;
   report.accuracy = last.accuracy;
   report.confusion = last.confusion;
@@ -230,81 +154,35 @@ int train(RunOptions o, VitRunConfig cfg, const AppOptions& a, const DiagnoseOpt
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App cli{"vit: a vision transformer on Fashion-MNIST (default), MNIST or CIFAR-10"};
-  RunOptions o;
+  App app("vit", "a vision transformer on Fashion-MNIST (default), MNIST or CIFAR-10");
   // The default recipe: 6000 steps (docs/benchmarks.md, "The apps' default runs").
-  o.steps = 6000;
-  o.batch = 128;
-  o.lr = 2e-3;
-  o.weight_decay = 0.05;
-  o.warmup = 0.05;
-  o.clip = 1.0;
+  app.o = {.steps = 6000, .batch = 128, .lr = 2e-3, .warmup = 0.05, .weight_decay = 0.05, .clip = 1.0};
+  app.add_run_options();
   VitRunConfig cfg;
   AppOptions a;
   DiagnoseOptions dg;
-  add_run_options(cli, o);
-  add_diagnose_options(cli, dg);
+  add_diagnose_options(app.cli, dg);
+  CLI::App& cli = app.cli;
   cli.add_option("--dataset", cfg.dataset, "fashion-mnist, mnist or cifar10 (default --data-dir: " +
                                                default_data_dir("fashion-mnist") + ", data/mnist, data/cifar10)")
-      ->capture_default_str()
       ->check(CLI::IsMember(vit_datasets()));
-  cli.add_option("--patch", cfg.model.patch, "patch size in pixels (must divide the image size)")
-      ->capture_default_str()
-      ->check(positive());
-  cli.add_option("--d-model", cfg.model.d_model, "token width")->capture_default_str()->check(positive());
-  cli.add_option("--heads", cfg.model.n_heads, "attention heads (must divide d-model)")
-      ->capture_default_str()
-      ->check(positive());
-  cli.add_option("--layers", cfg.model.n_layers, "transformer blocks")->capture_default_str()->check(positive());
-  cli.add_option("--mlp", cfg.model.mlp_hidden, "hidden width of each block's MLP")
-      ->capture_default_str()
-      ->check(positive());
+  cli.add_option("--patch", cfg.model.patch, "patch size in pixels (must divide the image size)")->check(positive());
+  cli.add_option("--d-model", cfg.model.d_model, "token width")->check(positive());
+  cli.add_option("--heads", cfg.model.n_heads, "attention heads (must divide d-model)")->check(positive());
+  cli.add_option("--layers", cfg.model.n_layers, "transformer blocks")->check(positive());
+  cli.add_option("--mlp", cfg.model.mlp_hidden, "hidden width of each block's MLP")->check(positive());
   cli.add_option("--label-smoothing", cfg.label_smoothing, "label smoothing of the training loss")
-      ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
   cli.add_option("--crop-pad", cfg.augment.pad, "augmentation: random crop after padding this many pixels (0: off)")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_flag("--flip", cfg.augment.flip, "augmentation: random left-right flips (not for digits)");
-  cli.add_option("--val-size", cfg.val_size,
-                 "training images held out for validation, which picks the best model (best.safetensors) and "
-                 "stops early (--patience); the test set is evaluated once, at the end, on that model (-1: 10% "
-                 "of the training set, at most 5000; 0: none, the last model is tested)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
-  cli.add_option("--eval-batch", a.eval_batch, "images per forward pass when evaluating")
-      ->capture_default_str()
-      ->check(positive());
+  app.add_val_size_option(cfg.val_size, "images");
+  cli.add_option("--eval-batch", a.eval_batch, "images per forward pass when evaluating")->check(positive());
   cli.add_option("--eval-limit", a.eval_limit,
                  "evaluate on the first N validation images during training (0: all); the final test uses all")
-      ->capture_default_str()
       ->check(non_negative());
-  cli.add_option("--attention-images", a.attention_images, "test images drawn in attention.svg")
-      ->capture_default_str()
-      ->check(positive());
-  if (const int rc = apps::parse_command_line(cli, argc, argv, "vit"); rc >= 0) return rc;
-  o.command_line.assign(argv, argv + argc);
-  o.given = given_options(cli);
-  a.steps_given = cli.count("--steps") > 0, a.dropout_given = cli.count("--dropout") > 0;
-  a.crop_given = cli.count("--crop-pad") > 0;
-
-  try {  // every option is checked before any data is read
-    apply_run_options(o, "vit");
-    validate_vit_config(cfg);
-  } catch (const UsageError& e) {
-    apps::print_usage_error("vit", e.what());
-    return kExitUsage;
-  }
-  try {
-    return o.eval_only ? evaluate_checkpoint(o, a, dg, cfg) : train(o, cfg, a, dg);
-  } catch (const UsageError& e) {  // an option --eval-only would ignore
-    apps::print_usage_error("vit", e.what());
-    return kExitUsage;
-  } catch (const data::DatasetNotFound& e) {
-    apps::print_error("vit", e.what());
-    return apps::error_exit(kExitNoData);
-  } catch (const Error& e) {
-    apps::print_error("vit", e.what());
-    return apps::error_exit(kExitError);
-  }
+  cli.add_option("--attention-images", a.attention_images, "test images drawn in attention.svg")->check(positive());
+  return app.main(
+      argc, argv, [&] { validate_vit_config(cfg); },
+      [&] { return app.o.eval_only ? evaluate_checkpoint(app.o, a, dg, cfg) : train(app.o, cfg, a, dg); });
 }

@@ -1,11 +1,14 @@
-// The char-level GPT app's library (apps/gpt/lib.h): data split and tokenizer, evaluation
-// windows and loss, sampling (greedy limits, top-k, determinism), cached == uncached generation
-// past the context, the attention plot, and the config JSON. Tiny models, synthetic text.
+// The char-level GPT app's library (apps/gpt/lib.h): data split and tokenizer, the ids generation
+// never samples, the training step main runs (forward_backward), evaluation windows and loss,
+// sampling (greedy limits, top-k, determinism), cached == uncached generation past the context,
+// the attention plot, and the config JSON. Tiny models, synthetic text.
 #include <sys/wait.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
+#include <numeric>
 #include <set>
 
 #include "apps/common/run.h"
@@ -60,6 +63,28 @@ TEST_CASE("gpt: make_lm_data splits the codepoints 90/10 in order, vocabulary fr
   CHECK(q.valid.size() == 5);
   AG_CHECK_ERROR(make_lm_data("abc"), "make_lm_data", "3 codepoints", "2 train and 1 validation");
   AG_CHECK_ERROR(make_lm_data(text, 1.5), "make_lm_data", "1.5");
+}
+
+TEST_CASE("gpt: the ids a tokenizer built from the training text never produces are <unk> alone") {
+  // the make_lm_data case above: training "abab...ab" holds ids 1 (a) and 2 (b); validation "éa"
+  // holds <unk> (é, not in the training part) and a
+  std::string text;
+  for (int i = 0; i < 9; ++i) text += "ab";
+  text += "\xC3\xA9" "a";
+  const LMData d = make_lm_data(text);
+  CHECK(unproduced_ids(d.train, 3) == std::vector<int64_t>{data::CharTokenizer::kUnk});
+  CHECK(unproduced_ids(d.valid, 3) == std::vector<int64_t>{2});
+  // every codepoint of a text gets an id its encoding produces, so only <unk> (0) is left: 13
+  // distinct codepoints (n a ï v e, space, c f é, the dash, o k, newline), ids 1..13
+  const std::string words = "na\xC3\xAFve caf\xC3\xA9 \xE2\x80\x94 ok\n";
+  const data::CharTokenizer tok = data::CharTokenizer::from_text(words);
+  REQUIRE(tok.vocab_size() == 14);
+  CHECK(unproduced_ids(tok.encode(words), 14) == std::vector<int64_t>{0});
+  // the byte tokenizer: every byte the text lacks
+  const std::vector<int64_t> bytes = unproduced_ids(data::CharTokenizer::bytes().encode("abca"), 256);
+  CHECK(bytes.size() == 253);
+  for (int64_t b : {97, 98, 99}) CHECK(std::find(bytes.begin(), bytes.end(), b) == bytes.end());
+  AG_CHECK_ERROR(unproduced_ids(std::vector<int64_t>{1, 5}, 5), "unproduced_ids", "id 5", "[0, 5)");
 }
 
 TEST_CASE("gpt: eval_starts spreads the windows evenly") {
@@ -167,6 +192,62 @@ TEST_CASE("gpt: sample_next known values") {
   CHECK(sample_next(four, 1.0, 0, 0.999999) == 1);  // without top-k the smallest comes last
 }
 
+TEST_CASE("gpt: sample_next never returns an id whose logit is -inf") {
+  const float inf = std::numeric_limits<float>::infinity();
+  // {-inf, 0, ln 3}: p = {0, 1/4, 3/4}; order id 2 then id 1: u < 0.75 -> 2
+  const std::vector<float> l = {-inf, 0.0f, float(std::log(3.0))};
+  CHECK(sample_next(l, 1.0, 0, 0.74) == 2);
+  CHECK(sample_next(l, 1.0, 0, 0.76) == 1);
+  CHECK(sample_next(l, 0.5, 0, 0.999999) == 1);
+  // u = 1: the cumulative sum never exceeds u Z, as rounding can make it for u just below 1; the
+  // last id that can be drawn is returned, not the -inf one behind it (with top-k 3 of 3 too)
+  CHECK(sample_next(l, 1.0, 0, 1.0) == 1);
+  CHECK(sample_next(l, 1.0, 3, 1.0) == 1);
+  // greedy: the largest finite logit
+  CHECK(sample_next(std::vector<float>{-inf, -inf, -5.0f}, 0.0, 0, 0.5) == 2);
+  AG_CHECK_ERROR(sample_next(std::vector<float>{-inf, -inf}, 1.0, 0, 0.5), "sample_next", "every one of the 2");
+}
+
+TEST_CASE("gpt: generation never samples a never-sampled id, even where the model favours it") {
+  Generator gen(8);
+  GPT model(tiny_config(), &gen);  // V 11, d 32
+  // hand-built logits at every position: ln_f's output is all ones (weight 0, bias 1), the head's
+  // row 0 all ones and the other rows zero, so l_0 = 32 and l_1 .. l_10 = 0: p_0 = 1 in float
+  {
+    NoGradGuard no_grad;
+    int found = 0;
+    for (auto& [name, p] : model.named_parameters()) {
+      if (name == "ln_f.weight") p.fill_(0.0), ++found;
+      if (name == "ln_f.bias") p.fill_(1.0), ++found;
+    }
+    REQUIRE(found == 2);
+    model.head->weight.fill_(0.0);
+    model.head->weight.narrow(0, 0, 1).fill_(1.0);
+  }
+  const std::vector<int64_t> prompt = {3, 4};
+  auto new_tokens = [&](const GenerateOptions& g, int64_t n) {
+    const std::vector<int64_t> ids = generate(model, prompt, n, g);
+    return std::vector<int64_t>(ids.begin() + 2, ids.end());
+  };
+  // unmasked, the model writes id 0 and nothing else
+  CHECK(new_tokens({.temperature = 1.0, .seed = 3}, 50) == std::vector<int64_t>(50, 0));
+  // masked: ids 1..10, equally likely; 200 draws miss one of them with probability 10 x 0.9^200 < 1e-8
+  const std::vector<int64_t> masked = new_tokens({.temperature = 1.0, .seed = 3, .never = {0}}, 200);
+  CHECK(std::set<int64_t>(masked.begin(), masked.end()) == std::set<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  CHECK(new_tokens({.temperature = 1.0, .seed = 3, .kv_cache = false, .never = {0}}, 200) == masked);
+  // the mask comes before top-k: the 3 largest of the ids that may be drawn are 1, 2, 3 (ties go to
+  // the lower id), not 0, 1, 2 with 0 then dropped
+  const std::vector<int64_t> top3 = new_tokens({.temperature = 1.0, .top_k = 3, .seed = 4, .never = {0}}, 100);
+  CHECK(std::set<int64_t>(top3.begin(), top3.end()) == std::set<int64_t>{1, 2, 3});
+  // greedy: the lowest of the tied ids left
+  CHECK(new_tokens({.temperature = 0.0, .never = {0}}, 20) == std::vector<int64_t>(20, 1));
+  CHECK(new_tokens({.temperature = 0.0, .never = {0, 1, 2}}, 20) == std::vector<int64_t>(20, 3));
+  std::vector<int64_t> every(11);
+  std::iota(every.begin(), every.end(), int64_t(0));
+  AG_CHECK_ERROR(generate(model, prompt, 4, {.never = {11}}), "generate", "never-sampled id 11", "[0, 11)");
+  AG_CHECK_ERROR(generate(model, prompt, 4, {.never = every}), "generate", "all 11 ids");
+}
+
 TEST_CASE("gpt: cached and uncached generation produce identical tokens past the context") {
   Generator gen(3);
   GPT model(tiny_config(), &gen);
@@ -174,8 +255,9 @@ TEST_CASE("gpt: cached and uncached generation produce identical tokens past the
   // 3 + 40 tokens > context 16: the window restarts at the last 8 tokens several times
   for (int64_t top_k : {0, 5}) {
     CAPTURE(top_k);
-    std::vector<int64_t> cached = generate(model, prompt, 40, 1.0, top_k, 42, true);
-    std::vector<int64_t> plain = generate(model, prompt, 40, 1.0, top_k, 42, false);
+    std::vector<int64_t> cached = generate(model, prompt, 40, {.temperature = 1.0, .top_k = top_k, .seed = 42});
+    std::vector<int64_t> plain =
+        generate(model, prompt, 40, {.temperature = 1.0, .top_k = top_k, .seed = 42, .kv_cache = false});
     REQUIRE(cached.size() == 43);
     CHECK(std::vector<int64_t>(cached.begin(), cached.begin() + 3) == prompt);
     CHECK(cached == plain);
@@ -183,7 +265,8 @@ TEST_CASE("gpt: cached and uncached generation produce identical tokens past the
   }
   CHECK(model.is_training());  // restored
   // greedy too (no randomness: the logits alone decide), past the context
-  CHECK(generate(model, prompt, 40, 0.0, 0, 1, true) == generate(model, prompt, 40, 0.0, 0, 1, false));
+  CHECK(generate(model, prompt, 40, {.temperature = 0.0, .seed = 1}) ==
+        generate(model, prompt, 40, {.temperature = 0.0, .seed = 1, .kv_cache = false}));
 }
 
 TEST_CASE("gpt: temperature -> 0 and top_k 1 are greedy argmax") {
@@ -192,26 +275,82 @@ TEST_CASE("gpt: temperature -> 0 and top_k 1 are greedy argmax") {
   model.eval();
   const std::vector<int64_t> prompt = {5, 0, 7};
   std::vector<int64_t> greedy = greedy_reference(model, prompt, 12);  // 15 <= context 16
-  CHECK(generate(model, prompt, 12, 1e-7, 0, 9, true) == greedy);
-  CHECK(generate(model, prompt, 12, 1e-7, 0, 9, false) == greedy);
-  CHECK(generate(model, prompt, 12, 0.0, 0, 9, true) == greedy);
-  CHECK(generate(model, prompt, 12, 1.0, 1, 9, true) == greedy);
-  CHECK(generate(model, prompt, 12, 5.0, 1, 123, false) == greedy);
+  CHECK(generate(model, prompt, 12, {.temperature = 1e-7, .seed = 9}) == greedy);
+  CHECK(generate(model, prompt, 12, {.temperature = 1e-7, .seed = 9, .kv_cache = false}) == greedy);
+  CHECK(generate(model, prompt, 12, {.temperature = 0.0, .seed = 9}) == greedy);
+  CHECK(generate(model, prompt, 12, {.temperature = 1.0, .top_k = 1, .seed = 9}) == greedy);
+  CHECK(generate(model, prompt, 12, {.temperature = 5.0, .top_k = 1, .seed = 123, .kv_cache = false}) == greedy);
 }
 
 TEST_CASE("gpt: sampling is deterministic for a seed and changes with it") {
   Generator gen(5);
   GPT model(tiny_config(), &gen);
-  std::vector<int64_t> a = generate(model, {1}, 40, 1.0, 0, 7, true);
-  CHECK(generate(model, {1}, 40, 1.0, 0, 7, true) == a);
-  CHECK(generate(model, {1}, 40, 1.0, 0, 8, true) != a);
-  CHECK(generate(model, {1}, 0, 1.0, 0, 7, true) == std::vector<int64_t>{1});
-  AG_CHECK_ERROR(generate(model, {}, 4, 1.0, 0, 7), "generate", "prompt is empty");
-  AG_CHECK_ERROR(generate(model, {1, 11}, 4, 1.0, 0, 7), "generate", "token 11", "[0, 11)");
-  AG_CHECK_ERROR(generate(model, {1}, -1, 1.0, 0, 7), "generate", "-1");
+  std::vector<int64_t> a = generate(model, {1}, 40, {.temperature = 1.0, .seed = 7});
+  CHECK(generate(model, {1}, 40, {.temperature = 1.0, .seed = 7}) == a);
+  CHECK(generate(model, {1}, 40, {.temperature = 1.0, .seed = 8}) != a);
+  CHECK(generate(model, {1}, 0, {.temperature = 1.0, .seed = 7}) == std::vector<int64_t>{1});
+  AG_CHECK_ERROR(generate(model, {}, 4, {.temperature = 1.0, .seed = 7}), "generate", "prompt is empty");
+  AG_CHECK_ERROR(generate(model, {1, 11}, 4, {.temperature = 1.0, .seed = 7}), "generate", "token 11", "[0, 11)");
+  AG_CHECK_ERROR(generate(model, {1}, -1, {.temperature = 1.0, .seed = 7}), "generate", "-1");
 }
 
-TEST_CASE("gpt: a few AdamW steps on random windows learn a periodic text") {
+TEST_CASE("gpt: forward_backward is the batch's mean next-token loss, scaled for backward by the loss scale") {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += i % 3 ? "the cat sat. " : "a dog ran! ";
+  const LMData d = make_lm_data(text);
+  GPTConfig c = tiny_config();
+  c.vocab = d.tokenizer.vocab_size();
+  Generator gen(2);
+  GPT model(c, &gen);
+  optim::AdamW opt(model.parameters(), {});
+  const data::Windows w = train_windows(d.train, 4, 8, 5, 3);  // 4 windows of 8, seed 5, step 3
+  REQUIRE(w.x.shape() == Shape{4, 8});
+  auto grads = [&] {
+    std::vector<std::vector<float>> g;
+    for (const Tensor& p : model.parameters()) g.push_back(p.grad().contiguous().to_vector<float>());
+    return g;
+  };
+  // the loss by hand: the cross-entropy of each of the 32 positions against the next token, averaged
+  double ref = 0;
+  {
+    NoGradGuard no_grad;
+    const std::vector<float> logits = model.forward(w.x).contiguous().to_vector<float>();
+    const std::vector<int64_t> y = w.y.to_vector<int64_t>();
+    const size_t V = size_t(c.vocab);
+    for (size_t n = 0; n < 32; ++n) {
+      double m = -1e30, z = 0;
+      for (size_t v = 0; v < V; ++v) m = std::max(m, double(logits[n * V + v]));
+      for (size_t v = 0; v < V; ++v) z += std::exp(double(logits[n * V + v]) - m);
+      ref += (m + std::log(z) - double(logits[n * V + size_t(y[n])])) / 32;
+    }
+  }
+  const double loss = forward_backward(model, opt, w);
+  CHECK(loss == doctest::Approx(ref).epsilon(1e-5));  // f32 logits and loss, f64 here
+  const auto g1 = grads();
+  // fp16's loss scale: backward from 4 x the loss, the loss itself returned; x4 is exact in floating
+  // point, so every gradient is 4 x the unscaled one bit for bit (and zeroed first: not 5 x)
+  CHECK(forward_backward(model, opt, w, 4.0) == loss);
+  const auto g4 = grads();
+  for (size_t i = 0; i < g1.size(); ++i)
+    for (size_t j = 0; j < g1[i].size(); ++j) REQUIRE(g4[i][j] == 4 * g1[i][j]);
+  // data parallel: rank r of 2 takes windows [2r, 2r + 2) of the same global batch, and the mean of
+  // the two slices' gradients is the global batch's (each slice's loss is its own mean)
+  const data::Windows w0 = train_windows(d.train, 4, 8, 5, 3, 0, 2), w1 = train_windows(d.train, 4, 8, 5, 3, 1, 2);
+  std::vector<int64_t> both = w0.x.to_vector<int64_t>(), second = w1.x.to_vector<int64_t>();
+  both.insert(both.end(), second.begin(), second.end());
+  CHECK(both == w.x.to_vector<int64_t>());
+  forward_backward(model, opt, w0);
+  const auto a = grads();
+  forward_backward(model, opt, w1);
+  const auto b = grads();
+  for (size_t i = 0; i < g1.size(); ++i) {
+    std::vector<double> mean(g1[i].size()), whole(g1[i].begin(), g1[i].end());
+    for (size_t j = 0; j < mean.size(); ++j) mean[j] = (double(a[i][j]) + double(b[i][j])) / 2;
+    check_close(mean, whole, 1e-6, 1e-4);  // f32 sums over 16 and 32 positions, in other orders
+  }
+}
+
+TEST_CASE("gpt: a few AdamW steps of the app's step learn a periodic text") {
   // "abcd" repeated: after a few steps the next character is predictable, the loss falls from
   // about log 5 (vocabulary {<unk>, a, b, c, d}) towards 0
   std::string text;
@@ -224,11 +363,8 @@ TEST_CASE("gpt: a few AdamW steps on random windows learn a periodic text") {
   optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
   std::vector<int64_t> starts = eval_starts(int64_t(d.valid.size()), 8, 4);
   const double before = lm_loss(model, d.valid, starts, 8, 4);
-  for (uint64_t step = 0; step < 30; ++step) {
-    data::Windows w = data::random_windows(d.train, 8, 8, 1, step);
-    Tensor loss = cross_entropy(model.forward(w.x).reshape({64, c.vocab}), w.y.reshape({64}));
-    opt.zero_grad();
-    loss.backward();
+  for (int64_t step = 0; step < 30; ++step) {  // main's loop, with Run::optimizer_step's clip and update
+    forward_backward(model, opt, train_windows(d.train, 8, 8, 1, step));
     optim::clip_grad_norm(model.parameters(), 1.0);
     opt.step();
   }
@@ -236,7 +372,7 @@ TEST_CASE("gpt: a few AdamW steps on random windows learn a periodic text") {
   CHECK(before > 1.3);
   CHECK(after < 0.2);
   // the trained model continues the pattern greedily
-  CHECK(d.tokenizer.decode(generate(model, d.tokenizer.encode("abc"), 9, 0.0, 0, 0)) == "abcdabcdabcd");
+  CHECK(d.tokenizer.decode(generate(model, d.tokenizer.encode("abc"), 9, {.temperature = 0.0})) == "abcdabcdabcd");
 }
 
 TEST_CASE("gpt: attention_maps are causal rows of probabilities with token labels") {
@@ -298,6 +434,22 @@ TEST_CASE("gpt: config JSON round trip and data errors") {
   AG_CHECK_ERROR(gpt_config_from_json(bad), "gpt config", "'pos'", "relative", "learned, sinusoidal, rope, alibi");
   j.erase("n_heads");
   AG_CHECK_ERROR(gpt_config_from_json(j), "gpt config", "n_heads");
+  // the run's config as a checkpoint saves it, and what --eval-only reads back from it
+  const TextSource src{.dataset = "fortunes", .text_file = "", .data_dir = "/somewhere"};
+  const nlohmann::json run = gpt_run_config(c, src, 64, 7, false);
+  CHECK(run.at("data") == nlohmann::json{{"dataset", "fortunes"}, {"text_file", ""}, {"valid_fraction", 0.1}});
+  CHECK(run.at("train") == nlohmann::json{{"batch", 64}, {"seed", 7}});  // grad_checkpointing only when on
+  CHECK(gpt_run_config(c, src, 64, 7, true).at("train").at("grad_checkpointing") == true);
+  const data::CharTokenizer tok = data::CharTokenizer::from_text("abc");
+  const GptCheckpoint ck = read_gpt_checkpoint(run, {{"tokenizer", tok.to_json()}}, "f.safetensors");
+  CHECK(ck.model.pos == "rope");
+  CHECK(ck.text.dataset == "fortunes");
+  CHECK(ck.text.data_dir.empty());  // where the text is comes from the command line, not the file
+  CHECK(ck.tokenizer.to_json() == tok.to_json());
+  AG_CHECK_ERROR(read_gpt_checkpoint(run, {}, "f.safetensors"), "'f.safetensors' is not a gpt checkpoint");
+  nlohmann::json no_text_file = run;
+  no_text_file["data"].erase("text_file");
+  AG_CHECK_ERROR(read_gpt_checkpoint(no_text_file, {{"tokenizer", tok.to_json()}}, "f"), "gpt", "'text_file'");
 
   TempDir tmp("gpt");
   write_bytes(tmp.file("t.txt"), "hello\nworld\n");

@@ -1,9 +1,11 @@
 // The image-text app's pieces (apps/imagetext) on tiny models and tiny synthetic scenes: caption
 // tokens, scene composition (reproducible, pixels in their slots, sources kept apart), the config
-// through a checkpoint, greedy generation with the KV cache against the uncached reference, the
-// retrieval scorer against per-pair forwards, recall@k on hand-made matrices, the word-to-item share
-// on hand-made attention weights, and the binary end to end: a run that learns, writes its files,
-// resumes bit for bit, evaluates a checkpoint, and exits 2 with one line for a bad option.
+// through a checkpoint, the training step main runs (forward_backward) on one process and on the
+// ranks' slices, greedy generation with the KV cache against the uncached reference, the retrieval
+// scorer against per-pair forwards, recall@k on hand-made matrices, the word-to-item share on
+// hand-made attention weights, and the binary end to end: a run that learns, writes its files,
+// resumes bit for bit, evaluates a checkpoint, refuses another app's, and exits 2 with one line for
+// a bad option.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -206,7 +208,9 @@ TEST_CASE("imagetext: the three scene sources: validation held out of training, 
   REQUIRE(r1.size() == 3);
   for (size_t i = 0; i < 3; ++i) CHECK(r1[i].images == all[3 + i].images);
   CHECK(all[0].images == compose_scene(d.train, sc, c.scene_seed, SceneSplit::train, 18).images);
-  AG_CHECK_ERROR(load_imagetext_data(apps.tmp.file("fashion"), 256), "--val-images 256");
+  AG_CHECK_ERROR(load_imagetext_data(apps.tmp.file("fashion"), 256), "--val-images 256", "no training sample");
+  // -1: validation_size's 10% of the 256 training images
+  CHECK(load_imagetext_data(apps.tmp.file("fashion"), -1).val.size() == 25);
 }
 
 TEST_CASE("imagetext: config round trip through a checkpoint's metadata, and the command-line checks") {
@@ -253,6 +257,8 @@ TEST_CASE("imagetext: config round trip through a checkpoint's metadata, and the
                     {"--min-items 3", "--max-items 2"});
   check_usage_error(with([](auto& x) { x.scenes.layout = "spiral"; }), {"--layout 'spiral'"});
   check_usage_error(with([](auto& x) { x.val_scenes = 0; }), {"--val-scenes 0"});
+  check_usage_error(with([](auto& x) { x.val_images = 0; }), {"--val-images 0", "-1: 10%"});
+  check_usage_error(with([](auto& x) { x.val_images = -2; }), {"--val-images -2"});
   check_usage_error(with([](auto& x) { x.label_smoothing = 1.0; }), {"--label-smoothing 1"});
 }
 
@@ -313,6 +319,56 @@ TEST_CASE("imagetext: slices of a batch, each loss divided by half the global to
   // the mean of the slices' own means is another number
   const double means = (caption_loss(model, b1).item<double>() + caption_loss(model, b2).item<double>()) / 2;
   CHECK(std::abs(means - global) > 1e-4);
+}
+
+TEST_CASE("imagetext: forward_backward, the step main runs: the ranks' slices average to the global gradients") {
+  Apps apps("imagetext_step");  // 256 training images of 8x8, 40 held out
+  const ImageTextData d = load_imagetext_data(apps.tmp.file("fashion"), 40);
+  ImageTextRunConfig c;
+  c.scenes = tiny_scenes();
+  ImageText model = tiny_model(c.scenes, 9);
+  optim::AdamW opt(model.parameters(), {});
+  auto grads = [&] {
+    std::vector<std::vector<float>> g;
+    for (const Tensor& p : model.parameters()) g.push_back(p.grad().contiguous().to_vector<float>());
+    return g;
+  };
+  // the first step whose two halves hold captions of other lengths (where the mean of the two
+  // slices' means would not be the global mean)
+  int64_t step = 0;
+  while (step < 50 && train_batch(d, c, 8, step, 0, 2).batch.words == train_batch(d, c, 8, step, 1, 2).batch.words)
+    ++step;
+  REQUIRE(step < 50);
+  const TrainBatch all = train_batch(d, c, 8, step);  // the step's 8 scenes: one process
+  CHECK(all.scenes == 8);
+  CHECK(all.loss_tokens == double(all.batch.words));
+  const double loss = forward_backward(model, opt, all, 0.0);
+  {
+    NoGradGuard no_grad;  // the mean over the caption tokens, as caption_loss computes it alone
+    CHECK(loss == doctest::Approx(caption_loss(model, all.batch).item<double>()).epsilon(1e-6));
+  }
+  const auto g1 = grads();
+  // fp16's loss scale: backward from 4 x the loss, the loss itself returned; x4 is exact in floating
+  // point, so every gradient is 4 x the unscaled one bit for bit (and zeroed first: not 5 x)
+  CHECK(forward_backward(model, opt, all, 0.0, 4.0) == loss);
+  const auto g4 = grads();
+  for (size_t i = 0; i < g1.size(); ++i)
+    for (size_t j = 0; j < g1[i].size(); ++j) REQUIRE(g4[i][j] == 4 * g1[i][j]);
+  // two ranks, 4 scenes each, captions of other lengths: each divides its summed loss by half the
+  // global batch's tokens, so the mean of the two gradients is the global batch's
+  const TrainBatch r0 = train_batch(d, c, 8, step, 0, 2), r1 = train_batch(d, c, 8, step, 1, 2);
+  CHECK(r0.batch.words + r1.batch.words == all.batch.words);
+  CHECK(r0.loss_tokens == all.batch.words / 2.0);
+  CHECK(r1.loss_tokens == all.batch.words / 2.0);
+  forward_backward(model, opt, r0, 0.0);
+  const auto a = grads();
+  forward_backward(model, opt, r1, 0.0);
+  const auto b = grads();
+  for (size_t i = 0; i < g1.size(); ++i) {
+    std::vector<double> mean(g1[i].size()), whole(g1[i].begin(), g1[i].end());
+    for (size_t j = 0; j < mean.size(); ++j) mean[j] = (double(a[i][j]) + double(b[i][j])) / 2;
+    check_close(mean, whole, 1e-6, 1e-4);  // f32 sums over the scenes, in other orders
+  }
 }
 
 TEST_CASE("imagetext: the retrieval scores are each pair's summed log-likelihood") {
@@ -505,4 +561,23 @@ TEST_CASE("imagetext: the binary exits 2 with one line for a bad option, before 
   // missing data: exit 2, the message names the package
   CHECK(run_command({app, "--out", out, "--data-dir", dir.file("no-data")}, dir.file("stdout.txt"), err) == kExitNoData);
   CHECK(read_bytes(err).find("dataset-fashion-mnist") != std::string::npos);
+}
+
+TEST_CASE("imagetext: a checkpoint longseq wrote is refused by --eval-only and --resume, naming longseq") {
+  Apps apps("imagetext_foreign");
+  const std::string out = apps.tmp.file("stdout.txt"), err = apps.tmp.file("stderr.txt");
+  REQUIRE(run_command({std::string(ATTOGRAD_APP_DIR) + "/longseq", "--task", "pixels", "--data-dir",
+                       apps.tmp.file("fashion"), "--val-size", "40", "--steps", "2", "--batch", "8", "--d-model", "16",
+                       "--heads", "2", "--layers", "1", "--mlp", "32", "--threads", "1", "--quiet", "--out",
+                       apps.tmp.file("theirs")},
+                      out, err) == 0);
+  const std::string theirs = apps.checkpoint("theirs"), before = read_bytes(theirs);
+  const std::string refused = fmt::format("imagetext: '{}' is a checkpoint of longseq, not of imagetext: give a "
+                                          "checkpoint that imagetext wrote (imagetext --help lists every option)\n",
+                                          theirs);
+  CHECK(run_command(tiny_command(apps, "mine", 4, {"--eval-only", "--checkpoint", theirs}), out, err) == kExitUsage);
+  CHECK(read_bytes(err) == refused);
+  CHECK(run_command(tiny_command(apps, "theirs", 4, {"--resume"}), out, err) == kExitUsage);
+  CHECK(read_bytes(err).ends_with("\n" + refused));  // after the run's header lines
+  CHECK(read_bytes(theirs) == before);
 }

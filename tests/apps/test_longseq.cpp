@@ -1,11 +1,14 @@
 // apps/longseq: the three tasks (ListOps by hand-evaluated expressions, the bible's books and
 // passages on a synthetic text, pixel sequences on synthetic IDX files), batches, the pooled
-// heatmap, the model's padding and window, and the binary on a tiny run.
+// heatmap, the model's padding, window, sparse pattern and initialisation, the training step main
+// runs (forward_backward), the run's config, and the binary on a tiny run (more runs of the
+// binary: tests/apps/test_longseq_run.cpp).
 #include <random>
 #include <set>
 
 #include "apps/common/run.h"
 #include "apps/longseq/lib.h"
+#include "optim/adam.h"
 #include "tests/apps/tiny_apps.h"
 #include "tests/apps/usage_error.h"
 #include "tests/helpers.h"
@@ -226,7 +229,28 @@ TEST_CASE("longseq: sparse attention with every block kept is full attention, wi
   c.window_blocks = 0;  // the diagonal blocks alone
   Generator g3(6);
   LongSeqClassifier diag(c, &g3);
-  CHECK(max(abs(diag.forward(tokens, lengths) - full)).item<double>() > 1e-4);
+  // Equal functions agree within the 1e-6 + 1e-6 |logit| (logits below 0.3) checked above; another
+  // function must differ by far more. At this initialisation (N(0, 0.02) weights, the attention's
+  // output projection smaller still) the attention pattern moves the logits by about 1e-4, so the
+  // bound is 1e-5: eight times the bound of equal functions.
+  CHECK(max(abs(diag.forward(tokens, lengths) - full)).item<double>() > 1e-5);
+  // and the pattern itself, on the composed path (need_weights; the same function as the fused
+  // kernel: the materialise case below): a query of block 0 gives its keys in blocks 1 and 2 weight
+  // 0 exactly, where the pattern keeping every block gives each a positive weight
+  auto weights_to_later_blocks = [&](LongSeqClassifier& m) {
+    LongSeqBlock& b0 = (*m.blocks)[0];
+    b0.need_weights = true;
+    m.forward(tokens, lengths);
+    b0.need_weights = false;
+    return b0.attn_weights.narrow(2, 0, 4).narrow(3, 4, 8).contiguous().to_vector<float>();  // (B, H, 4, 8)
+  };
+  for (float w : weights_to_later_blocks(diag)) REQUIRE(w == 0.0f);
+  const std::vector<float> kept = weights_to_later_blocks(all);
+  // sequence 0 has 7 tokens: its keys 7 to 11 are padding, hidden by the lengths (weight 0)
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const size_t key = 4 + i % 8, seq = i / (2 * 4 * 8);
+    CHECK((kept[i] > 0.0f) == (seq == 1 || key < 7));
+  }
   c.sparse = "strided", c.stride_blocks = 1;  // stride 1 keeps every block
   Generator g4(6);
   check_close(LongSeqClassifier(c, &g4).forward(tokens, lengths), full, 1e-6, 1e-6);
@@ -299,6 +323,101 @@ TEST_CASE("longseq: materialised attention is the fused function, holding the T 
   AG_CHECK_ERROR(LongSeqClassifier(c), "materialise applies to full, window and sparse attention, not to 'linformer'");
 }
 
+TEST_CASE("longseq: pos_embed is drawn once, N(0, 0.02), with the other weights") {
+  // A draw of n numbers takes ceil(n / 4) Philox blocks of the generator (core/random.h). With
+  // full attention only pos_embed (1, max_len, d) depends on max_len, so max_len 20 instead of 12
+  // at d 16 draws 8 x 16 = 128 more numbers once: 32 blocks (a second draw would make it 64).
+  LongSeqConfig c;
+  c.vocab = 20, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
+  auto blocks_drawn = [&](int64_t max_len) {
+    c.max_len = max_len;
+    Generator gen(3);
+    LongSeqClassifier model(c, &gen);
+    return std::pair{gen.offset(), model.pos_embed.to_vector<double>()};
+  };
+  const uint64_t short_blocks = blocks_drawn(12).first;
+  const auto [long_blocks, long_pos] = blocks_drawn(20);
+  CHECK(long_blocks - short_blocks == 32);
+  // the sample std of 320 draws of N(0, 0.02^2): within 3 of its relative spread 1 / sqrt(2 x 320)
+  double sq = 0;
+  for (double v : long_pos) sq += v * v;
+  CHECK(std::abs(std::sqrt(sq / double(long_pos.size())) - 0.02) < 0.02 * 3 / std::sqrt(640.0));
+}
+
+TEST_CASE("longseq: forward_backward, main's step: the mean cross-entropy, fresh gradients, the loss scale") {
+  LongSeqConfig c;
+  c.vocab = 20, c.max_len = 12, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
+  Generator gen(11);
+  LongSeqClassifier model(c, &gen);
+  optim::AdamW opt(model.parameters(), {});
+  SeqDataset ds;
+  ds.max_len = 12, ds.vocab = 20, ds.num_classes = 3;
+  const std::vector<int64_t> lengths = {5, 12, 9}, labels = {2, 0, 1};
+  for (size_t i = 0; i < 3; ++i) {
+    std::vector<uint16_t> ids(size_t(lengths[i]));
+    for (size_t j = 0; j < ids.size(); ++j) ids[j] = uint16_t(1 + (i * 7 + j * 5) % 19);
+    ds.add(ids, labels[i]);
+  }
+  const SeqBatch batch = make_batch(ds, std::vector<int64_t>{0, 1, 2});
+  model.eval();
+  const double loss = forward_backward(model, opt, batch);
+  CHECK(model.is_training());  // the step trains, whatever mode it found
+  // The reference, by hand in f64 from the model's logits: loss = mean_b (lse_b - z_b[y_b]), and
+  // the head's bias gets d loss / d bias_k = mean_b (softmax(z_b)_k - [k == y_b]).
+  std::vector<double> z;
+  {
+    NoGradGuard no_grad;
+    z = model.forward(batch.tokens, batch.lengths).to_vector<double>();
+  }
+  double ref = 0;
+  std::vector<double> dbias(3, 0.0);
+  for (size_t b = 0; b < 3; ++b) {
+    const double m = std::max({z[b * 3], z[b * 3 + 1], z[b * 3 + 2]});
+    const double lse = m + std::log(std::exp(z[b * 3] - m) + std::exp(z[b * 3 + 1] - m) + std::exp(z[b * 3 + 2] - m));
+    ref += (lse - z[b * 3 + size_t(labels[b])]) / 3;
+    for (size_t k = 0; k < 3; ++k) dbias[k] += (std::exp(z[b * 3 + k] - lse) - (int64_t(k) == labels[b])) / 3;
+  }
+  // f32 rounding of a log-sum-exp of 3 logits and a mean of 3: a few ulp of a loss near ln 3
+  // (ulp 1.2e-7); the bias gradient's terms are below 1, so a few ulp of 1
+  CHECK(std::abs(loss - ref) < 1e-6);
+  check_close(model.head->bias.grad().to_vector<double>(), dbias, 1e-6, 0);
+  // every gradient of one call, to compare the next calls with
+  const std::vector<Tensor> params = model.parameters();
+  std::vector<std::vector<float>> first;
+  for (const Tensor& p : params) first.push_back(p.grad().to_vector<float>());
+  // the gradients are zeroed first: a second call gives the same ones, not their sum
+  CHECK(forward_backward(model, opt, batch) == loss);
+  for (size_t i = 0; i < params.size(); ++i) CHECK_MESSAGE(params[i].grad().to_vector<float>() == first[i], i);
+  // the loss scale multiplies every gradient (by 8, a power of two: exactly) but not the loss
+  CHECK(forward_backward(model, opt, batch, 8.0) == loss);
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<float> times8 = first[i];
+    for (float& g : times8) g *= 8;
+    CHECK_MESSAGE(params[i].grad().to_vector<float>() == times8, i);
+  }
+}
+
+TEST_CASE("longseq: the run's config reads back as the model and the task it was made of") {
+  LongSeqConfig m;
+  m.attention = "sparse", m.sparse = "strided", m.block = 16, m.stride_blocks = 3, m.d_model = 32, m.max_len = 300;
+  TaskOptions t;
+  t.task = "listops", t.data_seed = 9, t.listops_train = 30, t.listops_val = 4, t.listops_test = 5;
+  t.listops_min_len = 20, t.listops_max_len = 300, t.val_size = 17, t.random_windows = false;
+  const nlohmann::json j = run_config(m, t);
+  CHECK(nlohmann::json(model_from_json(j, "c.safetensors")) == nlohmann::json(m));
+  const TaskOptions back = task_from_json(j, "the-data");
+  CHECK(run_config(m, back) == j);  // every task field
+  CHECK(back.data_dir == "the-data");
+  nlohmann::json no_task = j;
+  no_task.erase("task");
+  AG_CHECK_ERROR(task_from_json(no_task, ""), "no valid task entry");
+  nlohmann::json bad_model = j;
+  bad_model["n_heads"] = 5;  // does not divide d_model 32
+  AG_CHECK_ERROR(model_from_json(bad_model, "c.safetensors"), "n_heads 5 does not divide d_model 32");
+  bad_model["d_model"] = "wide";
+  AG_CHECK_ERROR(model_from_json(bad_model, "c.safetensors"), "c.safetensors holds no longseq config");
+}
+
 TEST_CASE("longseq: the command line is checked before any data is read") {
   TaskOptions ok;
   CHECK_NOTHROW(validate_task_options(ok));
@@ -309,6 +428,20 @@ TEST_CASE("longseq: the command line is checked before any data is read") {
   check_usage_error([&] { validate_task_options(t); }, {"--listops-min-len 300", "--listops-max-len 200"});
   t = ok, t.passage = 8;
   check_usage_error([&] { validate_task_options(t); }, {"--passage 8"});
+  t = ok, t.val_size = -2;
+  check_usage_error([&] { validate_task_options(t); }, {"--val-size -2"});
+  // the model's options against the task's
+  LongSeqConfig cfg;
+  CHECK_NOTHROW(validate_command_line(cfg, ok, 0));
+  cfg.n_heads = 3;
+  check_usage_error([&] { validate_command_line(cfg, ok, 0); }, {"--heads 3", "--d-model 64"});
+  cfg = {}, cfg.attention = "linformer", cfg.materialise = true;
+  check_usage_error([&] { validate_command_line(cfg, ok, 0); }, {"--materialise", "not linformer"});
+  cfg = {}, cfg.attention = "axial", t = ok, t.task = "listops";
+  check_usage_error([&] { validate_command_line(cfg, t, 0); }, {"--attention axial", "ListOps"});
+  t.task = "text";
+  CHECK_NOTHROW(validate_command_line(cfg, t, 64));  // 2048 = 32 rows of 64
+  check_usage_error([&] { validate_command_line(cfg, t, 100); }, {"--axial-width 100", "--passage 2048"});
   TempDir dir("longseq_cli");
   const std::string out = dir.file("run"), err = dir.file("stderr.txt");
   const std::string cmd = std::string("'") + ATTOGRAD_APP_DIR + "/longseq' --heads 3 --out '" + out +

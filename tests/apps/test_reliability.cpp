@@ -367,19 +367,63 @@ TEST_CASE("reliability: textclf: --stop-at then --resume equals a straight run, 
 // ---- --resume with other settings -----------------------------------------------------------------
 
 // A checkpoint resumes only under the settings it was trained with: --resume with another batch
-// (the global batch fixes which samples each step sees) exits 1 naming the config, and leaves
-// the checkpoint as it was.
+// (the global batch fixes which samples each step sees) is a usage error (exit 2) naming the
+// config, and leaves the checkpoint as it was.
 void resume_refuses_other_batch(const std::string& app) {
   Apps apps("rebatch_" + app);
   run_app(apps.command(app, "run", 4, 2, 1, {}, 0.0, 4), apps.logs(), "train");
   const std::string before = read_bytes(apps.checkpoint("run"));
-  Child c = run_app(apps.command(app, "run", 4, 2, 1, {"--resume"}, 0.0, 8), apps.logs(), "resume", 1);
+  Child c = run_app(apps.command(app, "run", 4, 2, 1, {"--resume"}, 0.0, 8), apps.logs(), "resume", 2);
   INFO(app << " output:\n" << c.output());
   CHECK(c.err().find("--resume") != std::string::npos);
   CHECK(c.err().find("was trained with the config") != std::string::npos);
   CHECK(c.err().find("\"batch\":4") != std::string::npos);
   CHECK(c.err().find("\"batch\":8") != std::string::npos);
   CHECK(read_bytes(apps.checkpoint("run")) == before);
+}
+
+// The learning rate is a function of the step and the schedule options: --resume with another
+// --steps, --lr, --min-lr, --warmup or --schedule would bend the schedule halfway. Each is a usage
+// error (exit 2) naming the option with the checkpoint's value and the asked one, and the
+// checkpoint stays as it was.
+void resume_refuses_other_schedule(const std::string& app) {
+  Apps apps("reschedule_" + app);
+  const std::vector<std::string> cmd = apps.command(app, "run", 4, 2, 1, {}, 0.0);
+  run_app(cmd, apps.logs(), "train");
+  const std::string before = read_bytes(apps.checkpoint("run"));
+  struct Change {
+    std::string option, value, saved;  // saved: "" where the app's default is not spelled here
+  };
+  for (const Change& ch : {Change{"--steps", "8", "4"}, Change{"--lr", "0.0123", ""}, Change{"--min-lr", "1e-06", app == "gpt" ? "0.0001" : "0"},
+                           Change{"--warmup", "0.5", ""}, Change{"--schedule", "constant", "cosine"}}) {
+    INFO(app << " " << ch.option << " " << ch.value);
+    Child c = run_app(with_option(with_option(cmd, ch.option, ch.value), "--resume"), apps.logs(),
+                      "resume" + ch.option, 2);
+    INFO("output:\n" << c.output());
+    CHECK(c.err().find(app + ": --resume: ") != std::string::npos);
+    CHECK(c.err().find("this run asks for " + ch.option + " " + ch.value) != std::string::npos);
+    if (!ch.saved.empty())
+      CHECK(c.err().find("a run with " + ch.option + " " + ch.saved + " ") != std::string::npos);
+    CHECK(read_bytes(apps.checkpoint("run")) == before);
+  }
+}
+
+// A checkpoint names the app that wrote it: another app refuses it (exit 2) naming both, before
+// it reads the config whose entries it would not find.
+void refuses_checkpoint_of(const std::string& app, const std::string& writer) {
+  Apps apps("foreign_" + app);
+  run_app(apps.command(writer, "theirs", 2, 2, 1, {}, 0.0), apps.logs(), "writer");
+  for (const std::string mode : {"--eval-only", "--resume"}) {
+    INFO(app << " " << mode << " on a checkpoint of " << writer);
+    std::vector<std::string> cmd = apps.command(app, "mine", 2, 2, 1, {}, 0.0);
+    if (mode == "--eval-only")
+      cmd = with_option(with_option(cmd, "--eval-only"), "--checkpoint", apps.checkpoint("theirs"));
+    else  // the other app's run directory
+      cmd = with_option(with_option(cmd, "--out", apps.tmp.file("theirs")), "--resume");
+    Child c = run_app(cmd, apps.logs(), "refused" + mode, 2);
+    INFO("output:\n" << c.output());
+    CHECK(c.err().find(fmt::format("is a checkpoint of {}, not of {}", writer, app)) != std::string::npos);
+  }
 }
 
 TEST_CASE("reliability: vit: SIGKILL after a save: --resume evaluates the saved step first and ends as a straight run") {
@@ -400,6 +444,26 @@ TEST_CASE("reliability: gpt: --resume with another --batch is refused, the check
 }
 TEST_CASE("reliability: textclf: --resume with another --batch is refused, the checkpoint untouched") {
   resume_refuses_other_batch("textclf");
+}
+
+TEST_CASE("reliability: vit: --resume with other schedule options is a usage error naming the option") {
+  resume_refuses_other_schedule("vit");
+}
+TEST_CASE("reliability: gpt: --resume with other schedule options is a usage error naming the option") {
+  resume_refuses_other_schedule("gpt");
+}
+TEST_CASE("reliability: textclf: --resume with other schedule options is a usage error naming the option") {
+  resume_refuses_other_schedule("textclf");
+}
+TEST_CASE("reliability: imagetext: --resume with other schedule options is a usage error naming the option") {
+  resume_refuses_other_schedule("imagetext");
+}
+
+TEST_CASE("reliability: another app's checkpoint is refused, naming the app that wrote it") {
+  refuses_checkpoint_of("vit", "gpt");
+  refuses_checkpoint_of("gpt", "textclf");
+  refuses_checkpoint_of("textclf", "imagetext");
+  refuses_checkpoint_of("imagetext", "vit");
 }
 
 TEST_CASE("reliability: vit: RSS stays flat over 2000 steps") { flat_rss("vit"); }

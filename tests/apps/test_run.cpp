@@ -11,6 +11,7 @@
 #include "attograd.h"
 #include "nn/linear.h"
 #include "optim/adam.h"
+#include "tests/apps/usage_error.h"
 #include "tests/helpers.h"
 
 using namespace ag;
@@ -287,8 +288,14 @@ TEST_CASE("run: checkpoints resume the exact run, metrics and curves continue") 
     optim::AdamW opt(lin.parameters(), {.lr = 0.05});
     RunOptions o = make(8, {"--resume"});
     Run run("demo", o, lin, opt, gen, config);
-    AG_CHECK_ERROR(run.resume(), "a run of 6 steps", "--steps 8");
+    AG_CHECK_ERROR(run.resume(), "a run with --steps 6 ", "this run asks for --steps 8");
   }
+  // a checkpoint names its app: another app refuses it naming both, the same app and a caller
+  // that names none read it
+  CHECK(read_checkpoint_info(dir + "/checkpoint.safetensors").app == "demo");
+  CHECK(read_checkpoint_info(dir + "/checkpoint.safetensors", "demo").step == 6);
+  check_usage_error([&] { read_checkpoint_info(dir + "/checkpoint.safetensors", "other"); },
+                    {"other:", "is a checkpoint of demo, not of other"});
   AG_CHECK_ERROR(read_checkpoint_info(dir + "/nothing.safetensors"), "nothing.safetensors", "does not exist");
 }
 

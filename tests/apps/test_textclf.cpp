@@ -1,8 +1,10 @@
 // apps/textclf/lib.h: the naive Bayes baseline against hand-computed posteriors, the
 // tokenizer's model ids and its round trip through a checkpoint, the subword n-gram ids of a set
 // and a batch, length bucketing (deterministic, a partition, less padding), the prefetching
-// loader's resume, evaluation, heatmaps, and tiny training runs on a synthetic TSV whose accuracy
-// rises (one where only the n-grams can tell the classes apart).
+// loader's resume, the validation split, evaluation, heatmaps, the bag path's naive Bayes start
+// (two and three classes, against hand-computed tables), and tiny training runs on a synthetic TSV
+// through main's step (forward_backward, Run::optimizer_step) whose accuracy rises (one where only
+// the n-grams can tell the classes apart).
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "apps/common/run.h"
 #include "tests/apps/usage_error.h"
 #include "apps/textclf/lib.h"
+#include "core/parallel.h"
 #include "optim/adam.h"
 #include "tests/helpers.h"
 #include "training/checkpoint.h"
@@ -55,6 +58,24 @@ TextClassifierConfig tiny_config(int64_t vocab, int64_t classes) {
   c.vocab = vocab, c.max_len = 24, c.classes = classes;
   c.d_model = 16, c.n_heads = 2, c.n_layers = 1, c.mlp_hidden = 32, c.dropout = 0.0;
   return c;
+}
+
+// `steps` updates of apps/textclf/main.cpp's training loop on the loader's batches, in a run
+// directory `dir`: forward_backward, then Run::optimizer_step (clip to 1.0, AdamW's step), at the
+// optimizer's own learning rate (no schedule). Returns the losses.
+std::vector<double> train_steps(TextClassifier& model, optim::Optimizer& opt, data::DataLoader<Batch>& loader,
+                                int64_t steps, const std::string& dir) {
+  RunOptions o;
+  o.steps = steps, o.out_dir = dir, o.quiet = true, o.clip = 1.0, o.threads = num_threads();
+  apply_run_options(o, "textclf");
+  Generator gen(1);
+  Run run("textclf", o, model, opt, gen, {});
+  std::vector<double> losses;
+  for (int64_t s = 0; s < steps; ++s) {
+    losses.push_back(forward_backward(model, opt, loader.next_step(), 0.0, run.loss_scale()));
+    run.optimizer_step(s + 1, losses.back());
+  }
+  return losses;
 }
 
 }  // namespace
@@ -568,6 +589,25 @@ TEST_CASE("textclf: data options pick the tokenizer, name missing data and split
   CHECK(s.test.size() == 3);
   CHECK(s.test.classes == s.train.classes);
   CHECK(s.test.examples[1].label == 0);  // "one" sorts first
+  {  // validation_size's cap: 5000 of 60,000 training texts validate, not 10% (each class gives
+     // 5000 / 60000 = 1/12 of its 30,000 texts: 2500, a whole number)
+    DataOptions big = d;
+    big.tsv_file = tmp.file("big.tsv");
+    test::write_bytes(big.tsv_file, synthetic_tsv(60000, 4));
+    const data::TextSplit b = load_split(big);
+    CHECK(b.valid.size() == 5000);
+    CHECK(b.train.size() == 55000);
+    CHECK(b.test.size() == 3);
+    big.tsv_test.clear();  // one file: 10% of it is the test set, and validation keeps the cap
+    const data::TextSplit one = load_split(big);
+    CHECK(one.test.size() == 6000);
+    CHECK(one.valid.size() == 5000);
+    CHECK(one.train.size() == 49000);
+    big.tsv_file = tmp.file("one.tsv");  // a single text: nothing would be left to train on
+    test::write_bytes(big.tsv_file, "zero\tabc\n");
+    check_usage_error([&] { load_split(big); },
+                      {"textclf:", "one.tsv", "a validation split of 1", "leaves no training sample"});
+  }
   test::write_bytes(d.tsv_test, "two\tabc\n");
   AG_CHECK_ERROR(load_split(d), "two", "test.tsv");
 
@@ -620,18 +660,29 @@ TEST_CASE("textclf: a 30-step run on a synthetic TSV learns, and the heatmap has
   EvalResult before = evaluate(model, test, all.classes, 64);
   auto loader = make_train_loader(train, sampler, 30, cfg.max_len);
   loader->seek(0);
-  double first_loss = 0, last_loss = 0;
-  for (int s = 0; s < 30; ++s) {
-    StepResult r = train_step(model, opt, loader->next_step(), 1.0);
-    if (s < 5) first_loss += r.loss / 5;
-    if (s >= 25) last_loss += r.loss / 5;
-  }
+  const std::vector<double> losses = train_steps(model, opt, *loader, 30, tmp.file("run"));
+  const double first_loss = std::accumulate(losses.begin(), losses.begin() + 5, 0.0) / 5,
+               last_loss = std::accumulate(losses.end() - 5, losses.end(), 0.0) / 5;
   EvalResult after = evaluate(model, test, all.classes, 64);
   INFO("accuracy " << before.accuracy << " -> " << after.accuracy << ", loss " << first_loss << " -> " << last_loss);
   CHECK(after.confusion.total() == 100);
   CHECK(after.accuracy >= 0.9);
   CHECK(after.accuracy > before.accuracy + 0.2);
   CHECK(last_loss < 0.5 * first_loss);
+  {  // the step's loss scale (--precision fp16) multiplies every gradient, exactly for a power of
+     // two, and the loss it returns is the batch's own
+    const Batch b = make_batch(train, std::vector<int64_t>{0, 1, 2, 3}, cfg.max_len);
+    const double plain = forward_backward(model, opt, b);
+    std::vector<std::vector<float>> grads;
+    for (const Tensor& p : model.parameters()) grads.push_back(p.grad().to_vector<float>());
+    CHECK(forward_backward(model, opt, b, 0.0, 4.0) == plain);
+    int differ = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const std::vector<float> scaled = model.parameters()[i].grad().to_vector<float>();
+      for (size_t k = 0; k < scaled.size(); ++k) differ += scaled[k] != 4 * grads[i][k];
+    }
+    CHECK(differ == 0);
+  }
   // evaluate in small batches gives the same numbers (padding never leaks)
   EvalResult small = evaluate(model, test, all.classes, 20);
   CHECK(small.loss == doctest::Approx(after.loss).epsilon(1e-5));
@@ -695,7 +746,7 @@ TEST_CASE("textclf: with n-grams a word model learns from subwords where every w
   BucketSampler sampler(lengths, 16, 1, 3);
   auto loader = make_train_loader(train, sampler, 40, cfg.max_len);
   loader->seek(0);
-  for (int s = 0; s < 40; ++s) train_step(model, opt, loader->next_step(), 1.0);
+  train_steps(model, opt, *loader, 40, tmp.file("run"));
   EvalResult after = evaluate(model, test, split.train.classes, 64);
   INFO("accuracy " << after.accuracy);
   CHECK(after.accuracy >= 0.9);
@@ -812,6 +863,99 @@ TEST_CASE("textclf: the bag path starts as naive Bayes over the model's words an
   }
   CHECK(bag_accuracy(t, set) == doctest::Approx(right / 3.0));
   CHECK(bag_accuracy(t, set) > 0.5);  // it separates its own training texts
+}
+
+TEST_CASE("textclf: over three classes the bag path starts as centred naive Bayes without its prior") {
+  // Words only, alpha 1. Class a: "x x y", "x", "x"; class b: "y z"; class c: "z". The vocabulary:
+  // <pad> <unk> x y z (x seen 4 times, then y and z twice each), so F = 4 rows besides the padding.
+  // Counts (total): a x 4, y 1 (5); b y 1, z 1 (2); c z 1 (1). theta_c(f) = (count + 1) / (total_c + 4):
+  //          <unk>   x     y     z
+  //     a    1/9    5/9   2/9   1/9
+  //     b    1/6    1/6   2/6   2/6
+  //     c    1/5    1/5   1/5   2/5
+  //   bag[f, c] = log theta_c(f) - (1/3) sum_c' log theta_c'(f)
+  data::TextDataset ds;
+  ds.classes = {"a", "b", "c"};
+  ds.examples = {{"x x y", 0}, {"x", 0}, {"x", 0}, {"y z", 1}, {"z", 2}};
+  std::vector<std::string> texts;
+  for (const auto& ex : ds.examples) texts.push_back(ex.text);
+  const TextTokenizer tok = TextTokenizer::build_word(texts, 1, 100);
+  REQUIRE(tok.vocab_size() == 5);
+  REQUIRE(tok.encode("q x y z", 4) == std::vector<int64_t>{1, 2, 3, 4});
+  const double theta[4][3] = {{1. / 9, 1. / 6, 1. / 5}, {5. / 9, 1. / 6, 1. / 5}, {2. / 9, 2. / 6, 1. / 5},
+                              {1. / 9, 2. / 6, 2. / 5}};  // rows <unk> x y z, columns a b c
+  TextClassifierConfig cfg = tiny_config(5, 3);
+  cfg.bag = true;
+  const BagTables t = bag_naive_bayes(encode_dataset(ds, tok, cfg.max_len), cfg.vocab, 0, 3, 1.0);
+  REQUIRE(t.words.size() == 15);
+  CHECK(t.ngrams.empty());
+  for (int c = 0; c < 3; ++c) CHECK(t.words[size_t(c)] == 0.f);  // padding
+  for (int f = 0; f < 4; ++f) {
+    CAPTURE(f);
+    const double mean = (std::log(theta[f][0]) + std::log(theta[f][1]) + std::log(theta[f][2])) / 3;
+    double row = 0;
+    for (int c = 0; c < 3; ++c) {
+      CHECK(t.words[size_t(3 * (f + 1) + c)] == doctest::Approx(std::log(theta[f][c]) - mean).epsilon(1e-6));
+      row += t.words[size_t(3 * (f + 1) + c)];
+    }
+    CHECK(std::abs(row) < 1e-6);  // centred: the classes' values of a row sum to 0
+  }
+
+  // Naive Bayes by hand: S_c = log prior_c + sum_t log theta_c(x_t), priors 3/5, 1/5, 1/5. The
+  // tables' argmax is that of S_c with a uniform prior. The prior changes two answers: "q" (an
+  // unknown word) is c without it (theta 1/5 the largest) and a with it (3/5 * 1/9 = 1/15 against
+  // 1/5 * 1/5 = 1/25); "y" is b without it (2/6) and a with it (3/5 * 2/9 = 2/15 against 1/15).
+  data::TextDataset probe;
+  probe.classes = ds.classes;
+  const std::vector<std::vector<int>> probes = {{0}, {1}, {2}, {3}, {1, 2}, {2, 3}, {1, 3, 3}, {0, 0, 2}};
+  const char* words[] = {"q", "x", "y", "z"};
+  const double prior[3] = {3. / 5, 1. / 5, 1. / 5};
+  int64_t differ = 0;
+  std::vector<int> with_prior;
+  for (const std::vector<int>& p : probes) {
+    std::string text;
+    double s[3] = {0, 0, 0}, sp[3];
+    for (int f : p) {
+      if (!text.empty()) text += ' ';
+      text += words[f];
+      for (int c = 0; c < 3; ++c) s[c] += std::log(theta[f][c]);
+    }
+    for (int c = 0; c < 3; ++c) sp[c] = s[c] + std::log(prior[c]);
+    const int nb = int(std::max_element(s, s + 3) - s), nb_prior = int(std::max_element(sp, sp + 3) - sp);
+    probe.examples.push_back({text, nb});  // labelled with naive Bayes' answer without the prior
+    with_prior.push_back(nb_prior);
+    differ += nb != nb_prior;
+  }
+  REQUIRE(differ == 2);  // "q" and "y"
+  const EncodedSet set = encode_dataset(probe, tok, cfg.max_len);
+  CHECK(bag_accuracy(t, set) == 1.0);  // every start prediction is naive Bayes' without its prior
+  EncodedSet relabelled = set;
+  for (size_t i = 0; i < with_prior.size(); ++i) relabelled.labels[i] = with_prior[i];
+  CHECK(bag_accuracy(t, relabelled) == doctest::Approx(double(probes.size() - 2) / double(probes.size())));
+
+  // the model's start: the path adds (1/n) (S_c without the prior) less a constant of the text, so
+  // the logits of two classes differ by (S_c - S_c') / n
+  Generator gen(5);
+  TextClassifier model(cfg, &gen);
+  init_bag_from_naive_bayes(model, t);
+  model.eval();
+  NoGradGuard no_grad;
+  std::vector<int64_t> all(probes.size());
+  std::iota(all.begin(), all.end(), int64_t(0));
+  const Batch b = make_batch(set, all, cfg.max_len);
+  const std::vector<float> with = model.forward(b.tokens, b.lengths).to_vector<float>();
+  model.bag_tok->weight.fill_(0.0);
+  const std::vector<float> without = model.forward(b.tokens, b.lengths).to_vector<float>();
+  for (size_t i = 0; i < probes.size(); ++i) {
+    CAPTURE(i);
+    double s[3] = {0, 0, 0};
+    for (int f : probes[i])
+      for (int c = 0; c < 3; ++c) s[c] += std::log(theta[f][c]);
+    const auto n = double(probes[i].size());
+    auto path = [&](int c) { return double(with[3 * i + size_t(c)]) - double(without[3 * i + size_t(c)]); };
+    CHECK(path(0) - path(1) == doctest::Approx((s[0] - s[1]) / n).epsilon(1e-5));
+    CHECK(path(2) - path(1) == doctest::Approx((s[2] - s[1]) / n).epsilon(1e-5));
+  }
 }
 
 TEST_CASE("textclf: the command line is checked before any data is read") {
