@@ -244,6 +244,23 @@ bool all_finite(const Tensor& t) {
   return true;
 }
 
+// A gradcheck's function of the input in[0] and every parameter, in[1...]: the layer's parameters
+// become those inputs, in the order the layer names them.
+void set_parameters(nn::LinformerAttention& lin, const std::vector<Tensor>& in) {
+  lin.qkv->weight = in[1], lin.qkv->bias = in[2], lin.proj->weight = in[3], lin.proj->bias = in[4];
+  lin.E = in[5], lin.F = in[6];
+}
+void set_parameters(nn::MemoryCompressedAttention& mca, const std::vector<Tensor>& in) {
+  mca.qkv->weight = in[1], mca.qkv->bias = in[2];
+  mca.compress_k->weight = in[3], mca.compress_k->bias = in[4];
+  mca.compress_v->weight = in[5], mca.compress_v->bias = in[6];
+  mca.proj->weight = in[7], mca.proj->bias = in[8];
+}
+void set_parameters(nn::AxialAttention& ax, const std::vector<Tensor>& in) {
+  ax.row->qkv->weight = in[1], ax.row->qkv->bias = in[2], ax.row->proj->weight = in[3], ax.row->proj->bias = in[4];
+  ax.col->qkv->weight = in[5], ax.col->qkv->bias = in[6], ax.col->proj->weight = in[7], ax.col->proj->bias = in[8];
+}
+
 }  // namespace
 
 // ================================== LinformerAttention ===========================================
@@ -301,8 +318,7 @@ TEST_CASE("LinformerAttention: gradcheck w.r.t. input and every parameter (plain
     if (padding == 2) o.key_padding_mask = bools({1, 0, 0, 1, 0, 0, 0, 0}, {2, 4});
     expect_gradcheck(
         [&](const std::vector<Tensor>& in) {
-          lin.qkv->weight = in[1], lin.qkv->bias = in[2], lin.proj->weight = in[3], lin.proj->bias = in[4];
-          lin.E = in[5], lin.F = in[6];
+          set_parameters(lin, in);
           return lin.forward(in[0], o).out;
         },
         {leaf64({2, 4, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 4}, 4), leaf64({4}, 5),
@@ -341,8 +357,7 @@ TEST_CASE("LinformerAttention: attention dropout by hand in training, none in ev
   expect_gradcheck(
       [&](const std::vector<Tensor>& in) {
         g = fixed;
-        lin.qkv->weight = in[1], lin.qkv->bias = in[2], lin.proj->weight = in[3], lin.proj->bias = in[4];
-        lin.E = in[5], lin.F = in[6];
+        set_parameters(lin, in);
         return lin.forward(in[0]).out;
       },
       {leaf64({2, 4, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 4}, 4), leaf64({4}, 5),
@@ -501,10 +516,7 @@ TEST_CASE("MemoryCompressedAttention: gradcheck w.r.t. input and every parameter
       if (padding == 2) o.key_padding_mask = bools({1, 1, 0, 0, 1, 0, 0, 1, 0, 0}, {2, 5});
       expect_gradcheck(
           [&](const std::vector<Tensor>& in) {
-            mca.qkv->weight = in[1], mca.qkv->bias = in[2];
-            mca.compress_k->weight = in[3], mca.compress_k->bias = in[4];
-            mca.compress_v->weight = in[5], mca.compress_v->bias = in[6];
-            mca.proj->weight = in[7], mca.proj->bias = in[8];
+            set_parameters(mca, in);
             return mca.forward(in[0], o).out;
           },
           // T = 5: two full blocks of 2 and one of 1
@@ -541,10 +553,7 @@ TEST_CASE("MemoryCompressedAttention: attention dropout by hand in training (pla
     expect_gradcheck(
         [&](const std::vector<Tensor>& in) {
           g = fixed;
-          mca.qkv->weight = in[1], mca.qkv->bias = in[2];
-          mca.compress_k->weight = in[3], mca.compress_k->bias = in[4];
-          mca.compress_v->weight = in[5], mca.compress_v->bias = in[6];
-          mca.proj->weight = in[7], mca.proj->bias = in[8];
+          set_parameters(mca, in);
           return mca.forward(in[0], o).out;
         },
         {leaf64({2, 5, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 8}, 4, 0.5), leaf64({4}, 5),
@@ -625,10 +634,7 @@ TEST_CASE("AxialAttention: gradcheck w.r.t. input and every parameter (plain and
     nn::AxialAttention ax(4, 2, 2, 3, {.causal = causal, .dtype = DType::f64});
     expect_gradcheck(
         [&](const std::vector<Tensor>& in) {
-          ax.row->qkv->weight = in[1], ax.row->qkv->bias = in[2], ax.row->proj->weight = in[3],
-          ax.row->proj->bias = in[4];
-          ax.col->qkv->weight = in[5], ax.col->qkv->bias = in[6], ax.col->proj->weight = in[7],
-          ax.col->proj->bias = in[8];
+          set_parameters(ax, in);
           return ax.forward(in[0]);
         },
         {leaf64({2, 6, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 4}, 4), leaf64({4}, 5),
@@ -666,10 +672,7 @@ TEST_CASE("AxialAttention: attention dropout by hand in training (row, then colu
     expect_gradcheck(
         [&](const std::vector<Tensor>& in) {
           g = fixed;
-          ax.row->qkv->weight = in[1], ax.row->qkv->bias = in[2], ax.row->proj->weight = in[3],
-          ax.row->proj->bias = in[4];
-          ax.col->qkv->weight = in[5], ax.col->qkv->bias = in[6], ax.col->proj->weight = in[7],
-          ax.col->proj->bias = in[8];
+          set_parameters(ax, in);
           return ax.forward(in[0]);
         },
         {leaf64({2, 6, 4}, 1), leaf64({12, 4}, 2, 0.5), leaf64({12}, 3), leaf64({4, 4}, 4), leaf64({4}, 5),
