@@ -74,32 +74,29 @@ CLI::Validator positive() { return bound_check(true, "POSITIVE"); }
 CLI::Validator non_negative() { return bound_check(false, "NONNEGATIVE"); }
 
 void add_run_options(CLI::App& cli, RunOptions& o) {
-  cli.add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(positive());
+  // every option below shows its default in --help; the caller's setting for its own options is
+  // restored at the end
+  const bool shown = cli.option_defaults()->get_always_capture_default();
+  cli.option_defaults()->always_capture_default();
+  cli.add_option("--steps", o.steps, "optimizer steps")->check(positive());
   cli.add_option("--batch", o.batch, "batch size (per process: under mpirun -np N the global batch is N x this)")
-      ->capture_default_str()
       ->check(positive());
-  cli.add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str()->check(positive());
+  cli.add_option("--lr", o.lr, "peak learning rate (AdamW)")->check(positive());
   cli.add_option("--min-lr", o.min_lr, "final learning rate of the cosine schedule")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--warmup", o.warmup, "fraction of the steps with a linear warmup")
-      ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   cli.add_option("--schedule", o.schedule, "lr schedule: cosine (after warmup), constant, step (x0.1 every third)")
-      ->capture_default_str()
       ->check(CLI::IsMember({"cosine", "constant", "step"}));
   cli.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off; the norm is checked either way)")
-      ->capture_default_str()
       ->check(non_negative());
-  cli.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.99));
-  cli.add_option("--seed", o.seed, "seed of initialisation, data order, dropout and sampling")->capture_default_str();
+  cli.add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
+  cli.add_option("--seed", o.seed, "seed of initialisation, data order, dropout and sampling");
   cli.add_option("--threads", o.threads,
                  "CPU threads (0: the cores other processes leave free, re-measured as the run goes; under mpirun, the "
                  "cores divided among this host's ranks)")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_flag("--deterministic", o.deterministic,
                "the same results bit for bit at any --threads (ag::set_deterministic; costs nothing on the f32 "
@@ -108,31 +105,26 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
                "stop at the first op whose output, or the first backward node whose gradient, holds a NaN or an "
                "Inf, naming the op, its shapes and the source line that called it (ag::detect_anomaly; slower: "
                "every value is checked)");
-  cli.add_option("--device", o.device, "cpu or cuda[:N] (under mpirun: cuda, each rank on the GPU of its local rank)")
-      ->capture_default_str();
+  cli.add_option("--device", o.device, "cpu or cuda[:N] (under mpirun: cuda, each rank on the GPU of its local rank)");
   cli.add_option("--precision", o.precision,
                  "fp32, bf16 or fp16: autocast (ag::AutocastGuard) of matmul, linear and attention to 16-bit "
                  "operands summed in f32, weights, gradients and optimizer in f32; fp16 with dynamic loss "
                  "scaling (tensor cores on a GPU; bf16 on a CPU with AVX512-BF16: native products, faster than fp32, "
                  "evaluation and generation reading bf16 copies of the weights; elsewhere emulated: the same "
                  "numbers, slower than fp32)")
-      ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cli.add_option("--out,--checkpoint-dir", o.out_dir,
                  "run directory: checkpoint, metrics, TensorBoard events, plots, report (default runs/<app>)");
   cli.add_flag("--resume", o.resume, "continue from the checkpoint in the run directory");
   cli.add_option("--eval-every", o.eval_every, "steps between evaluations (0: ten per run)")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--log-every", o.log_every,
                  "steps between training log lines (train loss, lr, gradient norm, throughput) in metrics.jsonl, "
                  "TensorBoard and curves.svg (0: about 200 per run)")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: at every evaluation)")
-      ->capture_default_str()
       ->check(non_negative());
-  cli.add_option("--data-dir", o.data_dir, "where the data is")->capture_default_str();
+  cli.add_option("--data-dir", o.data_dir, "where the data is");
   cli.add_flag("--eval-only", o.eval_only,
                "evaluate --checkpoint (or the run directory's) and exit: the model and its data as the checkpoint "
                "saved them (an option of theirs given with another value is refused)");
@@ -145,19 +137,17 @@ void add_run_options(CLI::App& cli, RunOptions& o) {
   cli.add_option("--stop-at", o.stop_at,
                  "stop after this step of the --steps schedule as Ctrl-C would: save, report, exit 0; continue "
                  "with --resume (0: off)")
-      ->capture_default_str()
       ->check(non_negative());
   cli.add_option("--patience", o.patience,
                  "stop after this many evaluations without a better validation metric; the best model is kept "
                  "in best.safetensors and tested at the end (0: never stop early; -1: 5 for a small training "
                  "set, else 0)")
-      ->capture_default_str()
       ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
   cli.add_option("--max-skips", o.max_skips,
                  "stop (exit 1) after this many steps in a row with a non-finite loss or gradient norm, whose "
                  "updates are skipped (0: never)")
-      ->capture_default_str()
       ->check(non_negative());
+  cli.option_defaults()->always_capture_default(shown);
 }
 
 void validate_run_options(const RunOptions& o, const std::string& app) {

@@ -116,9 +116,9 @@ Run::Run(std::string app, const RunOptions& o, nn::Module& model, optim::Optimiz
       extra_(std::move(extra)), start_time_(now_seconds()) {
   check(!dir_.empty(), "{}: no run directory (call apply_run_options first)", app_);
   if (o.precision == "fp16") scaler_.emplace();
-  for (const char* key : {"app", "config", "steps", "schedule", "run.loss_sum", "run.loss_count", "run.skipped", "run.skips_in_a_row",
-                          "run.loss_scale", "run.loss_scale_tracker", "run.loss_scale_skips", "run.log",
-                          "run.best"})
+  for (const char* key : {"app", "config", "steps", "schedule", "run.loss_sum", "run.loss_count", "run.skipped",
+                          "run.skips_in_a_row", "run.loss_scale", "run.loss_scale_tracker", "run.loss_scale_skips",
+                          "run.log", "run.best"})
     check(extra_.count(key) == 0, "{}: '{}' is reserved in the checkpoint metadata", app_, key);
   if (dist::is_main()) {
     std::error_code ec;
@@ -258,7 +258,7 @@ int64_t Run::load_best() {
 
 void Run::check_resumed_schedule(const CheckpointInfo& info, const std::string& ckpt) const {
   // the learning rate is a function of the step and these options: other values would bend the
-  // schedule halfway (a file without the entry records --steps alone)
+  // schedule halfway (a file without the "schedule" entry records --steps alone, as "steps")
   nlohmann::json saved;
   if (auto it = info.extra.find("schedule"); it != info.extra.end()) {
     saved = nlohmann::json::parse(it->second, nullptr, false);
@@ -470,7 +470,6 @@ std::map<std::string, std::string> Run::model_metadata() const {
   std::map<std::string, std::string> meta = extra_;
   meta["app"] = app_;
   meta["config"] = config_.dump();
-  meta["steps"] = std::to_string(o_.steps);
   meta["schedule"] = schedule_json(o_).dump();
   return meta;
 }
