@@ -1,11 +1,14 @@
 #include "apps/longseq/model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/ranges.h>
 
 #include "apps/common/gpt2_style.h"
 #include "autograd/ops.h"
+#include "autograd/tape.h"
+#include "nn/init.h"
 
 namespace ag::apps::longseq {
 
@@ -105,6 +108,12 @@ LongSeqClassifier::LongSeqClassifier(const LongSeqConfig& c, Generator* gen) : c
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, DType::f32, gen));
   // every weight N(0, 0.02), pos_embed with them (it is 3-D), the residual projections scaled
   init_gpt2_style(*this, c.n_layers, gen);
+  // then q, k and v N(0, 1 / d): scores of variance 1 at init (model.h, "Initialisation")
+  NoGradGuard no_grad;
+  const std::string qkv = "qkv.weight";
+  for (auto& [name, p] : named_parameters())
+    if (name.size() >= qkv.size() && name.compare(name.size() - qkv.size(), qkv.size(), qkv) == 0)
+      p.copy_(nn::init::normal(p.shape(), 0.0, 1.0 / std::sqrt(double(c.d_model)), p.dtype(), gen));
 }
 
 Tensor LongSeqClassifier::forward(const Tensor& tokens_in, const Tensor& lengths_in) {

@@ -29,6 +29,14 @@
 //               grid_h x grid_w tokens: the pixels' own grid, or a 1-D sequence folded into rows.
 // Padding keys are hidden from every query (key_padding_lengths), except under axial, which takes
 // no padding (the app refuses it for sequences of varying length).
+//
+// Initialisation: GPT-2's (apps/common/gpt2_style.h), except each attention's q, k, v projection
+// (the parameters named "...qkv.weight"), drawn N(0, 1 / d_model). On LayerNorm'd inputs, whose
+// elements have variance 1, q and k elements then have variance d sigma^2 = 1, and so does a score
+// q.k / sqrt(d_head). GPT-2's sigma = 0.02 gives the scores variance (d sigma^2)^2 = 0.0007 at
+// d 64: each query's weights start uniform over up to 2,000 keys, and the gradient that would
+// sharpen them carries the same small factor. On ListOps full attention then stayed near the
+// commonest answer for 2,000 steps (docs/math/long-sequences.md, "ListOps and the initialisation").
 // docs/math/long-sequences.md gives each method's formula and cost.
 #include <nlohmann/json.hpp>
 

@@ -344,6 +344,31 @@ TEST_CASE("longseq: pos_embed is drawn once, N(0, 0.02), with the other weights"
   CHECK(std::abs(std::sqrt(sq / double(long_pos.size())) - 0.02) < 0.02 * 3 / std::sqrt(640.0));
 }
 
+TEST_CASE("longseq: the attention's q, k, v start at N(0, 1 / d), the other weights at GPT-2's N(0, 0.02)") {
+  // the sample std of n draws of N(0, s^2) is within 3 of its relative spread 1 / sqrt(2 n) of s
+  auto check_std = [](const std::string& name, const Tensor& p, double s) {
+    double sq = 0;
+    const std::vector<double> v = p.to_vector<double>();
+    for (double x : v) sq += x * x;
+    INFO(name);
+    CHECK(std::abs(std::sqrt(sq / double(v.size())) - s) < s * 3 / std::sqrt(2.0 * double(v.size())));
+  };
+  LongSeqConfig c;
+  c.vocab = 20, c.max_len = 16, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
+  c.grid_h = 4, c.grid_w = 4, c.k = 8;
+  for (const std::string method : {"full", "linformer", "compressed", "axial"}) {
+    c.attention = method;
+    Generator gen(5);
+    LongSeqClassifier model(c, &gen);
+    int qkv = 0;
+    for (const auto& [name, p] : model.named_parameters()) {
+      if (name.ends_with("qkv.weight")) ++qkv, check_std(method + " " + name, p, 0.25);  // 1 / sqrt(16)
+      if (name.ends_with("mlp.fc1.weight")) check_std(method + " " + name, p, 0.02);
+    }
+    CHECK(qkv == (method == "axial" ? 4 : 2));  // axial: a row and a column attention per block
+  }
+}
+
 TEST_CASE("longseq: forward_backward, main's step: the mean cross-entropy, fresh gradients, the loss scale") {
   LongSeqConfig c;
   c.vocab = 20, c.max_len = 12, c.classes = 3, c.d_model = 16, c.n_heads = 2, c.n_layers = 2, c.mlp_hidden = 24;
