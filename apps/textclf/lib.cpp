@@ -441,13 +441,16 @@ std::string missing_data(const DataOptions& d) {
 }
 
 data::TextSplit load_split(const DataOptions& d) {
-  if (d.dataset == "fortunes")
-    return data::split_dataset(data::load_fortunes(d.root.empty() ? data::kFortuneRoot : d.root), d.split_seed);
   // validation_size's count of the `n` texts of `file`, as the fraction split_dataset takes
   auto validation = [](int64_t n, const std::string& file) {
     return double(validation_size(-1, n, fmt::format("textclf: {}: a validation split of", file))) / double(n);
   };
   data::TextDataset train, test;
+  if (d.dataset == "fortunes") {
+    const std::string root = d.root.empty() ? data::kFortuneRoot : d.root;
+    train = data::load_fortunes(root);
+    return data::split_dataset(train, d.split_seed, validation(train.size(), root), 0.1);
+  }
   if (d.dataset == "imdb") {
     train = data::load_imdb(d.root, "train");
     test = data::load_imdb(d.root, "test");

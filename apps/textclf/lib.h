@@ -153,7 +153,8 @@ void init_bag_from_naive_bayes(TextClassifier& model, const BagTables& t);
 // --eval-only rebuilds the same split. Every split is stratified (data::split_dataset, by
 // split_seed): each class gives its share, rounded, so the validation size may differ from the
 // count below by up to half the number of classes.
-//   fortunes  language identification on data::load_fortunes(root), split 80/10/10
+//   fortunes  language identification on data::load_fortunes(root): 10% test, validation_size's
+//             count (10%, at most 5000) validation, the rest training
 //   imdb      <root>/train and <root>/test of an aclImdb folder; validation: validation_size's
 //             count of train (10%, at most 5000; apps/common/options.h)
 //   tsv       tsv_file for train and validation (validation_size's count of it) and tsv_test for

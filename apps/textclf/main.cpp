@@ -1,5 +1,5 @@
 // textclf: an attention text classifier. Default task: which of 8 languages (en de es it pt ru cs
-// pl) a fortune cookie is written in, from Debian's fortune packages (~91k texts, split 80/10/10).
+// pl) a fortune cookie is written in, from Debian's fortune packages (~91k texts: 10% test, 5,000 validation).
 // Also the aclImdb reviews (--dataset imdb --data-dir <aclImdb>) and any label<TAB>text file
 // (--dataset tsv --tsv-file f).
 //
@@ -22,9 +22,10 @@
 // multinomial naive Bayes on the same split (--baseline, on by default for the fortunes).
 //
 // Model selection: validation picks the model (best.safetensors), which is tested once, at the
-// end. imdb and --tsv-file hold validation_size's count of their training texts out for it (10%,
-// at most 5000; apps/common/options.h); the fortunes keep 80/10/10. Under 20,000 training texts
-// the defaults change, each said in one line (lib.h fit_defaults_to_data); a flag given wins.
+// end. Every dataset holds validation_size's count of its training texts out for it (10%, at most
+// 5000; apps/common/options.h); the fortunes and a --tsv-file without --tsv-test give 10% to
+// test. Under 20,000 training texts the defaults change, each said in one line (lib.h
+// fit_defaults_to_data); a flag given wins.
 //
 // Writes to the run directory (default runs/textclf): checkpoint (with config and tokenizer),
 // best.safetensors, metrics.jsonl, TensorBoard events, curves.svg, attention.svg (every head's

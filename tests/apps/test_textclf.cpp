@@ -610,6 +610,28 @@ TEST_CASE("textclf: data options pick the tokenizer, name missing data and split
   }
   test::write_bytes(d.tsv_test, "two\tabc\n");
   AG_CHECK_ERROR(load_split(d), "two", "test.tsv");
+  {  // the fortunes follow the same rule: 60,000 texts give 10% to test and validation_size's 5000
+     // (not 10%) to validation. Each source of the table gets its share of distinct entries.
+    DataOptions f;
+    f.dataset = "fortunes", f.root = tmp.file("fortunes");
+    const auto& sources = data::fortune_sources();
+    const int64_t per_source = 60000 / int64_t(sources.size());
+    for (const auto& src : sources) {
+      std::string rel = src.path, text;
+      if (rel.back() == '/') std::filesystem::create_directories(f.root + "/" + rel), rel += "entries";
+      std::filesystem::create_directories(std::filesystem::path(f.root + "/" + rel).parent_path());
+      for (int64_t i = 0; i < per_source; ++i) text += fmt::format("{} entry {}\n%\n", rel, i);
+      test::write_bytes(f.root + "/" + rel, text);
+    }
+    const int64_t n = data::load_fortunes(f.root).size();  // the table leaves some files out
+    REQUIRE(n > 50000);  // so that the cap, not 10%, sizes the validation split
+    const data::TextSplit fs = load_split(f);
+    CHECK(fs.train.size() + fs.valid.size() + fs.test.size() == n);
+    // each class rounds its own share, so the totals may differ by up to half a text per class
+    const double half = 0.5 * double(fs.train.classes.size());
+    CHECK(std::abs(double(fs.valid.size()) - 5000.0) <= half);
+    CHECK(std::abs(double(fs.test.size()) - 0.1 * double(n)) <= half);
+  }
 
   DataOptions back = data_from_json(data_to_json(d));
   CHECK(data_to_json(back) == data_to_json(d));
