@@ -6,6 +6,8 @@
 // LayerNorm (1, 0), and the two projections that write into the residual stream (attn.proj,
 // mlp.fc2) ~ N(0, 0.02 / sqrt(2 n_layers)), so the stream's variance does not grow with depth.
 // ViT's class token and pos_embed ~ N(0, 0.02) too (they are 2-D or more, so the same rule).
+// longseq then redraws its attention's q, k, v projections at N(0, 1 / d): over thousands of
+// keys GPT-2's scale leaves the weights uniform (apps/longseq/model.h, "Initialisation").
 #include <cstdint>
 #include <functional>
 #include <memory>
