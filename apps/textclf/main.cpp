@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   cli.add_option("--dataset", d.dataset, "fortunes (8-language ID), imdb (aclImdb folder in --data-dir) or tsv")
       ->check(CLI::IsMember({"fortunes", "imdb", "tsv"}));
   cli.add_option("--tsv-file", d.tsv_file,
-                 "label<TAB>text file for --dataset tsv (split 80/10/10 unless --tsv-test; validation at most 5000)");
+                 "label<TAB>text file for --dataset tsv (10% test unless --tsv-test; validation 10%, at most 5000)");
   cli.add_option("--tsv-test", d.tsv_test, "a separate test TSV for --dataset tsv");
   cli.add_option("--split-seed", d.split_seed, "seed of the train/validation/test split");
   cli.add_option("--tokenizer", d.tokenizer,
