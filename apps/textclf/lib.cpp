@@ -878,6 +878,12 @@ TextData load_text_data(DataOptions& d, TextClassifierConfig& mc, const TrainSet
   return data;
 }
 
+BagDecision decide_bag_path(double start, double chars, int64_t n_valid) {
+  if (n_valid <= 0) return {};
+  const double se = std::sqrt(chars * (1 - chars) / double(n_valid));
+  return {.on = start >= chars - kBagTieStandardErrors * se, .standard_error = se};
+}
+
 std::vector<std::string> fit_defaults_to_data(RunOptions& o, TextClassifierConfig& mc, TrainSettings& s,
                                               const DataOptions& d, const TextData& data,
                                               std::optional<BagTables>& bag_start) {
@@ -899,12 +905,15 @@ std::vector<std::string> fit_defaults_to_data(RunOptions& o, TextClassifierConfi
     if (s.bag_path == "auto") {
       const double start = bag_accuracy(*bag_start, data.valid),
                    chars = fitted_baseline(data.split, s.nb_alpha).evaluate(data.split.valid).accuracy;
+      const BagDecision b = decide_bag_path(start, chars, data.valid.size());
       chosen.push_back(fmt::format(
           "--bag-path {}: {}: a linear bag of the words and their n-grams beside the encoder, started as naive "
-          "Bayes on them, {:.2f}% on validation against the character n-gram naive Bayes' {:.2f}%{}",
-          start >= chars ? "on" : "off", size, 100 * start, 100 * chars,
-          start >= chars ? " (--bag-path off: the encoder alone)" : ": a worse start (--bag-path on: it anyway)"));
-      if (start < chars) bag_start.reset();
+          "Bayes on them, {:.2f}% on validation against the character n-gram naive Bayes' {:.2f}% ({} {} "
+          "standard errors of {:.2f} points){}",
+          b.on ? "on" : "off", size, 100 * start, 100 * chars, b.on ? "better, or a tie: within" : "worse by more than",
+          kBagTieStandardErrors, 100 * b.standard_error,
+          b.on ? " (--bag-path off: the encoder alone)" : " (--bag-path on: it anyway)"));
+      if (!b.on) bag_start.reset();
     }
   }
   mc.bag = bag_start.has_value();

@@ -364,6 +364,20 @@ inline constexpr double kWordDropout = 0.1;
 // --word-dropout for a small set of words (< kSmallTrainSet texts): the best of the rates tried by
 // validation accuracy over seeds on two small fortune sets (docs/benchmarks.md, "Small data").
 inline constexpr double kSmallSetWordDropout = 0.3;
+// --bag-path auto compares the path's start with the character n-gram naive Bayes on the same n
+// validation texts. A gap within kBagTieStandardErrors standard errors of an accuracy there,
+// sqrt(p (1 - p) / n) at the baseline's p, is a tie, and a tie takes the path: the path starts
+// where naive Bayes ends, so it is the safer choice. Two, not one: on the tuning sets one standard
+// error turned the path off at 250 and 500 texts, where it gained 8.7 and 4.8 points on test, and
+// two kept it off only where it lost (docs/math/text-classification.md, "--bag-path auto").
+inline constexpr double kBagTieStandardErrors = 2.0;
+struct BagDecision {
+  bool on = true;
+  double standard_error = 0;  // of the baseline's validation accuracy; 0 without validation texts
+};
+// start, chars: the path's start's and the baseline's validation accuracies on n_valid texts;
+// without validation texts nothing speaks against the path: on.
+BagDecision decide_bag_path(double start, double chars, int64_t n_valid);
 
 // The data of a run: its texts and the same texts as the model's ids.
 struct TextData {
@@ -387,10 +401,10 @@ TextData load_text_data(DataOptions& d, TextClassifierConfig& mc, const TrainSet
 // option given on the command line wins (was_given). A small set (< kSmallTrainSet training
 // texts) is memorised long before the default schedule ends. In this order:
 //   --word-dropout  kSmallSetWordDropout for a small set of words, else as given (0)
-//   --bag-path auto on for a small set of words when the path's start (bag_naive_bayes) is as
-//                   accurate on validation as the character n-gram naive Bayes; where it is worse,
-//                   a poor start held the model below the encoder alone (docs/benchmarks.md, "Small
-//                   data"). `bag_start` gets the tables when the path is on.
+//   --bag-path auto on for a small set of words unless the path's start (bag_naive_bayes) trails
+//                   the character n-gram naive Bayes on validation by more than a tie
+//                   (decide_bag_path); where it trails further, a poor start held the model below
+//                   the encoder alone. `bag_start` gets the tables when the path is on.
 //   --dropout       kWordDropout for words, 0 for characters
 //   --steps         for a small set, at most 20 epochs of the global batch (set_steps)
 //   --patience      resolve_patience: 5 for a small set, else 0

@@ -242,8 +242,8 @@ int main(int argc, char** argv) {
   cli.add_option("--bag-path", s.bag_path,
                  "a linear model of the words (and their n-grams) beside the encoder, its logits added to the "
                  "encoder's and its weights started as naive Bayes on the training set: on, off, or auto (on for "
-                 "a small set with the word tokenizer when that start is as accurate on validation as the "
-                 "character n-gram naive Bayes)")
+                 "a small set with the word tokenizer unless that start trails the character n-gram naive Bayes on "
+                 "validation by more than 2 standard errors)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   return app.main(
       argc, argv, [&] { validate_config(d, mc, s); },

@@ -539,7 +539,8 @@ TEST_CASE("textclf: a small TSV set gets its defaults from its texts, each said 
   const std::string u = run("unk", tmp.file("unk.tsv"), "--tokenizer word --steps 5 --patience 0");
   INFO(u);
   CHECK(u.find("textclf: --bag-path off: 480 training texts (< 20000: a small set)") != std::string::npos);
-  CHECK(u.find(": a worse start (--bag-path on: it anyway)") != std::string::npos);
+  CHECK(u.find("worse by more than 2 standard errors of ") != std::string::npos);
+  CHECK(u.find(" points) (--bag-path on: it anyway)") != std::string::npos);
   CHECK(nlohmann::json::parse(ag::test::read_bytes(tmp.file("unk/report.json"))).at("config").at("model").at("bag") ==
         false);
   // --ngram-buckets needs words: refused (exit 2, one line) once the texts say they are not words
@@ -553,6 +554,26 @@ TEST_CASE("textclf: a small TSV set gets its defaults from its texts, each said 
   CHECK(err.find("textclf: --ngram-buckets 64: subword n-grams need the word tokenizer (this run uses char)") !=
         std::string::npos);
   CHECK_FALSE(std::filesystem::exists(tmp.file("bad/checkpoint.safetensors")));
+}
+
+TEST_CASE("textclf: --bag-path auto counts a gap within two standard errors as a tie, and a tie takes the path") {
+  // 240 texts, the baseline at 81.25%: SE = sqrt(0.8125 x 0.1875 / 240) = 0.025195; one text
+  // behind (80.83%) is a tie
+  BagDecision b = decide_bag_path(0.8083, 0.8125, 240);
+  CHECK(b.on);
+  CHECK(b.standard_error == doctest::Approx(0.025195).epsilon(1e-4));
+  // 162 texts, 87.04% against 93.21%: SE = sqrt(0.9321 x 0.0679 / 162) = 0.019766, and the gap
+  // 0.0617 is over 3 of them
+  b = decide_bag_path(0.8704, 0.9321, 162);
+  CHECK_FALSE(b.on);
+  CHECK(b.standard_error == doctest::Approx(0.019766).epsilon(1e-4));
+  // the edge: 100 texts at 90% give SE 0.03 exactly, so the tie reaches down to 84%
+  CHECK(decide_bag_path(0.8401, 0.9, 100).on);
+  CHECK_FALSE(decide_bag_path(0.8399, 0.9, 100).on);
+  CHECK(decide_bag_path(0.95, 0.9, 100).on);  // better than the baseline
+  b = decide_bag_path(0.0, 0.0, 0);           // no validation texts: nothing speaks against it
+  CHECK(b.on);
+  CHECK(b.standard_error == 0);
 }
 
 TEST_CASE("textclf: data options pick the tokenizer, name missing data and split a TSV") {
