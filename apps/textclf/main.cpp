@@ -1,5 +1,6 @@
 // textclf: an attention text classifier. Default task: which of 8 languages (en de es it pt ru cs
-// pl) a fortune cookie is written in, from Debian's fortune packages (~91k texts: 10% test, 5,000 validation).
+// pl) a fortune cookie is written in, from Debian's fortune packages (~91k texts: 10% test, 5,000
+// validation).
 // Also the aclImdb reviews (--dataset imdb --data-dir <aclImdb>) and any label<TAB>text file
 // (--dataset tsv --tsv-file f).
 //
