@@ -110,9 +110,8 @@ LongSeqClassifier::LongSeqClassifier(const LongSeqConfig& c, Generator* gen) : c
   init_gpt2_style(*this, c.n_layers, gen);
   // then q, k and v N(0, 1 / d): scores of variance 1 at init (model.h, "Initialisation")
   NoGradGuard no_grad;
-  const std::string qkv = "qkv.weight";
   for (auto& [name, p] : named_parameters())
-    if (name.size() >= qkv.size() && name.compare(name.size() - qkv.size(), qkv.size(), qkv) == 0)
+    if (name.ends_with("qkv.weight"))
       p.copy_(nn::init::normal(p.shape(), 0.0, 1.0 / std::sqrt(double(c.d_model)), p.dtype(), gen));
 }
 

@@ -35,9 +35,8 @@
 // elements have variance 1, q and k elements then have variance d sigma^2 = 1, and so does a score
 // q.k / sqrt(d_head). GPT-2's sigma = 0.02 gives the scores variance (d sigma^2)^2 = 0.0007 at
 // d 64: each query's weights start uniform over up to 2,000 keys, and the gradient that would
-// sharpen them carries the same small factor. On ListOps full attention then stayed at the class
-// prior for 1,200 of its 2,000 steps (docs/math/long-sequences.md, "ListOps and the
-// initialisation").
+// sharpen them carries the same small factor. On ListOps full attention then learnt next to
+// nothing (docs/math/long-sequences.md, "ListOps and the initialisation").
 // docs/math/long-sequences.md gives each method's formula and cost.
 #include <nlohmann/json.hpp>
 

@@ -368,9 +368,8 @@ inline constexpr double kSmallSetWordDropout = 0.3;
 // validation texts. A gap within kBagTieStandardErrors standard errors of an accuracy there,
 // sqrt(p (1 - p) / n) at the baseline's p, is a tie, and a tie takes the path: the path starts
 // where naive Bayes ends, so it is the safer choice. Two, not one: on the tuning sets one standard
-// error turned the path off at 250 and 500 texts, where it gained 8.7 and 4.8 points on test,
-// and two kept it off only where it lost (docs/math/text-classification.md, "Measured: the bag
-// path").
+// error still turned the path off where it gained the most, and two kept it off only where it
+// lost (docs/math/text-classification.md, "Measured: the bag path").
 inline constexpr double kBagTieStandardErrors = 2.0;
 struct BagDecision {
   bool on = true;
